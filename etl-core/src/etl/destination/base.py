@@ -1,0 +1,67 @@
+"""The destination protocol.
+
+Delivery is at-least-once: after a crash the engine replays from the last durable progress, so
+every write must be idempotent (dedupe by ``(commit_lsn, tx_ordinal)`` or upsert by key). Per-table
+order is guaranteed; a batch may split a transaction. Methods are called from worker threads;
+``write_table_rows`` for different tables may run concurrently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import pyarrow as pa
+from pydantic import BaseModel
+
+from etl.events import EventBatch
+from etl.schema import TableSchema
+from etl.store.base import Store
+
+
+class WriteResult(str, Enum):
+    ACCEPTED = "accepted"
+    """Taken, but not yet durable; the engine calls ``flush`` before it records progress past it."""
+    DURABLE = "durable"
+    """Durable: progress may move past it."""
+
+
+@dataclass(frozen=True)
+class DestinationContext:
+    pipeline_id: int
+    store: Store
+    """For destination table metadata (``get/store_destination_metadata``)."""
+
+
+@runtime_checkable
+class Destination(Protocol):
+    name: ClassVar[str]
+
+    def startup(self) -> None:
+        """Connect and check the destination is usable; raise ``DestinationError`` with a hint if not."""
+
+    def shutdown(self) -> None:
+        """Release resources. Idempotent."""
+
+    def drop_table_for_copy(self, schema: TableSchema) -> None:
+        """Drop the table's destination object and private replay state before a fresh copy. Idempotent."""
+
+    def write_table_rows(self, schema: TableSchema, rows: pa.Table) -> WriteResult:
+        """Write copied rows (columns as in ``schema``). Called at least once per copied table, even empty."""
+
+    def write_events(self, batch: EventBatch) -> WriteResult:
+        """Apply a batch of streamed changes."""
+
+    def flush(self) -> None:
+        """Make every accepted write durable."""
+
+
+class DestinationFactory(Protocol):
+    """What a destination plugin registers: a class with a name, a config model and a constructor."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type[BaseModel]]
+
+    @classmethod
+    def from_config(cls, config: Any, context: DestinationContext) -> Destination: ...

@@ -1,0 +1,51 @@
+"""The error types of the framework.
+
+Every error carries a message that says what is wrong and, where one exists, a ``hint`` that says
+what to do about it. Messages never contain secrets.
+"""
+
+from __future__ import annotations
+
+
+class EtlError(Exception):
+    """Base of every error raised on purpose by the framework."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+
+
+class ConfigError(EtlError):
+    """The configuration is invalid."""
+
+
+class PluginError(EtlError):
+    """A plugin could not be loaded, or plugins conflict."""
+
+
+class SourceError(EtlError):
+    """The source Postgres is unreachable, misconfigured or refused an operation."""
+
+
+class TransientError(EtlError):
+    """A failure expected to pass (lost connection, timeout); the operation is retried with backoff."""
+
+
+class StoreError(EtlError):
+    """The state store failed or holds data this version cannot use."""
+
+
+class PipelineLockedError(StoreError):
+    """Another process already runs this pipeline id against the same store."""
+
+
+class DestinationError(EtlError):
+    """A destination rejected a write or is unreachable."""
+
+
+class TableError(EtlError):
+    """A problem confined to one table (bad value, unsupported type); that table goes Errored."""

@@ -1,0 +1,150 @@
+"""Replication events, and the batches in which destinations receive them.
+
+A batch holds its changes twice over, lazily: per table as Arrow change tables (what bulk
+destinations want) and as ordered Python events (what simple destinations want). Neither view is
+built until asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+import pyarrow as pa
+
+from etl.lsn import Lsn
+from etl.schema import TableId, TableSchema
+
+
+class _Missing:
+    """An unchanged TOAST value the source did not send and that could not be recovered."""
+
+    _instance: _Missing | None = None
+
+    def __new__(cls) -> _Missing:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __reduce__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Final = _Missing()
+
+Row = tuple[Any, ...]
+"""Column values in the order of the table schema; ``MISSING`` marks unchanged TOAST."""
+
+
+@dataclass(frozen=True)
+class _Positioned:
+    start_lsn: Lsn
+    commit_lsn: Lsn
+    tx_ordinal: int
+
+
+@dataclass(frozen=True)
+class BeginEvent(_Positioned):
+    xid: int
+    timestamp: datetime
+
+
+@dataclass(frozen=True)
+class CommitEvent(_Positioned):
+    end_lsn: Lsn
+    timestamp: datetime
+
+
+@dataclass(frozen=True)
+class RelationEvent(_Positioned):
+    """The schema in force for the table's following rows."""
+
+    schema: TableSchema
+
+
+@dataclass(frozen=True)
+class InsertEvent(_Positioned):
+    table_id: TableId
+    row: Row
+
+
+@dataclass(frozen=True)
+class UpdateEvent(_Positioned):
+    table_id: TableId
+    row: Row
+    """The new row; may hold ``MISSING`` for unchanged TOAST values that could not be recovered."""
+    old_row: Row | None
+    """The old row when Postgres sent one: the key columns only (``old_is_key``) or all columns."""
+    old_is_key: bool
+
+
+@dataclass(frozen=True)
+class DeleteEvent(_Positioned):
+    table_id: TableId
+    old_row: Row
+    old_is_key: bool
+
+
+@dataclass(frozen=True)
+class TruncateEvent(_Positioned):
+    table_ids: tuple[TableId, ...]
+    cascade: bool
+    restart_identity: bool
+
+
+Event = BeginEvent | CommitEvent | RelationEvent | InsertEvent | UpdateEvent | DeleteEvent | TruncateEvent
+
+# Metadata columns of an Arrow change table, after the row columns.
+OP_COLUMN: Final = "_etl_op"
+"""``I`` insert, ``U`` update, ``D`` delete, ``T`` truncate (row columns all null)."""
+COMMIT_LSN_COLUMN: Final = "_etl_commit_lsn"
+TX_ORDINAL_COLUMN: Final = "_etl_tx_ordinal"
+MISSING_COLUMN: Final = "_etl_missing"
+"""list<string>: names of columns holding unrecovered unchanged TOAST values (null in the row)."""
+OLD_COLUMN: Final = "_etl_old"
+"""struct of the row columns: the old row of an update when Postgres sent one, else null."""
+OLD_IS_KEY_COLUMN: Final = "_etl_old_is_key"
+"""For updates and deletes: whether the old row (``_etl_old``, or the row of a delete) holds only key columns."""
+METADATA_COLUMNS: Final = (OP_COLUMN, COMMIT_LSN_COLUMN, TX_ORDINAL_COLUMN, MISSING_COLUMN, OLD_COLUMN, OLD_IS_KEY_COLUMN)
+
+
+@dataclass(frozen=True)
+class TableChanges:
+    """Consecutive changes of one table under one schema version, in source order.
+
+    For inserts and updates the row columns hold the new row; for deletes they hold the old row
+    (key columns only when ``_etl_old_is_key``, other columns null).
+    """
+
+    schema: TableSchema
+    table: pa.Table
+
+
+@dataclass
+class EventBatch:
+    """A slice of the replication stream, handed to ``Destination.write_events``.
+
+    ``changes`` gives, per table, its change segments in order; a table gets a new segment when its
+    schema changes. ``events()`` yields the same changes, plus transaction markers and relation
+    events, as ordered Python objects. Per-table order is preserved; a batch may split transactions.
+    """
+
+    changes: dict[TableId, list[TableChanges]]
+    _events: Callable[[], Iterator[Event]] = field(repr=False)
+    last_commit_lsn: Lsn = Lsn.ZERO
+    """End LSN of the last transaction that commits in this batch; progress after a durable write."""
+
+    def events(self) -> Iterator[Event]:
+        return self._events()
+
+    @property
+    def table_ids(self) -> Sequence[TableId]:
+        return list(self.changes)
+
+    def row_count(self) -> int:
+        return sum(seg.table.num_rows for segs in self.changes.values() for seg in segs)

@@ -1,0 +1,167 @@
+"""The store protocol: everything a pipeline must remember across restarts.
+
+A store keeps, per pipeline id:
+
+- table states, with their history so a state can be rolled back;
+- versioned table schemas, keyed by the LSN from which each version holds;
+- durable progress per worker (the apply worker and each table sync worker), never moving back;
+- destination table metadata (which destination object holds a table, under which schema).
+
+Stores are called from several threads at once and must be thread-safe. Reads are served from a
+cache loaded on open; writes go to durable storage before they return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from pydantic import BaseModel
+
+from etl.lsn import Lsn
+from etl.schema import TableId, TableSchema
+
+
+class TableStateKind(str, Enum):
+    INIT = "init"
+    DATA_SYNC = "data_sync"
+    FINISHED_COPY = "finished_copy"
+    SYNC_WAIT = "sync_wait"  # in memory only
+    CATCHUP = "catchup"  # in memory only
+    SYNC_DONE = "sync_done"
+    READY = "ready"
+    ERRORED = "errored"
+
+    @property
+    def persisted(self) -> bool:
+        return self not in (TableStateKind.SYNC_WAIT, TableStateKind.CATCHUP)
+
+
+class RetryKind(str, Enum):
+    NONE = "none"  # needs a code or source fix; never retried
+    MANUAL = "manual"  # retried after the user acts (e.g. `etl resync`)
+    TIMED = "timed"  # retried automatically at ``retry_at``
+
+
+@dataclass(frozen=True)
+class TableState:
+    kind: TableStateKind
+    lsn: Lsn | None = None
+    """For CATCHUP and SYNC_DONE: the LSN the table sync worker caught up to."""
+    reason: str | None = None
+    hint: str | None = None
+    retry: RetryKind = RetryKind.NONE
+    retry_at: datetime | None = None
+
+    @classmethod
+    def init(cls) -> TableState:
+        return cls(TableStateKind.INIT)
+
+    @classmethod
+    def errored(
+        cls, reason: str, hint: str | None = None, retry: RetryKind = RetryKind.MANUAL, retry_at: datetime | None = None
+    ) -> TableState:
+        return cls(TableStateKind.ERRORED, reason=reason, hint=hint, retry=retry, retry_at=retry_at)
+
+    def __str__(self) -> str:
+        if self.kind is TableStateKind.ERRORED:
+            return f"errored: {self.reason}"
+        return f"{self.kind.value}@{self.lsn}" if self.lsn is not None else self.kind.value
+
+
+APPLY_WORKER: str = "apply"
+
+
+def table_sync_worker(table_id: TableId) -> str:
+    """The worker key of a table's sync worker."""
+    return f"table_sync:{table_id}"
+
+
+class DestinationSchemaStatus(str, Enum):
+    APPLYING = "applying"  # a schema change is being applied to the destination object
+    APPLIED = "applied"
+
+
+@dataclass(frozen=True)
+class DestinationTableMetadata:
+    destination_table: str
+    """The destination's name for the object holding the table."""
+    snapshot_lsn: Lsn
+    """Version of the source schema the destination object currently has."""
+    status: DestinationSchemaStatus = DestinationSchemaStatus.APPLIED
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Destination-private JSON-serialisable data."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Durable pipeline state. See the module docstring for the contract."""
+
+    name: ClassVar[str]
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def acquire_lock(self) -> None:
+        """Take the pipeline lock, or raise ``PipelineLockedError`` at once if another process holds it."""
+
+    def close(self) -> None:
+        """Release the lock and any connections. Idempotent."""
+
+    # -- table states ------------------------------------------------------------------------------
+    def get_table_state(self, table_id: TableId) -> TableState | None: ...
+
+    def get_table_states(self) -> dict[TableId, TableState]: ...
+
+    def update_table_states(self, updates: Mapping[TableId, TableState]) -> None:
+        """Set several states atomically; the previous states go to history."""
+
+    def rollback_table_state(self, table_id: TableId) -> TableState:
+        """Restore the previous state and return it; ``StoreError`` when there is none."""
+
+    # -- schemas -----------------------------------------------------------------------------------
+    def get_table_schema(self, table_id: TableId, at: Lsn = Lsn.MAX) -> TableSchema | None:
+        """The newest schema version with ``snapshot_lsn <= at``."""
+
+    def get_table_schemas(self) -> list[TableSchema]:
+        """Every stored version of every table."""
+
+    def store_table_schema(self, schema: TableSchema) -> None:
+        """Add (or replace) the version keyed by ``(schema.id, schema.snapshot_lsn)``."""
+
+    def prune_table_schemas(self, retain_from: Mapping[TableId, Lsn]) -> int:
+        """Per table, keep the newest version at or before the LSN and all newer ones; delete older. Returns how many went."""
+
+    # -- progress ----------------------------------------------------------------------------------
+    def get_progress(self, worker: str) -> Lsn | None: ...
+
+    def upsert_progress(self, worker: str, lsn: Lsn) -> Lsn:
+        """Store ``max(stored, lsn)`` and return what is stored."""
+
+    def delete_progress(self, worker: str) -> None: ...
+
+    # -- destination metadata ------------------------------------------------------------------------
+    def get_destination_metadata(self, table_id: TableId) -> DestinationTableMetadata | None: ...
+
+    def store_destination_metadata(self, table_id: TableId, metadata: DestinationTableMetadata) -> None: ...
+
+    # -- lifecycle operations ------------------------------------------------------------------------
+    def prepare_table_for_copy(self, table_id: TableId) -> None:
+        """Delete the table's destination metadata, schemas and sync progress; keep its state."""
+
+    def reset_tables_for_resync(self) -> int:
+        """Set every table to INIT and delete the apply worker's progress; returns how many tables."""
+
+    def delete_table_state(self, table_id: TableId) -> None:
+        """Forget everything about a table that left the publication."""
+
+
+class StoreFactory(Protocol):
+    """What a store plugin registers: a class with a name, a config model and a constructor."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type[BaseModel]]
+
+    @classmethod
+    def from_config(cls, config: Any, pipeline_id: int) -> Store: ...

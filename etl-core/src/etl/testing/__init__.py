@@ -1,0 +1,12 @@
+"""Test helpers for the framework and for third-party plugin authors.
+
+Installed as a pytest plugin (entry point ``pytest11``): the fixtures ``postgres_cluster`` (one
+throwaway cluster per session and Postgres major) and ``pg_database`` (a fresh database per test)
+are available to any test suite that has etl-core installed. Choose majors with
+``--pg-major 15 --pg-major 18`` or ``ETL_TEST_PG_MAJORS=15,18``; by default the first installation
+found is used.
+"""
+
+from etl.testing.postgres import PostgresInstall, TemporaryCluster, find_install, find_installs
+
+__all__ = ["PostgresInstall", "TemporaryCluster", "find_install", "find_installs"]

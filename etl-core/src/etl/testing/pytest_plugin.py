@@ -1,0 +1,90 @@
+"""pytest fixtures: a throwaway Postgres cluster per session and major, a fresh database per test."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+
+from etl.config import PostgresConnection
+from etl.testing.postgres import TemporaryCluster, find_install, find_installs
+
+_counter = itertools.count()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--pg-major",
+        action="append",
+        type=int,
+        default=None,
+        help="Postgres major version to run database tests on (repeatable; env ETL_TEST_PG_MAJORS=15,18)",
+    )
+
+
+def _majors(config: pytest.Config) -> list[int]:
+    majors: list[int] | None = config.getoption("--pg-major")
+    if majors:
+        return majors
+    env = os.environ.get("ETL_TEST_PG_MAJORS", "").strip()
+    if env:
+        return [int(m) for m in env.split(",") if m.strip()]
+    installs = find_installs()
+    return [installs[0].major] if installs else [0]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "pg_major" in metafunc.fixturenames:
+        majors = _majors(metafunc.config)
+        metafunc.parametrize("pg_major", majors, scope="session", ids=[f"pg{m}" for m in majors])
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster(pg_major: int) -> Iterator[TemporaryCluster]:
+    """A running cluster (wal_level=logical, trust auth, loopback) shared by the session."""
+    cluster = TemporaryCluster(find_install(pg_major or None)).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@dataclass
+class TestDatabase:
+    """A fresh database on the session's cluster."""
+
+    __test__ = False  # not a test class
+
+    cluster: TemporaryCluster
+    name: str
+
+    @property
+    def major(self) -> int:
+        return self.cluster.major
+
+    def connection(self, user: str = "postgres") -> PostgresConnection:
+        return self.cluster.connection(self.name, user)
+
+    def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
+        return self.cluster.connect(self.name, **kwargs)
+
+    def execute(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        """Run one statement in autocommit; return its rows (empty when it returns none)."""
+        with self.connect() as conn:
+            cur = conn.execute(sql, params)
+            return cur.fetchall() if cur.description else []
+
+
+@pytest.fixture
+def pg_database(postgres_cluster: TemporaryCluster) -> Iterator[TestDatabase]:
+    name = f"etl_test_{os.getpid()}_{next(_counter)}"
+    postgres_cluster.create_database(name)
+    try:
+        yield TestDatabase(postgres_cluster, name)
+    finally:
+        postgres_cluster.drop_database(name)
