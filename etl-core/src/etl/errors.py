@@ -49,3 +49,7 @@ class DestinationError(EtlError):
 
 class TableError(EtlError):
     """A problem confined to one table (bad value, unsupported type); that table goes Errored."""
+
+    def __init__(self, message: str, *, hint: str | None = None, table_id: int | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.table_id = table_id

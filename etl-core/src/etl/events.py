@@ -8,7 +8,7 @@ built until asked for.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
 
@@ -146,5 +146,29 @@ class EventBatch:
     def table_ids(self) -> Sequence[TableId]:
         return list(self.changes)
 
+    def without_table(self, table_id: TableId) -> EventBatch:
+        """The same batch minus one table's changes (after that table failed)."""
+        source = self._events
+
+        def events() -> Iterator[Event]:
+            for event in source():
+                if isinstance(event, TruncateEvent):
+                    rest = tuple(t for t in event.table_ids if t != table_id)
+                    if rest:
+                        yield replace(event, table_ids=rest) if len(rest) != len(event.table_ids) else event
+                elif _table_of(event) != table_id:
+                    yield event
+
+        changes = {t: segs for t, segs in self.changes.items() if t != table_id}
+        return EventBatch(changes, events, self.last_commit_lsn)
+
     def row_count(self) -> int:
         return sum(seg.table.num_rows for segs in self.changes.values() for seg in segs)
+
+
+def _table_of(event: Event) -> TableId | None:
+    if isinstance(event, RelationEvent):
+        return event.schema.id
+    if isinstance(event, InsertEvent | UpdateEvent | DeleteEvent):
+        return event.table_id
+    return None

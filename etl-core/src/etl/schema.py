@@ -55,6 +55,8 @@ class ColumnSchema:
     """Part of the table's replica identity key (the primary key for REPLICA IDENTITY DEFAULT)."""
     type_name: str = ""
     """Postgres type name as ``format_type`` prints it, for messages and user-defined types."""
+    attnum: int | None = None
+    """Postgres attribute number: a column's identity across renames, when known (not sent by pgoutput)."""
 
 
 @dataclass(frozen=True)

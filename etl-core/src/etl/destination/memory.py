@@ -1,0 +1,207 @@
+"""The memory destination: keeps every table's current rows in process memory.
+
+Used by tests, examples and the demo. It applies changes the way a real destination must: by
+replica identity key (or, for ``REPLICA IDENTITY FULL`` tables without a key, by whole row, one
+occurrence per delete), skipping changes at or below the last ``(commit_lsn, tx_ordinal)`` it
+applied to a table, so replays after a restart are idempotent.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any, ClassVar
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict
+
+from etl.destination.base import DestinationContext, WriteResult
+from etl.events import (
+    MISSING,
+    DeleteEvent,
+    EventBatch,
+    InsertEvent,
+    RelationEvent,
+    Row,
+    TruncateEvent,
+    UpdateEvent,
+)
+from etl.schema import TableId, TableName, TableSchema
+
+
+class _Table:
+    """Rows of one table: keyed by replica identity key, or a multiset of whole rows."""
+
+    def __init__(self, schema: TableSchema) -> None:
+        self.schema = schema
+        self.keyed: dict[Row, Row] = {}
+        self.unkeyed: Counter[Row] = Counter()
+        self.position: tuple[int, int] = (-1, -1)
+
+    def key_positions(self) -> list[int]:
+        return [i for i, c in enumerate(self.schema.columns) if c.primary_key]
+
+    def key_of(self, row: Row) -> Row | None:
+        positions = self.key_positions()
+        if not positions:
+            return None
+        return tuple(row[i] for i in positions)
+
+    def insert(self, row: Row) -> None:
+        key = self.key_of(row)
+        if key is None:
+            self.unkeyed[row] += 1
+        else:
+            self.keyed[key] = row
+
+    def delete(self, old: Row) -> None:
+        key = self.key_of(old)
+        if key is not None:
+            self.keyed.pop(key, None)
+        elif self.unkeyed[old] > 0:
+            self.unkeyed[old] -= 1
+            if not self.unkeyed[old]:
+                del self.unkeyed[old]
+
+    def update(self, new: Row, old: Row | None) -> None:
+        previous = self._current(old if old is not None else new)
+        if any(v is MISSING for v in new):
+            if previous is None:
+                raise ValueError(f"{self.schema.name}: update with unrecoverable unchanged TOAST value for unknown row")
+            new = tuple(p if v is MISSING else v for v, p in zip(new, previous, strict=True))
+        if previous is not None:
+            self.delete(previous)
+        self.insert(new)
+
+    def _current(self, row: Row) -> Row | None:
+        key = self.key_of(row)
+        if key is not None:
+            return self.keyed.get(key)
+        return row if self.unkeyed[row] else None
+
+    def rows(self) -> list[Row]:
+        return [*self.keyed.values(), *self.unkeyed.elements()]
+
+    def migrate(self, schema: TableSchema) -> None:
+        """Reshape stored rows to a new schema version, matching columns by name (new ones are null)."""
+        if schema.column_names != self.schema.column_names:
+            old = {name: i for i, name in enumerate(self.schema.column_names)}
+            picks = [old.get(name) for name in schema.column_names]
+            rows = self.rows()
+            self.keyed.clear()
+            self.unkeyed.clear()
+            self.schema = schema
+            for row in rows:
+                self.insert(tuple(None if i is None else row[i] for i in picks))
+        self.schema = schema
+
+
+class MemoryDestination:
+    """Keeps each table's current contents in memory; every write is reported durable."""
+
+    name: ClassVar[str] = "memory"
+
+    class Config(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tables: dict[TableId, _Table] = {}
+        self.write_table_rows_calls: dict[TableId, int] = {}
+        self.event_count = 0
+
+    @classmethod
+    def from_config(cls, config: Config, context: DestinationContext) -> MemoryDestination:
+        return cls()
+
+    def startup(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def drop_table_for_copy(self, schema: TableSchema) -> None:
+        with self._lock:
+            self._tables.pop(schema.id, None)
+            self.write_table_rows_calls.pop(schema.id, None)
+
+    def write_table_rows(self, schema: TableSchema, rows: pa.Table) -> WriteResult:
+        columns = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
+        with self._lock:
+            table = self._tables.setdefault(schema.id, _Table(schema))
+            table.schema = schema
+            for row in zip(*columns, strict=True):
+                table.insert(row)
+            self.write_table_rows_calls[schema.id] = self.write_table_rows_calls.get(schema.id, 0) + 1
+        return WriteResult.DURABLE
+
+    def write_events(self, batch: EventBatch) -> WriteResult:
+        with self._lock:
+            for event in batch.events():
+                self.event_count += 1
+                self._apply(event)
+        return WriteResult.DURABLE
+
+    def _apply(self, event: object) -> None:
+        if isinstance(event, RelationEvent):
+            table = self._tables.get(event.schema.id)
+            if table is None:
+                self._tables[event.schema.id] = _Table(event.schema)
+            else:
+                table.migrate(event.schema)
+            return
+        if isinstance(event, TruncateEvent):
+            for table_id in event.table_ids:
+                table = self._tables.get(table_id)
+                if table is not None and self._advance(table, event.commit_lsn, event.tx_ordinal):
+                    table.keyed.clear()
+                    table.unkeyed.clear()
+            return
+        if not isinstance(event, InsertEvent | UpdateEvent | DeleteEvent):
+            return  # transaction markers
+        table = self._tables.get(event.table_id)
+        if table is None or not self._advance(table, event.commit_lsn, event.tx_ordinal):
+            return
+        if isinstance(event, InsertEvent):
+            table.insert(event.row)
+        elif isinstance(event, UpdateEvent):
+            table.update(event.row, event.old_row)
+        else:
+            table.delete(event.old_row)
+
+    @staticmethod
+    def _advance(table: _Table, commit_lsn: int, tx_ordinal: int) -> bool:
+        """True (and remember the position) unless the change was applied before."""
+        position = (int(commit_lsn), tx_ordinal)
+        if position <= table.position:
+            return False
+        table.position = position
+        return True
+
+    # -- reading back --------------------------------------------------------------------------------
+    def table_names(self) -> list[TableName]:
+        with self._lock:
+            return sorted(t.schema.name for t in self._tables.values())
+
+    def schema(self, name: TableName | str) -> TableSchema:
+        return self._find(name).schema
+
+    def rows(self, name: TableName | str) -> list[dict[str, Any]]:
+        """The table's current rows as dicts, sorted for comparison."""
+        with self._lock:
+            table = self._find(name)
+            names = table.schema.column_names
+            return sorted(
+                (dict(zip(names, row, strict=False)) for row in table.rows()),
+                key=lambda r: [repr(v) for v in r.values()],
+            )
+
+    def _find(self, name: TableName | str) -> _Table:
+        wanted = TableName.parse(name) if isinstance(name, str) else name
+        for table in self._tables.values():
+            if table.schema.name == wanted:
+                return table
+        raise KeyError(f"no table {wanted} in the memory destination")

@@ -1,0 +1,158 @@
+"""The apply worker: streams the pipeline's permanent slot and drives every table's life cycle.
+
+It applies the changes of Ready tables (and of SyncDone tables from their hand-over LSN on), keeps
+the table sync pool busy with tables that need a copy, answers sync workers waiting for a catch-up
+position, notices tables added to or removed from the publication, and owns durable progress.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import structlog
+
+from etl.errors import TableError
+from etl.lsn import Lsn
+from etl.postgres import pgoutput as pg
+from etl.postgres.catalog import PublishedTable, publication_tables
+from etl.postgres.connection import connect
+from etl.postgres.replication import ReplicationConnection
+from etl.replication.context import WorkerContext
+from etl.replication.slots import table_sync_slot
+from etl.replication.stream import StreamWorker
+from etl.replication.tablesync import TableSyncWorker
+from etl.replication.writer import BatchWriter
+from etl.schema import TableId
+from etl.store.base import APPLY_WORKER, RetryKind, TableState, TableStateKind
+
+log = structlog.get_logger(__name__)
+
+RESYNC_MESSAGE_PREFIX = "etl.resync"
+REFRESH_INTERVAL_S = 5.0
+NEEDS_SYNC_WORKER = (TableStateKind.INIT, TableStateKind.DATA_SYNC, TableStateKind.FINISHED_COPY)
+
+
+class ApplyWorker(StreamWorker):
+    worker_key = APPLY_WORKER
+
+    def __init__(self, ctx: WorkerContext, conn: ReplicationConnection, writer: BatchWriter) -> None:
+        super().__init__(conn, ctx.protocol_version, ctx.config.batch, ctx.schemas, writer, ctx.stop)
+        self.ctx = ctx
+        self.position = writer.durable_lsn
+        self.tables: dict[TableId, PublishedTable] = {}
+        self.sync_workers: dict[TableId, TableSyncWorker] = {}
+        self._next_refresh = 0.0
+
+    def applies(self, table_id: TableId, final_lsn: Lsn) -> bool:
+        return self.ctx.states.applies(table_id, final_lsn)
+
+    def table_failed(self, table_id: TableId, error: TableError) -> None:
+        log.error("table failed; it is excluded until resynced", table_id=table_id, error=error.message)
+        self.ctx.states.set(table_id, TableState.errored(error.message, error.hint, RetryKind.MANUAL))
+
+    # -- life cycle ------------------------------------------------------------------------------------
+    def after_commit(self, end_lsn: Lsn) -> None:
+        self.position = max(self.position, end_lsn)
+        states = self.ctx.states.snapshot()
+        if any(s.kind is not TableStateKind.READY for s in states.values()):
+            self._advance_synced(states)
+        if time.monotonic() >= self._next_refresh:
+            self.refresh()
+
+    def _advance_synced(self, states: dict[TableId, TableState]) -> None:
+        ready = {
+            t: TableState(TableStateKind.READY)
+            for t, s in states.items()
+            if s.kind is TableStateKind.SYNC_DONE and s.lsn is not None and s.lsn <= self.position
+        }
+        if ready:
+            self.ctx.states.set_many(ready)
+            log.info("tables ready", tables=[self.tables[t].name.__str__() for t in ready if t in self.tables])
+        waiting = [t for t, s in states.items() if s.kind is TableStateKind.SYNC_WAIT]
+        if waiting:
+            self._hand_over(waiting)
+
+    def _hand_over(self, tables: list[TableId]) -> None:
+        """Pause at ``position`` until the waiting sync workers caught up to it."""
+        self.ctx.states.set_many({t: TableState(TableStateKind.CATCHUP, lsn=self.position) for t in tables})
+
+        def caught_up() -> bool:
+            return self.stop.is_set() or all(
+                (s := self.ctx.states.get(t)) is None or s.kind is not TableStateKind.CATCHUP for t in tables
+            )
+
+        while not self.ctx.states.wait(caught_up, timeout=1.0):
+            self.send_status()
+            self._reap_sync_workers()
+            for table_id in tables:  # a worker that died mid catch-up starts over from FinishedCopy
+                state = self.ctx.states.get(table_id)
+                if state is not None and state.kind is TableStateKind.CATCHUP and table_id not in self.sync_workers:
+                    self.ctx.states.set(table_id, TableState(TableStateKind.FINISHED_COPY))
+
+    # -- publication and the sync pool ------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Re-read the publication; start, stop and reap table sync workers."""
+        self._next_refresh = time.monotonic() + REFRESH_INTERVAL_S
+        with connect(self.ctx.config.source) as conn:
+            published = {t.id: t for t in publication_tables(conn, self.ctx.publication)}
+        states = self.ctx.states
+        known = states.snapshot()
+        added = {t: TableState.init() for t in published if t not in known}
+        if added:
+            log.info("tables added to the publication", tables=[str(published[t].name) for t in added])
+            states.set_many(added)
+        for table_id in [t for t in known if t not in published]:
+            self._remove_table(table_id)
+        self.tables = published
+        self._reap_sync_workers()
+        self._start_sync_workers()
+
+    def _remove_table(self, table_id: TableId) -> None:
+        log.info("table left the publication; forgetting it", table_id=table_id)
+        worker = self.sync_workers.pop(table_id, None)
+        self.ctx.states.forget(table_id)
+        self.ctx.schemas.forget(table_id)
+        if worker is not None:
+            worker.thread.join(timeout=30)
+        with ReplicationConnection.connect(self.ctx.config.source) as rconn:
+            rconn.drop_slot_if_exists(table_sync_slot(self.ctx.pipeline_id, table_id))
+
+    def _reap_sync_workers(self) -> None:
+        for table_id, worker in list(self.sync_workers.items()):
+            if not worker.thread.is_alive():
+                del self.sync_workers[table_id]
+
+    def _start_sync_workers(self) -> None:
+        free = self.ctx.config.pipeline.table_sync_workers - len(self.sync_workers)
+        for table_id, state in sorted(self.ctx.states.snapshot().items()):
+            if free <= 0:
+                break
+            if state.kind in NEEDS_SYNC_WORKER and table_id not in self.sync_workers and table_id in self.tables:
+                worker = TableSyncWorker(self.ctx, self.tables[table_id])
+                self.sync_workers[table_id] = worker
+                worker.thread.start()
+                free -= 1
+
+    def join_sync_workers(self) -> None:
+        for worker in self.sync_workers.values():
+            worker.thread.join()
+
+    # -- control messages ----------------------------------------------------------------------------------
+    def on_message(self, message: pg.LogicalMessage) -> None:
+        if message.prefix != RESYNC_MESSAGE_PREFIX:
+            return
+        request = json.loads(message.content)
+        if request.get("pipeline_id") != self.ctx.pipeline_id:
+            return
+        table_id = int(request["table_id"])
+        if table_id in self.sync_workers:
+            log.info("resync requested for a table being synced; ignored", table_id=table_id)
+            return
+        log.info("resync requested", table_id=table_id, lsn=str(self.final_lsn))
+        # The destination object is about to be dropped: nothing of this table may still be in flight.
+        self.flush()
+        self.writer.wait()
+        self.ctx.schemas.forget(table_id)
+        self.ctx.states.set(table_id, TableState.init())
+        self._next_refresh = 0.0

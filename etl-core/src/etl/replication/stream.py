@@ -1,0 +1,217 @@
+"""The read loop shared by the apply worker and the table sync workers' catch-up.
+
+It reads one slot, decodes pgoutput, keeps the changes of the tables the worker applies, batches
+them by size and time, hands batches to a ``BatchWriter`` (one write in flight) and keeps the
+server informed with standby status updates, also while reading is paused for backpressure.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import structlog
+
+from etl.config import BatchSection
+from etl.errors import TableError
+from etl.lsn import Lsn
+from etl.postgres import pgoutput as pg
+from etl.postgres.replication import Keepalive, ReplicationConnection, XLogData
+from etl.replication.changes import ChangeBuilder
+from etl.replication.schemas import SchemaTracker
+from etl.replication.streamed import StreamedTransactions
+from etl.replication.writer import BatchWriter
+from etl.schema import TableId
+
+log = structlog.get_logger(__name__)
+
+STATUS_INTERVAL_S = 10.0
+
+
+class StreamWorker:
+    """Consumes one replication stream. Subclasses decide which tables apply and when to stop."""
+
+    worker_key: str
+
+    def __init__(
+        self,
+        conn: ReplicationConnection,
+        protocol_version: int,
+        batch: BatchSection,
+        schemas: SchemaTracker,
+        writer: BatchWriter,
+        stop: threading.Event,
+    ) -> None:
+        self.conn = conn
+        self.batch_config = batch
+        self.schemas = schemas
+        self.writer = writer
+        self.stop = stop
+        self.decoder = pg.PgOutputDecoder(protocol_version)
+        self.builder = ChangeBuilder(schemas.current)
+        self._spill_dir = tempfile.TemporaryDirectory(prefix="etl-spill-")
+        self.streamed = StreamedTransactions(Path(self._spill_dir.name), batch.spill_threshold_bytes)
+        self.received_lsn = Lsn.ZERO
+        self.final_lsn = Lsn.ZERO  # final LSN of the transaction being decoded
+        self.in_transaction = False
+        self._stream_xid: int | None = None
+        self._batch_started: float | None = None
+        self._last_status = 0.0
+        self.idle_lsn = Lsn.ZERO  # a keepalive position reached with nothing pending
+
+    # -- hooks ---------------------------------------------------------------------------------------
+    def applies(self, table_id: TableId, final_lsn: Lsn) -> bool:
+        raise NotImplementedError
+
+    def after_commit(self, end_lsn: Lsn) -> None:
+        """Called after each transaction's commit, and when idle at a keepalive position."""
+
+    def on_message(self, message: pg.LogicalMessage) -> None:
+        """A logical decoding message (``pg_logical_emit_message``) inside the stream."""
+
+    def finished(self) -> bool:
+        return self.stop.is_set()
+
+    # -- loop ----------------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            while not self.finished():
+                self._read_once()
+            self.flush()
+            self.writer.wait()
+            self.send_status(force=True)
+        finally:
+            self.streamed.close()
+            self._spill_dir.cleanup()
+
+    def _read_once(self) -> None:
+        timeout = self._read_timeout()
+        item = self.conn.read(timeout)
+        if isinstance(item, XLogData):
+            self.received_lsn = max(self.received_lsn, item.wal_end)
+            self._handle_payload(item.payload)
+        elif isinstance(item, Keepalive):
+            self.received_lsn = max(self.received_lsn, item.wal_end)
+            if self.nothing_pending():
+                self.idle_lsn = max(self.idle_lsn, item.wal_end)
+                self.after_commit(item.wal_end)
+            self.send_status(force=item.reply_requested)
+        self._maybe_flush()
+        self.send_status()
+
+    def _read_timeout(self) -> float:
+        if self._batch_started is None:
+            return 1.0
+        remaining = self.batch_config.max_fill_ms / 1000 - (time.monotonic() - self._batch_started)
+        return max(0.0, min(1.0, remaining))
+
+    def nothing_pending(self) -> bool:
+        return not self.in_transaction and self.builder.is_empty and not self.writer.busy and not self.streamed
+
+    def _handle_payload(self, payload: bytes) -> None:
+        if self._stream_xid is not None and payload[:1] in pg.STREAMABLE:
+            self.streamed.append(self._stream_xid, pg.stream_xid(payload), payload)
+            return
+        self._handle(self.decoder.decode(payload))
+
+    def _handle(self, msg: pg.Message) -> None:
+        if isinstance(msg, pg.Begin):
+            self._begin(msg.xid, msg.final_lsn, msg.commit_ts)
+        elif isinstance(msg, pg.Commit):
+            self._commit(msg.commit_lsn, msg.end_lsn, msg.commit_ts)
+        elif isinstance(msg, pg.Insert | pg.Update | pg.Delete):
+            self._change(msg)
+        elif isinstance(msg, pg.Relation):
+            if self.applies(msg.oid, self.final_lsn):
+                schema = self.schemas.observe(msg, self.final_lsn)
+                if schema is not None:
+                    self.builder.relation(schema, self.final_lsn)
+        elif isinstance(msg, pg.Truncate):
+            ids = [t for t in msg.relation_oids if self.applies(t, self.final_lsn)]
+            if ids:
+                self._mark_batch()
+                self.builder.truncate(ids, msg.cascade, msg.restart_identity, self.final_lsn)
+        elif isinstance(msg, pg.LogicalMessage):
+            self.on_message(msg)
+        elif isinstance(msg, pg.StreamStart):
+            self._stream_xid = msg.xid
+        elif isinstance(msg, pg.StreamStop):
+            self._stream_xid = None
+        elif isinstance(msg, pg.StreamCommit):
+            self._begin(msg.xid, msg.commit_lsn, msg.commit_ts)
+            for payload in self.streamed.commit(msg.xid):
+                self._handle(self.decoder.decode(payload))
+                self._maybe_flush()
+            self._commit(msg.commit_lsn, msg.end_lsn, msg.commit_ts)
+        elif isinstance(msg, pg.StreamAbort):
+            self.streamed.abort(msg.xid, msg.subxid)
+        # Origin and Type messages carry nothing the engine uses.
+
+    def _begin(self, xid: int, final_lsn: Lsn, commit_ts: datetime) -> None:
+        self.in_transaction = True
+        self.final_lsn = final_lsn
+        self.builder.begin(xid, final_lsn, commit_ts, final_lsn)
+
+    def _commit(self, commit_lsn: Lsn, end_lsn: Lsn, commit_ts: datetime) -> None:
+        self.builder.commit(commit_lsn, end_lsn, commit_ts, commit_lsn)
+        self.in_transaction = False
+        self.after_commit(end_lsn)
+
+    def _change(self, msg: pg.Insert | pg.Update | pg.Delete) -> None:
+        table_id = msg.relation_oid
+        if not self.applies(table_id, self.final_lsn):
+            return
+        self._mark_batch()
+        if isinstance(msg, pg.Insert):
+            self.builder.insert(table_id, msg.new, self.final_lsn)
+        elif isinstance(msg, pg.Update):
+            self.builder.update(table_id, msg.old_kind, msg.old, msg.new, self.final_lsn)
+        else:
+            self.builder.delete(table_id, msg.old_kind, msg.old, self.final_lsn)
+
+    def _mark_batch(self) -> None:
+        if self._batch_started is None:
+            self._batch_started = time.monotonic()
+
+    # -- batching ------------------------------------------------------------------------------------
+    def _maybe_flush(self) -> None:
+        if self.builder.is_empty:
+            return
+        full = self.builder.size_bytes >= self.batch_config.max_bytes
+        due = self._batch_started is not None and (
+            time.monotonic() - self._batch_started >= self.batch_config.max_fill_ms / 1000
+        )
+        if full or due:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the current batch to the writer (waiting for the write in flight first)."""
+        if self.builder.is_empty and not self.builder.has_commits:
+            return
+        try:
+            batch = self.builder.build()
+        except TableError as exc:  # a value of one table cannot be converted
+            if exc.table_id is None:
+                raise
+            self.table_failed(exc.table_id, exc)
+            self.builder.discard_table(exc.table_id)
+            batch = self.builder.build()
+        self._batch_started = None
+        while not self.writer.wait(timeout=1.0):  # backpressure: keep the server informed meanwhile
+            self.send_status()
+        self.writer.submit(batch)
+
+    def table_failed(self, table_id: TableId, error: TableError) -> None:
+        raise error
+
+    # -- feedback ------------------------------------------------------------------------------------
+    def send_status(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_status < STATUS_INTERVAL_S:
+            return
+        flushed = max(self.writer.durable_lsn, self.idle_lsn if self.nothing_pending() else Lsn.ZERO)
+        self.conn.send_status(write=self.received_lsn, flush=flushed, apply=flushed, reply=False)
+        self._last_status = now

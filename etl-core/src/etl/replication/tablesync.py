@@ -1,0 +1,171 @@
+"""The table sync worker: copies one table, catches up on its own slot, hands over to the apply worker.
+
+Init/DataSync -> (drop the destination object, new slot with an exported snapshot, parallel copy)
+-> FinishedCopy -> SyncWait -> (the apply worker pauses and answers Catchup at its position) ->
+(stream the table's own slot up to that position) -> SyncDone -> the apply worker makes it Ready.
+A crash before FinishedCopy restarts the copy from scratch; after it, catch-up resumes.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+import structlog
+
+from etl.errors import EtlError, SourceError, TableError, TransientError
+from etl.lsn import Lsn
+from etl.postgres.catalog import PublishedTable, table_schema
+from etl.postgres.codecs import arrow_field
+from etl.postgres.connection import connect
+from etl.postgres.copy import copy_table
+from etl.postgres.replication import ReplicationConnection, slot_state
+from etl.replication.context import WorkerContext
+from etl.replication.slots import table_sync_slot
+from etl.replication.stream import StreamWorker
+from etl.replication.writer import BatchWriter
+from etl.schema import TableId, TableSchema
+from etl.store.base import RetryKind, TableState, TableStateKind, table_sync_worker
+
+log = structlog.get_logger(__name__)
+
+
+def empty_table(schema: TableSchema) -> pa.Table:
+    return pa.schema([arrow_field(c) for c in schema.columns]).empty_table()
+
+
+class TableSyncWorker:
+    def __init__(self, ctx: WorkerContext, table: PublishedTable) -> None:
+        self.ctx = ctx
+        self.table = table
+        self.slot = table_sync_slot(ctx.pipeline_id, table.id)
+        self.thread = threading.Thread(target=self.run, name=f"tablesync-{table.name}", daemon=True)
+        self.log = log.bind(table=str(table.name))
+
+    @property
+    def table_id(self) -> TableId:
+        return self.table.id
+
+    def run(self) -> None:
+        states = self.ctx.states
+        try:
+            state = states.get(self.table_id)
+            if state is None or state.kind in (TableStateKind.INIT, TableStateKind.DATA_SYNC):
+                self.copy()
+            if not self.ctx.stop.is_set():
+                self.catch_up()
+        except TransientError as exc:
+            # Back to the start of the current step on the next attempt; the pool restarts the worker.
+            self.log.warning("table sync interrupted; will retry", error=str(exc))
+        except EtlError as exc:
+            self.log.error("table sync failed", error=exc.message, hint=exc.hint)
+            states.set(self.table_id, TableState.errored(exc.message, exc.hint, RetryKind.MANUAL))
+        except Exception as exc:
+            self.log.exception("table sync failed")
+            states.set(
+                self.table_id,
+                TableState.errored(f"{type(exc).__name__}: {exc}", "see the log; then `etl resync`", RetryKind.MANUAL),
+            )
+
+    # -- copy ----------------------------------------------------------------------------------------
+    def copy(self) -> None:
+        ctx, table_id = self.ctx, self.table_id
+        previous = ctx.store.get_table_schema(table_id)
+        if previous is not None:
+            ctx.destination.drop_table_for_copy(previous)
+        ctx.store.prepare_table_for_copy(table_id)
+        ctx.schemas.forget(table_id)
+        ctx.states.set(table_id, TableState(TableStateKind.DATA_SYNC))
+        source = ctx.config.source
+        with ReplicationConnection.connect(source) as rconn:
+            rconn.drop_slot_if_exists(self.slot)
+            slot = rconn.create_slot(self.slot, snapshot="export")
+            assert slot.snapshot_name is not None
+            # The exported snapshot lives until rconn runs its next command: keep it idle until done.
+            with connect(source) as conn, conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                conn.execute(f"SET TRANSACTION SNAPSHOT '{slot.snapshot_name}'")
+                schema = table_schema(conn, table_id, self.table.column_list).with_snapshot(slot.consistent_point)
+            ctx.store.store_table_schema(schema)
+            rows = 0
+            wrote = False
+            for batch in copy_table(source, schema, self.table, slot.snapshot_name, ctx.config.pipeline.copy_connections):
+                if ctx.stop.is_set():
+                    return
+                ctx.destination.write_table_rows(schema, pa.Table.from_batches([batch]))
+                rows += batch.num_rows
+                wrote = True
+            if not wrote:
+                ctx.destination.write_table_rows(schema, empty_table(schema))
+        ctx.destination.flush()
+        ctx.states.set(table_id, TableState(TableStateKind.FINISHED_COPY))
+        self.log.info("table copied", rows=rows, consistent_point=str(slot.consistent_point))
+
+    # -- catch-up ------------------------------------------------------------------------------------
+    def catch_up(self) -> None:
+        ctx, table_id = self.ctx, self.table_id
+        ctx.states.set(table_id, TableState(TableStateKind.SYNC_WAIT))
+
+        def answered() -> bool:
+            state = ctx.states.get(table_id)
+            return ctx.stop.is_set() or state is None or state.kind is not TableStateKind.SYNC_WAIT
+
+        while not ctx.states.wait(answered, timeout=1.0):
+            pass
+        state = ctx.states.get(table_id)
+        if ctx.stop.is_set() or state is None or state.kind is not TableStateKind.CATCHUP or state.lsn is None:
+            return
+        target = state.lsn
+        with connect(ctx.config.source) as conn:
+            slot = slot_state(conn, self.slot)
+        if not slot.exists:
+            raise SourceError(
+                f"the table sync slot {self.slot} is gone", hint=f"resync the table: etl resync --table {self.table.name}"
+            )
+        done = slot.confirmed_flush_lsn if slot.confirmed_flush_lsn >= target else self._stream_until(target)
+        if done is None:
+            return  # stopped
+        ctx.states.set(table_id, TableState(TableStateKind.SYNC_DONE, lsn=done))
+        with ReplicationConnection.connect(ctx.config.source) as rconn:
+            rconn.drop_slot_if_exists(self.slot)
+        ctx.store.delete_progress(table_sync_worker(table_id))
+        self.log.info("table caught up", sync_done=str(done))
+
+    def _stream_until(self, target: Lsn) -> Lsn | None:
+        ctx = self.ctx
+        key = table_sync_worker(self.table_id)
+        start = ctx.store.get_progress(key) or Lsn.ZERO
+        with ReplicationConnection.connect(ctx.config.source) as rconn:
+            rconn.start_replication(self.slot, start, [ctx.publication], ctx.protocol_version, ctx.streaming)
+            writer = BatchWriter(ctx.destination, ctx.store, key, self._table_error, start)
+            stream = CatchUpStream(self, rconn, writer, target)
+            try:
+                stream.run()
+            finally:
+                writer.close()
+            return stream.done
+
+    def _table_error(self, table_id: TableId, error: TableError) -> None:
+        raise error
+
+
+class CatchUpStream(StreamWorker):
+    """Streams the table's own slot until a transaction boundary at or past the apply worker's position."""
+
+    def __init__(self, worker: TableSyncWorker, conn: ReplicationConnection, writer: BatchWriter, target: Lsn) -> None:
+        ctx = worker.ctx
+        super().__init__(conn, ctx.protocol_version, ctx.config.batch, ctx.schemas, writer, ctx.stop)
+        self.worker_key = table_sync_worker(worker.table_id)
+        self.table_id = worker.table_id
+        self.target = target
+        self.done: Lsn | None = None
+
+    def applies(self, table_id: TableId, final_lsn: Lsn) -> bool:
+        return table_id == self.table_id
+
+    def after_commit(self, end_lsn: Lsn) -> None:
+        if end_lsn >= self.target and self.done is None:
+            self.done = end_lsn
+
+    def finished(self) -> bool:
+        return self.done is not None or self.stop.is_set()

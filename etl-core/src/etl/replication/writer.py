@@ -1,0 +1,94 @@
+"""Hands batches to the destination with one write in flight, and records durable progress."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import structlog
+
+from etl.destination.base import Destination, WriteResult
+from etl.errors import DestinationError, TableError, TransientError
+from etl.events import EventBatch
+from etl.lsn import Lsn
+from etl.postgres.replication import backoff_delays
+from etl.store.base import Store
+
+log = structlog.get_logger(__name__)
+
+RETRIES = 8
+
+
+class BatchWriter:
+    """One destination write in flight at a time, off the reading thread.
+
+    ``submit`` returns as soon as the previous write is done and the new one started, so the next
+    batch fills while this one is written. Progress is stored, and reported through ``durable_lsn``,
+    only after the destination says the write is durable (after ``flush`` for accepted writes).
+    Transient destination failures are retried with backoff; a ``TableError`` naming a table is
+    handed to ``on_table_error`` and the batch is retried without that table.
+    """
+
+    def __init__(
+        self,
+        destination: Destination,
+        store: Store,
+        worker: str,
+        on_table_error: Callable[[int, TableError], None],
+        durable_lsn: Lsn = Lsn.ZERO,
+    ) -> None:
+        self._destination = destination
+        self._store = store
+        self._worker = worker
+        self._on_table_error = on_table_error
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write-{worker}")
+        self._in_flight: Future[None] | None = None
+        self._lock = threading.Lock()
+        self.durable_lsn = durable_lsn
+
+    @property
+    def busy(self) -> bool:
+        return self._in_flight is not None and not self._in_flight.done()
+
+    def submit(self, batch: EventBatch) -> None:
+        self.wait()
+        self._in_flight = self._executor.submit(self._write, batch)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the write in flight; re-raise its failure. False when ``timeout`` passed first."""
+        future = self._in_flight
+        if future is None:
+            return True
+        try:
+            future.result(timeout)
+        except TimeoutError:
+            return False
+        self._in_flight = None
+        return True
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+    def _write(self, batch: EventBatch) -> None:
+        delays = backoff_delays()
+        for attempt in range(RETRIES + 1):
+            try:
+                result = self._destination.write_events(batch)
+                if result is WriteResult.ACCEPTED:
+                    self._destination.flush()
+                break
+            except TableError as exc:
+                if exc.table_id is None or exc.table_id not in batch.changes:
+                    raise
+                self._on_table_error(exc.table_id, exc)
+                batch = batch.without_table(exc.table_id)
+            except (TransientError, DestinationError, OSError) as exc:
+                if attempt == RETRIES:
+                    raise
+                delay = next(delays)
+                log.warning("destination write failed; retrying", worker=self._worker, error=str(exc), retry_in=delay)
+                time.sleep(delay)
+        if batch.last_commit_lsn > self.durable_lsn:
+            self.durable_lsn = Lsn(self._store.upsert_progress(self._worker, batch.last_commit_lsn))
