@@ -29,6 +29,11 @@ from etl.events import (
 from etl.schema import TableId, TableName, TableSchema
 
 
+def row_sort_key(row: dict[str, Any]) -> list[str]:
+    """A total order over rows of mixed value types, for comparing tables."""
+    return [repr(v) for v in row.values()]
+
+
 class _Table:
     """Rows of one table: keyed by replica identity key, or a multiset of whole rows."""
 
@@ -196,7 +201,7 @@ class MemoryDestination:
             names = table.schema.column_names
             return sorted(
                 (dict(zip(names, row, strict=False)) for row in table.rows()),
-                key=lambda r: [repr(v) for v in r.values()],
+                key=row_sort_key,
             )
 
     def _find(self, name: TableName | str) -> _Table:

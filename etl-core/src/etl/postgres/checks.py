@@ -1,0 +1,134 @@
+"""Pre-flight checks of a source database, each with a pass/fail verdict and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from etl.config import PipelineConfig
+from etl.errors import EtlError
+from etl.postgres.connection import connect
+from etl.replication.slots import apply_slot
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str | None = None
+
+    def line(self) -> str:
+        verdict = "PASS" if self.ok else "FAIL"
+        text = f"{verdict}  {self.name}: {self.detail}"
+        return f"{text}\n      fix: {self.fix}" if self.fix and not self.ok else text
+
+
+def run_checks(config: PipelineConfig) -> list[Check]:
+    """Every check, in order; stops after a failed connection (nothing else can be checked)."""
+    try:
+        conn = connect(config.source)
+    except EtlError as exc:
+        return [Check("source reachable", False, exc.message, exc.hint)]
+    with conn:
+        return [Check("source reachable", True, f"connected to {config.source.describe()}"), *_checks(conn, config)]
+
+
+def _one(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> Any:
+    row = conn.execute(sql, params).fetchone()
+    return row[0] if row else None
+
+
+def _checks(conn: psycopg.Connection[Any], config: PipelineConfig) -> Iterator[Check]:
+    wal_level = _one(conn, "SHOW wal_level")
+    yield Check(
+        "wal_level",
+        wal_level == "logical",
+        f"wal_level is '{wal_level}'" + ("" if wal_level == "logical" else ", logical replication needs 'logical'"),
+        "ALTER SYSTEM SET wal_level = logical; then restart Postgres",
+    )
+
+    user = config.source.user
+    may_replicate = _one(conn, "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user")
+    yield Check(
+        "replication privilege",
+        bool(may_replicate),
+        f"role '{user}' " + ("may replicate" if may_replicate else "has neither REPLICATION nor SUPERUSER"),
+        f'ALTER ROLE "{user}" WITH REPLICATION;',
+    )
+
+    pub = config.pipeline.publication
+    exists = _one(conn, "SELECT count(*) FROM pg_publication WHERE pubname = %s", (pub,))
+    tables = conn.execute(
+        """
+        SELECT c.oid, format('%%I.%%I', n.nspname, c.relname), c.relreplident,
+               EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
+               EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident),
+               has_table_privilege(c.oid, 'SELECT')
+        FROM pg_publication_tables pt
+        JOIN pg_namespace n ON n.nspname = pt.schemaname
+        JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+        WHERE pt.pubname = %s ORDER BY 2
+        """,
+        (pub,),
+    ).fetchall()
+    if not exists:
+        yield Check("publication", False, f"publication '{pub}' does not exist", f"CREATE PUBLICATION {pub} FOR TABLE ...;")
+    elif not tables:
+        yield Check("publication", False, f"publication '{pub}' has no tables", f"ALTER PUBLICATION {pub} ADD TABLE ...;")
+    else:
+        yield Check("publication", True, f"publication '{pub}' has {len(tables)} table(s)")
+
+    unusable = []
+    unreadable = []
+    for _oid, name, ident, has_pk, has_ident_index, readable in tables:
+        usable = ident == "f" or (ident == "d" and has_pk) or (ident == "i" and has_ident_index)
+        if not usable:
+            unusable.append(name)
+        if not readable:
+            unreadable.append(name)
+    if tables:
+        yield Check(
+            "replica identity",
+            not unusable,
+            "every published table has a usable replica identity"
+            if not unusable
+            else f"updates and deletes cannot be replicated for: {', '.join(unusable)} (no primary key and no"
+            " replica identity)",
+            "add a primary key, or ALTER TABLE <table> REPLICA IDENTITY FULL;",
+        )
+        yield Check(
+            "table privileges",
+            not unreadable,
+            "the role may read every published table"
+            if not unreadable
+            else f"role '{user}' may not SELECT from: {', '.join(unreadable)}",
+            f'GRANT SELECT ON <table> TO "{user}";',
+        )
+
+    needed_slots = 1 + config.pipeline.table_sync_workers
+    slot_exists = _one(conn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (apply_slot(config.pipeline.id),))
+    max_slots = int(_one(conn, "SHOW max_replication_slots"))
+    used_slots = int(_one(conn, "SELECT count(*) FROM pg_replication_slots"))
+    free_slots = max_slots - used_slots + (1 if slot_exists else 0)
+    yield Check(
+        "replication slots",
+        free_slots >= needed_slots,
+        f"{free_slots} of {max_slots} slots free; the pipeline needs up to {needed_slots}"
+        " (1 + table_sync_workers)",
+        f"raise max_replication_slots to at least {used_slots + needed_slots} and restart Postgres, or lower"
+        " [pipeline] table_sync_workers",
+    )
+
+    max_senders = int(_one(conn, "SHOW max_wal_senders"))
+    used_senders = int(_one(conn, "SELECT count(*) FROM pg_stat_replication"))
+    free_senders = max_senders - used_senders
+    yield Check(
+        "wal senders",
+        free_senders >= needed_slots,
+        f"{free_senders} of {max_senders} WAL senders free; the pipeline needs up to {needed_slots}",
+        f"raise max_wal_senders to at least {used_senders + needed_slots} and restart Postgres",
+    )

@@ -1,0 +1,19 @@
+"""Reading a source table back in the shape the memory destination returns, for comparisons."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from etl.destination.memory import row_sort_key
+from etl.schema import TableName
+
+
+def source_rows(conn: psycopg.Connection[Any], table: TableName | str) -> list[dict[str, Any]]:
+    """Every row of a source table as dicts (psycopg's Python values), sorted like ``MemoryDestination.rows``."""
+    name = TableName.parse(table) if isinstance(table, str) else table
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(f"SELECT * FROM {name.quoted()}").fetchall()  # noqa: S608 - quoted identifier
+    return sorted(rows, key=row_sort_key)

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from etl.testing.postgres import TemporaryCluster, find_install
+from etl.testing.pytest_plugin import TestDatabase
+
+
+def pipeline_file(tmp_path: Path, port: int, database: str, publication: str = "pub") -> Path:
+    path = tmp_path / "pipeline.toml"
+    path.write_text(
+        f'[pipeline]\nid = 7\npublication = "{publication}"\n'
+        f'[source]\nhost = "127.0.0.1"\nport = {port}\ndatabase = "{database}"\nuser = "postgres"\nsslmode = "disable"\n'
+    )
+    return path
+
+
+def etl_check(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "etl.cli", "check", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+def replica_cluster(pg_major: int) -> Iterator[TemporaryCluster]:
+    with TemporaryCluster(find_install(pg_major), {"wal_level": "replica"}) as cluster:
+        yield cluster
+
+
+def test_check_passes_on_a_correct_setup(pg_database: TestDatabase, tmp_path: Path) -> None:
+    pg_database.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pg_database.execute("CREATE PUBLICATION pub FOR TABLE t")
+    result = etl_check(pipeline_file(tmp_path, pg_database.cluster.port, pg_database.name))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "FAIL" not in result.stdout
+    assert "PASS  wal_level" in result.stdout
+
+
+def test_check_fails_on_wal_level_replica_with_the_fix(replica_cluster: TemporaryCluster, tmp_path: Path) -> None:
+    with replica_cluster.connect() as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        conn.execute("CREATE PUBLICATION pub FOR TABLE t")
+    result = etl_check(pipeline_file(tmp_path, replica_cluster.port, "postgres"))
+    assert result.returncode == 1
+    line = next(line for line in result.stdout.splitlines() if "wal_level" in line)
+    assert line.startswith("FAIL") and "'replica'" in line
+    assert "ALTER SYSTEM SET wal_level = logical" in result.stdout
+
+
+def test_check_names_missing_publication_unusable_identity_and_privileges(
+    pg_database: TestDatabase, tmp_path: Path
+) -> None:
+    result = etl_check(pipeline_file(tmp_path, pg_database.cluster.port, pg_database.name, publication="nope"))
+    assert result.returncode == 1
+    assert "FAIL  publication: publication 'nope' does not exist" in result.stdout
+    assert "CREATE PUBLICATION nope" in result.stdout
+
+    pg_database.execute("CREATE TABLE keyless (v text)")
+    pg_database.execute("CREATE PUBLICATION pub FOR TABLE keyless")
+    pg_database.execute("CREATE ROLE reader LOGIN")
+    try:
+        path = pipeline_file(tmp_path, pg_database.cluster.port, pg_database.name)
+        path.write_text(path.read_text().replace('user = "postgres"', 'user = "reader"'))
+        result = etl_check(path)
+    finally:
+        pg_database.execute("DROP ROLE reader")
+    assert result.returncode == 1
+    out = result.stdout
+    assert "FAIL  replication privilege" in out and 'ALTER ROLE "reader" WITH REPLICATION' in out
+    assert "FAIL  replica identity" in out and "public.keyless" in out and "REPLICA IDENTITY FULL" in out
+    assert "FAIL  table privileges" in out
+
+
+def test_check_reports_unreachable_source(tmp_path: Path) -> None:
+    from etl.testing.postgres import free_port
+
+    result = etl_check(pipeline_file(tmp_path, free_port(), "postgres"))
+    assert result.returncode == 1
+    assert result.stdout.startswith("FAIL  source reachable")
