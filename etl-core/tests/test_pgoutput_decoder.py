@@ -14,6 +14,7 @@ import psycopg
 import pytest
 from etl.lsn import Lsn
 from etl.postgres.pgoutput import (
+    STREAMABLE,
     UNCHANGED_TOAST,
     Begin,
     Commit,
@@ -32,6 +33,7 @@ from etl.postgres.pgoutput import (
     Truncate,
     Type,
     Update,
+    stream_xid,
 )
 from etl.schema import ReplicaIdentity
 
@@ -266,11 +268,17 @@ def test_decode_streamed_replays_a_change_outside_the_stream(pg_database: Any) -
     for payload in payloads:
         message = decoder.decode(payload)
         if decoder.in_stream and not isinstance(message, StreamStart):
+            assert payload[:1] in STREAMABLE
+            assert stream_xid(payload) == message.xid  # type: ignore[union-attr]
             buffered.append((payload, message))
+        else:
+            assert payload[:1] not in STREAMABLE or message.xid is None  # type: ignore[union-attr]
     assert not decoder.in_stream
     replay = PgOutputDecoder(2)
     assert [replay.decode_streamed(payload) for payload, _ in buffered] == [m for _, m in buffered]
     assert not replay.in_stream
+    with pytest.raises(PgOutputError, match="not a streamed change"):
+        stream_xid(b"E")
     with pytest.raises(PgOutputError, match="stream control"):
         replay.decode_streamed(next(p for p in payloads if p[:1] == b"E"))
 

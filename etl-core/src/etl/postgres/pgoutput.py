@@ -217,9 +217,13 @@ _NEW: Final = ord("N")
 _KEY: Final = ord("K")
 _OLD: Final = ord("O")
 
+STREAMABLE: Final = frozenset({b"R", b"Y", b"I", b"U", b"D", b"T", b"M"})
+"""First bytes (``payload[:1]``) of messages that belong to the transaction when sent inside a stream.
+
+Inside a stream they carry the xid of their (sub)transaction before their body (see ``stream_xid``).
+"""
+_CARRIES_XID: Final = frozenset(b"".join(STREAMABLE))
 _STREAM_CONTROL: Final = frozenset(b"SEcA")
-_CARRIES_XID: Final = frozenset(b"RYIUDTM")
-"""Messages that carry an xid before their body when sent inside a stream."""
 _TWO_PHASE: Final = frozenset(b"bPKrp")
 
 
@@ -390,6 +394,14 @@ class PgOutputDecoder:
         if len(content) != length:
             raise PgOutputError(f"logical message {prefix!r}: content truncated ({len(content)} of {length} bytes)")
         return LogicalMessage(flags & 1 == 1, Lsn(lsn), prefix, content, xid)
+
+
+def stream_xid(payload: bytes | memoryview) -> int:
+    """The (sub)transaction xid of a ``STREAMABLE`` message received inside a stream, without decoding it."""
+    if len(payload) < 5 or payload[0] not in _CARRIES_XID:
+        first = bytes(payload[:1])
+        raise PgOutputError(f"not a streamed change: a {len(payload)}-byte payload starting with {first!r}")
+    return int(_U32.unpack_from(payload, 1)[0])
 
 
 def _string(data: bytes, pos: int) -> tuple[str, int]:
