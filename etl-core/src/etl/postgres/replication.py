@@ -1,0 +1,518 @@
+"""The replication connection: slots, START_REPLICATION and standby feedback on ``psycopg.pq``.
+
+psycopg 3 has no replication API, so this drives libpq through ``psycopg.pq.PGconn`` in
+non-blocking mode: every wait is a ``select`` on the socket with the GIL released. Blocking
+``get_copy_data(0)`` is never used, because the C implementation holds the GIL while it waits and
+would freeze every other thread of the process.
+
+A ``ReplicationConnection`` belongs to one thread at a time.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import selectors
+import struct
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Any, Final, Literal, NamedTuple
+
+import psycopg
+import structlog
+from psycopg import pq
+from psycopg.conninfo import make_conninfo
+from psycopg.errors import error_from_result
+from psycopg.pq.abc import PGconn, PGresult
+
+from etl.config import PostgresConnection
+from etl.errors import ConfigError, EtlError, SourceError, TransientError
+from etl.lsn import Lsn
+from etl.postgres.connection import connection_error, conninfo_params
+from etl.schema import quote_ident
+
+log = structlog.get_logger(__name__)
+
+_PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
+_UNIX_TO_PG_US: Final = 946_684_800_000_000
+_XLOG_HEADER: Final = struct.Struct(">QQq")  # after the b"w" tag: wal start, wal end, server time
+_KEEPALIVE: Final = struct.Struct(">Qq?")  # after the b"k" tag: wal end, server time, reply requested
+_STATUS: Final = struct.Struct(">cQQQq?")  # Standby Status Update
+_XLOG_TAG: Final = ord("w")
+_KEEPALIVE_TAG: Final = ord("k")
+_SLOT_NAME: Final = re.compile(r"^[a-z0-9_]{1,63}$")
+_SEND_TIMEOUT: Final = 30.0  # seconds a status update may wait for room in the socket buffer
+
+
+def pg_time_to_datetime(microseconds: int) -> datetime:
+    """A Postgres protocol timestamp (microseconds since 2000-01-01 UTC) as an aware datetime."""
+    return _PG_EPOCH + timedelta(microseconds=microseconds)
+
+
+def _now_pg_us() -> int:
+    return time.time_ns() // 1000 - _UNIX_TO_PG_US
+
+
+class XLogData(NamedTuple):
+    """One WAL data message; ``payload`` is a pgoutput message."""
+
+    wal_start: Lsn
+    wal_end: Lsn
+    server_time: int
+    """Microseconds since 2000-01-01 UTC (see ``server_datetime``)."""
+    payload: bytes
+
+    @property
+    def server_datetime(self) -> datetime:
+        return pg_time_to_datetime(self.server_time)
+
+
+class Keepalive(NamedTuple):
+    """A primary keepalive; answer it with ``send_status`` soon when ``reply_requested``."""
+
+    wal_end: Lsn
+    server_time: int
+    """Microseconds since 2000-01-01 UTC (see ``server_datetime``)."""
+    reply_requested: bool
+
+    @property
+    def server_datetime(self) -> datetime:
+        return pg_time_to_datetime(self.server_time)
+
+
+@dataclass(frozen=True)
+class SystemInfo:
+    system_id: str
+    timeline: int
+    xlogpos: Lsn
+    dbname: str | None
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    name: str
+    consistent_point: Lsn
+    snapshot_name: str | None
+    """The exported snapshot (``snapshot="export"``); valid until the next command on the connection."""
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """A slot as ``pg_replication_slots`` shows it."""
+
+    exists: bool
+    confirmed_flush_lsn: Lsn | None = None
+    wal_status: str | None = None
+    """``reserved``, ``extended``, ``unreserved`` or ``lost`` (``lost``: the slot was invalidated)."""
+    active_pid: int | None = None
+    invalidation_reason: str | None = None
+    """Why the slot was invalidated (Postgres 17+ reports it; earlier ``wal_removed`` is assumed when lost)."""
+
+    @property
+    def invalidated(self) -> bool:
+        return self.invalidation_reason is not None
+
+
+def slot_state(conn: psycopg.Connection[Any], name: str) -> SlotState:
+    """Look up replication slot ``name`` over a normal connection."""
+    # to_jsonb(row) reads the columns each major has without a per-version query
+    row = conn.execute(
+        "SELECT to_jsonb(s) FROM pg_catalog.pg_replication_slots s WHERE slot_name = %s", (name,)
+    ).fetchone()
+    if row is None:
+        return SlotState(exists=False)
+    slot: dict[str, Any] = row[0]
+    flushed = slot.get("confirmed_flush_lsn")
+    reason = slot.get("invalidation_reason")
+    if reason is None and slot.get("wal_status") == "lost":
+        reason = "wal_removed"
+    if reason is None and slot.get("conflicting"):
+        reason = "rows_removed"
+    return SlotState(
+        exists=True,
+        confirmed_flush_lsn=Lsn.parse(flushed) if flushed else None,
+        wal_status=slot.get("wal_status"),
+        active_pid=slot.get("active_pid"),
+        invalidation_reason=reason,
+    )
+
+
+def choose_protocol(server_version: int) -> tuple[int, bool]:
+    """The pgoutput ``(proto_version, streaming)`` to use with a server: 2 with streaming from 14 on, else 1."""
+    return (2, True) if server_version >= 140000 else (1, False)
+
+
+def backoff_delays(initial: float = 0.5, maximum: float = 30.0) -> Iterator[float]:
+    """Endless reconnect delays: exponential from ``initial`` up to ``maximum``, each jittered to 50-100%."""
+    if not 0 < initial <= maximum:
+        raise ValueError(f"need 0 < initial <= maximum, got initial={initial}, maximum={maximum}")
+    ceiling = initial
+    while True:
+        yield ceiling * random.uniform(0.5, 1.0)
+        ceiling = min(maximum, ceiling * 2)
+
+
+def check_slot_name(name: str) -> str:
+    if not _SLOT_NAME.match(name):
+        raise ConfigError(
+            f"invalid replication slot name {name!r}",
+            hint="slot names are 1-63 characters of lower-case letters, digits and underscores",
+        )
+    return name
+
+
+class ReplicationConnection:
+    """A ``replication=database`` connection (the session settings and TLS/keepalives from the config)."""
+
+    def __init__(self, pgconn: PGconn, config: PostgresConnection) -> None:
+        self._pgconn = pgconn
+        self._config = config
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(pgconn.socket, selectors.EVENT_READ)
+        self._flush_pending = False
+        self._streaming = False
+        self._closed = False
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    @classmethod
+    def connect(cls, config: PostgresConnection, settings: dict[str, str] | None = None) -> ReplicationConnection:
+        """Open a replication connection; ``settings`` adds session GUCs (e.g. ``wal_sender_timeout``)."""
+        params = conninfo_params(config, {"replication": "database"}, settings)
+        deadline = time.monotonic() + config.connect_timeout
+        pgconn: PGconn = pq.PGconn.connect_start(make_conninfo(**params).encode())
+        try:
+            while True:
+                if pgconn.status == pq.ConnStatus.BAD:
+                    raise psycopg.OperationalError(_message(pgconn))
+                status = pgconn.connect_poll()
+                if status == pq.PollingStatus.OK:
+                    break
+                if status == pq.PollingStatus.FAILED:
+                    raise psycopg.OperationalError(_message(pgconn))
+                events = selectors.EVENT_READ if status == pq.PollingStatus.READING else selectors.EVENT_WRITE
+                if not _wait_socket(pgconn.socket, events, deadline - time.monotonic()):
+                    raise psycopg.OperationalError(f"timeout expired after {config.connect_timeout}s")
+        except psycopg.OperationalError as exc:
+            pgconn.finish()
+            raise connection_error(config, exc, "open a replication connection to") from None
+        pgconn.nonblocking = 1
+        pgconn.notice_handler = _log_notice
+        log.debug("replication connection opened", target=config.describe(), server_version=pgconn.server_version)
+        return cls(pgconn, config)
+
+    def close(self) -> None:
+        """Close the connection (idempotent); the server ends the stream and frees the slot."""
+        if not self._closed:
+            self._closed = True
+            self._streaming = False
+            self._selector.close()
+            self._pgconn.finish()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._pgconn.status == pq.ConnStatus.BAD
+
+    def __enter__(self) -> ReplicationConnection:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else ("streaming" if self._streaming else "open")
+        return f"<ReplicationConnection {self._config.describe()} {state}>"
+
+    @property
+    def server_version(self) -> int:
+        """The server's version number, e.g. 150004."""
+        return self._pgconn.server_version
+
+    # -- commands ------------------------------------------------------------------------------------
+    def execute(self, command: str) -> list[tuple[str | None, ...]]:
+        """Run one replication or SQL command; return the text rows of its result."""
+        if self._streaming:
+            raise SourceError("the replication connection is streaming; it accepts no more commands")
+        pgconn = self._pgconn
+        try:
+            pgconn.send_query(command.encode())
+            self._flush_all(None)
+            results: list[PGresult] = []
+            while True:
+                while pgconn.is_busy():
+                    self._wait(selectors.EVENT_READ, None)
+                    pgconn.consume_input()
+                result = pgconn.get_result()
+                if result is None:
+                    break
+                results.append(result)
+                if result.status in (pq.ExecStatus.COPY_BOTH, pq.ExecStatus.COPY_OUT):
+                    break
+        except psycopg.OperationalError as exc:
+            raise self._lost(exc) from None
+        for result in results:
+            if result.status == pq.ExecStatus.FATAL_ERROR:
+                raise self._error(result, command.split(None, 1)[0])
+        last = results[-1]
+        if last.status == pq.ExecStatus.COPY_BOTH:
+            self._streaming = True
+            return []
+        return [
+            tuple(None if (v := last.get_value(r, c)) is None else v.decode() for c in range(last.nfields))
+            for r in range(last.ntuples)
+        ]
+
+    def identify_system(self) -> SystemInfo:
+        system_id, timeline, xlogpos, dbname = self.execute("IDENTIFY_SYSTEM")[0]
+        assert system_id is not None and timeline is not None and xlogpos is not None
+        return SystemInfo(system_id, int(timeline), Lsn.parse(xlogpos), dbname)
+
+    def create_slot(
+        self,
+        name: str,
+        *,
+        snapshot: Literal["export", "use", "nothing"] = "nothing",
+        temporary: bool = False,
+    ) -> SlotInfo:
+        """Create a logical pgoutput slot.
+
+        ``"export"`` exports a snapshot that other sessions import with ``SET TRANSACTION SNAPSHOT``
+        (inside ``REPEATABLE READ``) to see the data exactly as of ``consistent_point``. The snapshot
+        lives only until this connection runs its next command (``START_REPLICATION`` included), so
+        keep the connection idle until every importer has imported it. ``"use"`` makes the current
+        transaction of this connection use it (``BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`` first).
+        """
+        check_slot_name(name)
+        kind = " TEMPORARY" if temporary else ""
+        if self.server_version >= 150000:
+            command = f"CREATE_REPLICATION_SLOT {name}{kind} LOGICAL pgoutput (SNAPSHOT '{snapshot}')"
+        else:
+            option = {"export": "EXPORT_SNAPSHOT", "use": "USE_SNAPSHOT", "nothing": "NOEXPORT_SNAPSHOT"}[snapshot]
+            command = f"CREATE_REPLICATION_SLOT {name}{kind} LOGICAL pgoutput {option}"
+        slot_name, consistent_point, snapshot_name, _plugin = self.execute(command)[0]
+        assert slot_name is not None and consistent_point is not None
+        log.info("replication slot created", slot=slot_name, consistent_point=consistent_point, snapshot=snapshot)
+        return SlotInfo(slot_name, Lsn.parse(consistent_point), snapshot_name)
+
+    def drop_slot(self, name: str, wait: bool = True) -> None:
+        """Drop a slot; with ``wait`` wait for a connection still using it to end. Missing slot: ``SourceError``."""
+        check_slot_name(name)
+        self.execute(f"DROP_REPLICATION_SLOT {name}{' WAIT' if wait else ''}")
+        log.info("replication slot dropped", slot=name)
+
+    def drop_slot_if_exists(self, name: str, wait: bool = True) -> bool:
+        """Drop a slot if it exists; return whether one was dropped."""
+        try:
+            self.drop_slot(name, wait)
+        except SlotNotFoundError:
+            return False
+        return True
+
+    def start_replication(
+        self,
+        slot: str,
+        start_lsn: Lsn,
+        publications: Sequence[str],
+        *,
+        protocol_version: int,
+        streaming: bool,
+        messages: bool = True,
+    ) -> None:
+        """Start streaming pgoutput changes from ``slot`` (see ``choose_protocol``); then ``read`` and ``send_status``.
+
+        ``messages`` asks for logical decoding messages (``pg_logical_emit_message``; Postgres 14+).
+        """
+        check_slot_name(slot)
+        if not publications:
+            raise ValueError("start_replication needs at least one publication")
+        if streaming and protocol_version < 2:
+            raise ValueError("streaming of in-progress transactions needs protocol_version >= 2")
+        if (streaming or messages) and self.server_version < 140000:
+            raise SourceError(
+                f"Postgres {self.server_version // 10000} cannot stream in-progress transactions or send messages",
+                hint="use choose_protocol() and messages=False with servers older than 14",
+            )
+        self._check_publications(publications)
+        names = ",".join(quote_ident(p) for p in publications)
+        options = [f"proto_version '{protocol_version}'", f"publication_names {_literal(names)}"]
+        if streaming:
+            options.append("streaming 'on'")
+        if messages:
+            options.append("messages 'true'")
+        self.execute(f"START_REPLICATION SLOT {slot} LOGICAL {start_lsn} ({', '.join(options)})")
+        log.info(
+            "replication started", slot=slot, start_lsn=str(start_lsn), proto=protocol_version, streaming=streaming
+        )
+
+    def _check_publications(self, publications: Sequence[str]) -> None:
+        # Postgres 18 merely warns about a missing publication and streams nothing; fail clearly instead
+        wanted = ", ".join(_literal(p) for p in publications)
+        found = {
+            row[0] for row in self.execute(f"SELECT pubname FROM pg_catalog.pg_publication WHERE pubname IN ({wanted})")
+        }
+        missing = [p for p in publications if p not in found]
+        if missing:
+            raise SourceError(
+                f"publication {', '.join(missing)} does not exist in {self._config.describe()}",
+                hint="create it on the source: CREATE PUBLICATION <name> FOR TABLE <tables> (or FOR ALL TABLES)",
+            )
+
+    # -- streaming -----------------------------------------------------------------------------------
+    def read(self, timeout: float) -> XLogData | Keepalive | None:
+        """The next message, waiting at most ``timeout`` seconds; ``None`` when none came in time."""
+        pgconn = self._pgconn
+        deadline = 0.0
+        try:
+            while True:
+                nbytes, data = pgconn.get_copy_data(1)
+                if nbytes > 0:
+                    tag = data[0]
+                    if tag == _XLOG_TAG:
+                        start, end, sent = _XLOG_HEADER.unpack_from(data, 1)
+                        return XLogData(Lsn(start), Lsn(end), sent, bytes(data[25:]))
+                    if tag == _KEEPALIVE_TAG:
+                        end, sent, reply = _KEEPALIVE.unpack_from(data, 1)
+                        return Keepalive(Lsn(end), sent, reply)
+                    log.warning("unknown replication message ignored", tag=chr(tag))
+                    continue
+                if nbytes < 0:
+                    raise self._stream_ended()
+                if self._flush_pending:
+                    self._flush_pending = pgconn.flush() == 1
+                if deadline == 0.0:
+                    deadline = time.monotonic() + timeout
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self._flush_pending else 0)
+                ready = self._wait(events, remaining)
+                if ready & selectors.EVENT_READ:
+                    pgconn.consume_input()
+                elif not ready:
+                    return None
+        except psycopg.OperationalError as exc:
+            raise self._lost(exc) from None
+
+    def send_status(self, write: Lsn, flush: Lsn, apply: Lsn, reply: bool = False) -> None:
+        """Send a Standby Status Update: ``flush`` is what the slot may forget (its confirmed_flush_lsn).
+
+        Sending never blocks for long: what the socket does not take now goes out during ``read``.
+        """
+        message = _STATUS.pack(b"r", write, flush, apply, _now_pg_us(), reply)
+        pgconn = self._pgconn
+        deadline = time.monotonic() + _SEND_TIMEOUT
+        try:
+            while pgconn.put_copy_data(message) == 0:  # the output buffer is full
+                pgconn.flush()
+                if not self._wait(selectors.EVENT_WRITE, deadline - time.monotonic()):
+                    raise TransientError(
+                        f"replication connection to {self._config.describe()} accepts no data; status update not sent",
+                        hint="the network or the server is stalled; the connection is re-opened",
+                    )
+            self._flush_pending = pgconn.flush() == 1
+        except psycopg.OperationalError as exc:
+            raise self._lost(exc) from None
+
+    # -- internals -----------------------------------------------------------------------------------
+    def _wait(self, events: int, timeout: float | None) -> int:
+        """Wait for the socket; return the ready events (0 on timeout)."""
+        if timeout is not None and timeout <= 0:
+            return 0
+        key = self._selector.get_key(self._pgconn.socket)
+        if key.events != events:
+            self._selector.modify(self._pgconn.socket, events)
+        ready = self._selector.select(timeout)
+        return ready[0][1] if ready else 0
+
+    def _flush_all(self, timeout: float | None) -> None:
+        while self._pgconn.flush() == 1:
+            self._wait(selectors.EVENT_WRITE | selectors.EVENT_READ, timeout)
+            self._pgconn.consume_input()
+
+    def _stream_ended(self) -> EtlError:
+        self._streaming = False
+        result = self._pgconn.get_result()
+        while self._pgconn.get_result() is not None:  # drain to the end of the command
+            pass
+        if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
+            return self._error(result, "replication")
+        return TransientError(
+            f"the server at {self._config.describe()} ended the replication stream"
+            + (f": {_message(self._pgconn)}" if self._pgconn.status == pq.ConnStatus.BAD else ""),
+            hint="the server may be shutting down; replication resumes after a reconnect",
+        )
+
+    def _lost(self, exc: BaseException) -> EtlError:
+        self._streaming = False
+        return TransientError(
+            f"lost the replication connection to {self._config.describe()}: {str(exc).strip()}",
+            hint="replication resumes after a reconnect; check the server and the network if it persists",
+        )
+
+    def _error(self, result: PGresult, doing: str) -> EtlError:
+        error = error_from_result(result)
+        return replication_error(error, self._config.describe(), doing)
+
+
+class SlotNotFoundError(SourceError):
+    """The named replication slot does not exist."""
+
+
+def replication_error(error: psycopg.Error, target: str, doing: str) -> EtlError:
+    """Translate a server error of a replication command into an ``EtlError`` with a hint."""
+    sqlstate = error.sqlstate or ""
+    detail = (error.diag.message_primary or str(error)).strip()
+    message = f"{doing} on {target} failed: {detail}"
+    lowered = detail.lower()
+    if sqlstate == "42704" and "replication slot" in lowered:
+        return SlotNotFoundError(message, hint="the slot was dropped; the pipeline must create it and copy again")
+    if sqlstate == "42704" and "publication" in lowered:
+        return SourceError(message, hint="create it on the source: CREATE PUBLICATION <name> FOR TABLE <tables>")
+    if sqlstate == "55006":  # object_in_use
+        return TransientError(message, hint="another process uses this slot; stop it, or wait until it lets go")
+    if sqlstate == "55000" and ("invalidated" in lowered or "can no longer" in lowered):
+        return SourceError(
+            message,
+            hint="the slot was invalidated (its WAL was removed, see max_slot_wal_keep_size); drop it and copy the"
+            " tables again (pipeline.invalidated_slot = 'recreate')",
+        )
+    if sqlstate == "55000" and "wal_level" in lowered:
+        return SourceError(message, hint="set wal_level = logical on the source and restart it")
+    if sqlstate == "53400":
+        return SourceError(message, hint="raise max_replication_slots / max_wal_senders, or drop unused slots")
+    if sqlstate == "42710":
+        return SourceError(message, hint="the slot exists already; drop it or reuse it")
+    if sqlstate == "42501":
+        return SourceError(message, hint="the role needs the REPLICATION attribute")
+    if sqlstate.startswith(("08", "57")):
+        return TransientError(message, hint="the server is restarting or unreachable; it is retried")
+    return SourceError(message)
+
+
+def _literal(text: str) -> str:
+    """A SQL string literal (standard_conforming_strings is on in every supported Postgres)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _log_notice(result: PGresult) -> None:
+    """Pass server notices on to the log (e.g. "skipped loading publication" on Postgres 18)."""
+    severity = (result.error_field(pq.DiagnosticField.SEVERITY_NONLOCALIZED) or b"NOTICE").decode()
+    text = (result.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) or b"").decode(errors="replace")
+    emit = log.warning if severity == "WARNING" else log.info
+    emit("postgres notice", severity=severity, message=text)
+
+
+def _message(pgconn: PGconn) -> str:
+    return pgconn.get_error_message().strip()
+
+
+def _wait_socket(fileno: int, events: int, timeout: float) -> bool:
+    if timeout <= 0:
+        return False
+    with selectors.DefaultSelector() as selector:
+        selector.register(fileno, events)
+        return bool(selector.select(timeout))

@@ -1,0 +1,324 @@
+"""The replication connection against a real Postgres: slots, snapshots, streaming, feedback, errors."""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import psycopg
+import pytest
+import structlog
+from etl.errors import ConfigError, SourceError, TransientError
+from etl.lsn import Lsn
+from etl.postgres.replication import (
+    Keepalive,
+    ReplicationConnection,
+    SlotNotFoundError,
+    XLogData,
+    backoff_delays,
+    choose_protocol,
+    slot_state,
+)
+from etl.testing.pytest_plugin import TestDatabase
+from pydantic import SecretStr
+
+T = TypeVar("T")
+
+
+def wait_for(probe: Callable[[], T | None], timeout: float = 10.0) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("condition not reached in time")
+
+
+def start_stream(
+    db: TestDatabase, slot: str = "s1", publication: str = "pub", settings: dict[str, str] | None = None
+) -> ReplicationConnection:
+    """A connection streaming from a fresh slot on ``publication`` (protocol picked for the server)."""
+    conn = ReplicationConnection.connect(db.connection(), settings)
+    info = conn.create_slot(slot)
+    proto, streaming = choose_protocol(conn.server_version)
+    conn.start_replication(slot, info.consistent_point, [publication], protocol_version=proto, streaming=streaming)
+    return conn
+
+
+def read_until(conn: ReplicationConnection, tag: bytes, timeout: float = 10.0) -> list[XLogData]:
+    """Read XLogData messages until one whose pgoutput tag is ``tag``."""
+    got: list[XLogData] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = conn.read(0.5)
+        if isinstance(message, XLogData):
+            got.append(message)
+            if message.payload[:1] == tag:
+                return got
+        elif isinstance(message, Keepalive) and message.reply_requested:
+            conn.send_status(Lsn.ZERO, Lsn.ZERO, Lsn.ZERO)
+    raise AssertionError(f"no {tag!r} message within {timeout}s; got {[m.payload[:1] for m in got]}")
+
+
+def test_identify_system_and_session(pg_database: TestDatabase) -> None:
+    with ReplicationConnection.connect(pg_database.connection()) as conn:
+        info = conn.identify_system()
+        system_id, lsn, version = pg_database.execute(
+            "SELECT system_identifier::text, pg_current_wal_lsn()::text, current_setting('server_version_num')::int"
+            " FROM pg_control_system()"
+        )[0]
+        assert info.system_id == system_id
+        assert info.timeline == 1
+        assert info.dbname == pg_database.name
+        assert 0 < info.xlogpos <= Lsn.parse(lsn)
+        assert conn.server_version == version
+        # the pinned session settings hold on replication connections too
+        assert conn.execute("SHOW TimeZone") == [("UTC",)]
+        assert conn.execute("SHOW IntervalStyle") == [("postgres",)]
+    assert conn.closed
+    conn.close()  # idempotent
+
+
+def test_repr_names_target_but_not_password(pg_database: TestDatabase) -> None:
+    config = pg_database.connection().model_copy(update={"password": SecretStr("hunter2-secret")})
+    with ReplicationConnection.connect(config) as conn:
+        assert "hunter2-secret" not in repr(conn)
+        assert pg_database.name in repr(conn)
+
+
+def test_exported_snapshot_sees_rows_committed_before_the_slot(pg_database: TestDatabase) -> None:
+    pg_database.execute("CREATE TABLE t (id int)")
+    pg_database.execute("INSERT INTO t SELECT generate_series(1, 3)")
+    with ReplicationConnection.connect(pg_database.connection()) as repl:
+        slot = repl.create_slot("snap_slot", snapshot="export")
+        assert slot.name == "snap_slot" and slot.snapshot_name
+        assert slot.consistent_point > 0
+        pg_database.execute("INSERT INTO t VALUES (4)")  # committed after the slot: not in the snapshot
+        with pg_database.connect() as reader:
+            reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            reader.execute(f"SET TRANSACTION SNAPSHOT '{slot.snapshot_name}'")
+            assert reader.execute("SELECT id FROM t ORDER BY id").fetchall() == [(1,), (2,), (3,)]
+            reader.execute("COMMIT")
+        assert sorted(pg_database.execute("SELECT id FROM t")) == [(1,), (2,), (3,), (4,)]
+        # the snapshot lives only until the next command on the exporting connection
+        repl.identify_system()
+        with pg_database.connect() as late:
+            late.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            # Postgres < 18: invalid_parameter_value, 18+: undefined_object
+            with pytest.raises((psycopg.errors.InvalidParameterValue, psycopg.errors.UndefinedObject)):
+                late.execute(f"SET TRANSACTION SNAPSHOT '{slot.snapshot_name}'")
+        with pg_database.connect() as conn:
+            state = slot_state(conn, "snap_slot")
+            assert state.exists and state.wal_status == "reserved" and not state.invalidated
+            assert state.confirmed_flush_lsn == slot.consistent_point
+        repl.drop_slot("snap_slot")
+        with pg_database.connect() as conn:
+            assert not slot_state(conn, "snap_slot").exists
+
+
+def test_drop_missing_slot_is_an_error_and_drop_if_exists_is_not(pg_database: TestDatabase) -> None:
+    with ReplicationConnection.connect(pg_database.connection()) as repl:
+        with pytest.raises(SlotNotFoundError) as info:
+            repl.drop_slot("no_such_slot")
+        assert "no_such_slot" in str(info.value) and info.value.hint
+        assert repl.drop_slot_if_exists("no_such_slot") is False
+        repl.create_slot("to_drop")
+        assert repl.drop_slot_if_exists("to_drop") is True
+        with pg_database.connect() as conn:
+            assert not slot_state(conn, "to_drop").exists
+
+
+def test_temporary_slot_goes_with_the_connection(pg_database: TestDatabase) -> None:
+    with ReplicationConnection.connect(pg_database.connection()) as repl:
+        repl.create_slot("temp_slot", temporary=True)
+        with pg_database.connect() as conn:
+            assert slot_state(conn, "temp_slot").exists
+    with pg_database.connect() as conn:
+        wait_for(lambda: not slot_state(conn, "temp_slot").exists)
+
+
+def test_use_snapshot_in_the_replication_transaction(pg_database: TestDatabase) -> None:
+    pg_database.execute("CREATE TABLE t (id int)")
+    pg_database.execute("INSERT INTO t VALUES (1)")
+    with ReplicationConnection.connect(pg_database.connection()) as repl:
+        repl.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        repl.create_slot("use_slot", snapshot="use")
+        pg_database.execute("INSERT INTO t VALUES (2)")
+        assert repl.execute("SELECT id FROM t") == [("1",)]
+        repl.execute("COMMIT")
+        repl.drop_slot("use_slot")
+
+
+def test_invalid_slot_name_is_rejected(pg_database: TestDatabase) -> None:
+    with ReplicationConnection.connect(pg_database.connection()) as repl, pytest.raises(ConfigError):
+        repl.create_slot("Bad-Name; DROP")
+
+
+def test_streams_changes_made_after_the_slot(pg_database: TestDatabase) -> None:
+    pg_database.execute("CREATE TABLE t (id int primary key, v text)")
+    pg_database.execute("INSERT INTO t VALUES (0, 'before the slot')")
+    pg_database.execute("CREATE PUBLICATION pub FOR TABLE t")
+    with start_stream(pg_database) as repl:
+        pg_database.execute("INSERT INTO t VALUES (1, 'hello-stream')")
+        messages = read_until(repl, b"C")
+        tags = [m.payload[:1] for m in messages]
+        assert tags == [b"B", b"R", b"I", b"C"]
+        insert = messages[2].payload
+        assert b"hello-stream" in insert and b"before the slot" not in b"".join(m.payload for m in messages)
+        assert all(m.wal_end >= m.wal_start for m in messages)
+        assert abs(messages[0].server_datetime.timestamp() - time.time()) < 60
+
+
+def test_send_status_moves_confirmed_flush_lsn(pg_database: TestDatabase) -> None:
+    pg_database.execute("CREATE TABLE t (id int primary key)")
+    pg_database.execute("CREATE PUBLICATION pub FOR TABLE t")
+    with start_stream(pg_database) as repl, pg_database.connect() as sql:
+        before = slot_state(sql, "s1").confirmed_flush_lsn
+        assert before is not None
+        pg_database.execute("INSERT INTO t VALUES (1)")
+        commit = read_until(repl, b"C")[-1].payload
+        end_lsn = Lsn(struct.unpack_from(">Q", commit, 10)[0])  # tag, flags, commit lsn, end lsn
+        assert end_lsn > before
+        assert slot_state(sql, "s1").confirmed_flush_lsn == before  # nothing confirmed yet
+        repl.send_status(end_lsn, end_lsn, end_lsn)
+        repl.read(0.2)  # lets a partial flush finish, if any
+        wait_for(lambda: slot_state(sql, "s1").confirmed_flush_lsn == end_lsn)
+        state = slot_state(sql, "s1")
+        assert state.active_pid is not None
+
+
+def test_reply_request_gets_a_keepalive(pg_database: TestDatabase) -> None:
+    pg_database.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    with start_stream(pg_database) as repl:
+        repl.send_status(Lsn.ZERO, Lsn.ZERO, Lsn.ZERO, reply=True)
+        message = wait_for(lambda: repl.read(0.5))
+        assert isinstance(message, Keepalive)
+        assert message.wal_end > 0
+
+
+def test_answering_keepalives_keeps_the_stream_alive(pg_database: TestDatabase) -> None:
+    pg_database.execute("CREATE TABLE t (id int)")
+    pg_database.execute("CREATE PUBLICATION pub FOR TABLE t")
+    with start_stream(pg_database, settings={"wal_sender_timeout": "1s"}) as repl:
+        requested = 0
+        deadline = time.monotonic() + 3.5  # more than three timeouts
+        while time.monotonic() < deadline:
+            message = repl.read(0.2)
+            if isinstance(message, Keepalive) and message.reply_requested:
+                requested += 1
+                repl.send_status(message.wal_end, message.wal_end, message.wal_end)
+        assert requested >= 2
+        pg_database.execute("INSERT INTO t VALUES (7)")
+        assert read_until(repl, b"C")
+
+
+def test_unanswered_keepalives_end_the_stream(pg_database: TestDatabase) -> None:
+    pg_database.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    with start_stream(pg_database, settings={"wal_sender_timeout": "1s"}) as repl:
+        deadline = time.monotonic() + 15
+        with pytest.raises(TransientError) as info:
+            while time.monotonic() < deadline:
+                repl.read(0.5)  # never answered
+        assert pg_database.name in str(info.value) and info.value.hint
+
+
+def test_read_does_not_block_other_threads(pg_database: TestDatabase) -> None:
+    pg_database.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    with start_stream(pg_database) as repl:
+        while repl.read(0.3) is not None:  # drain the initial keepalives
+            pass
+        counter = itertools.count()
+        stop = threading.Event()
+
+        def spin() -> None:
+            while not stop.is_set():
+                next(counter)
+
+        thread = threading.Thread(target=spin)
+        started = time.monotonic()
+        thread.start()
+        try:
+            assert repl.read(1.0) is None
+        finally:
+            stop.set()
+            thread.join()
+        assert 0.9 <= time.monotonic() - started < 5
+        assert next(counter) > 10_000  # the spinning thread ran while read() waited
+
+
+def test_missing_slot_is_a_clear_error(pg_database: TestDatabase) -> None:
+    pg_database.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    with ReplicationConnection.connect(pg_database.connection()) as repl:
+        proto, streaming = choose_protocol(repl.server_version)
+        with pytest.raises(SlotNotFoundError) as info:
+            repl.start_replication("gone", Lsn.ZERO, ["pub"], protocol_version=proto, streaming=streaming)
+        assert "gone" in str(info.value) and "slot" in str(info.value)
+        assert info.value.hint
+
+
+def test_missing_publication_is_a_clear_error(pg_database: TestDatabase) -> None:
+    pg_database.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    with ReplicationConnection.connect(pg_database.connection()) as repl:
+        repl.create_slot("s1")
+        with pytest.raises(SourceError) as info:
+            repl.start_replication("s1", Lsn.ZERO, ["pub", "nopub"], protocol_version=1, streaming=False)
+        assert "nopub" in str(info.value) and "pub," not in str(info.value)
+        assert info.value.hint is not None and "CREATE PUBLICATION" in info.value.hint
+
+
+def test_publication_dropped_while_streaming(pg_database: TestDatabase) -> None:
+    pg_database.execute("CREATE TABLE t (id int)")
+    pg_database.execute("CREATE PUBLICATION pub FOR TABLE t")
+    with start_stream(pg_database) as repl:
+        pg_database.execute("DROP PUBLICATION pub")
+        pg_database.execute("INSERT INTO t VALUES (1)")
+        if pg_database.major < 18:  # the walsender fails on the missing publication
+            with pytest.raises(SourceError) as info:
+                read_until(repl, b"C")
+            assert "pub" in str(info.value)
+            assert info.value.hint is not None and "CREATE PUBLICATION" in info.value.hint
+        else:  # Postgres 18 skips it with a warning, which reaches our log
+            with structlog.testing.capture_logs() as logs:
+                for _ in range(10):
+                    repl.read(0.2)
+            notices = [e for e in logs if e["event"] == "postgres notice"]
+            assert any(e["severity"] == "WARNING" and "pub" in e["message"] for e in notices), notices
+
+
+def test_terminated_backend_is_transient(pg_database: TestDatabase) -> None:
+    pg_database.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    with start_stream(pg_database) as repl, pg_database.connect() as sql:
+        pid = wait_for(lambda: slot_state(sql, "s1").active_pid)
+        sql.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(TransientError):
+            for _ in range(100):
+                repl.read(0.1)
+
+
+def test_slot_in_use_is_transient(pg_database: TestDatabase) -> None:
+    pg_database.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    with start_stream(pg_database), ReplicationConnection.connect(pg_database.connection()) as second:
+        with pytest.raises(TransientError) as info:
+            second.start_replication("s1", Lsn.ZERO, ["pub"], protocol_version=1, streaming=False)
+        assert "s1" in str(info.value) and info.value.hint
+
+
+def test_choose_protocol() -> None:
+    assert choose_protocol(130011) == (1, False)
+    assert choose_protocol(140000) == (2, True)
+    assert choose_protocol(180001) == (2, True)
+
+
+def test_backoff_delays_grow_jittered_and_capped() -> None:
+    delays = list(itertools.islice(backoff_delays(0.5, 4.0), 12))
+    ceilings = [0.5, 1.0, 2.0, 4.0] + [4.0] * 8
+    for delay, ceiling in zip(delays, ceilings, strict=True):
+        assert ceiling / 2 <= delay <= ceiling
+    assert len(set(delays)) > 1
+    with pytest.raises(ValueError):
+        next(backoff_delays(0, 1))
