@@ -131,7 +131,10 @@ class Store(Protocol):
         """Add (or replace) the version keyed by ``(schema.id, schema.snapshot_lsn)``."""
 
     def prune_table_schemas(self, retain_from: Mapping[TableId, Lsn]) -> int:
-        """Per table, keep the newest version at or before the LSN and all newer ones; delete older. Returns how many went."""
+        """Per table named, keep the newest version at or before its LSN and all newer ones; delete the older ones.
+
+        Returns how many versions were deleted. Tables not named are untouched.
+        """
 
     # -- progress ----------------------------------------------------------------------------------
     def get_progress(self, worker: str) -> Lsn | None: ...

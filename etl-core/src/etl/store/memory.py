@@ -1,0 +1,29 @@
+"""The memory store: pipeline state that lives as long as the process.
+
+For tests, examples and pipelines that may start over from scratch after every restart (a restart
+copies every table again). It keeps no lock: its state cannot be shared with another process.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from etl.config import validate
+from etl.store.cached import CachedStore
+
+
+class MemoryStore(CachedStore):
+    name: ClassVar[str] = "memory"
+
+    class Config(BaseModel):
+        """No options."""
+
+        model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def from_config(cls, config: Config | dict[str, Any], pipeline_id: int) -> MemoryStore:
+        if not isinstance(config, cls.Config):
+            validate(cls.Config, config, "store", "store")
+        return cls(pipeline_id)

@@ -1,0 +1,219 @@
+"""The tables of the SQL stores and the versioned migrations that create them.
+
+``etl_store_version`` records every migration applied. On open, ``migrate`` runs the missing ones in
+order inside the caller's transaction (so a failure leaves the database as it was) and refuses a
+database written by a newer version of the code.
+
+To change the tables: add a ``Migration`` with the next version number whose step alters them, and
+update ``define_tables`` to the new shape. A step must not depend on ``define_tables`` once that
+changes again: freeze the definitions it needs inside the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+import structlog
+from sqlalchemy.engine import Dialect
+
+from etl.errors import StoreError
+from etl.lsn import Lsn
+from etl.store.codec import lsn_from_text, lsn_to_text
+
+log = structlog.get_logger(__name__)
+
+VERSION_TABLE = "etl_store_version"
+
+
+class LsnText(sa.types.TypeDecorator[Lsn]):
+    """An LSN as 16 upper-case hex digits: the full unsigned range, ordered as text (C collation on Postgres)."""
+
+    impl = sa.String(16)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> sa.types.TypeEngine[Any]:
+        collation = "C" if dialect.name == "postgresql" else None
+        return dialect.type_descriptor(sa.String(16, collation=collation))
+
+    def process_bind_param(self, value: int | None, dialect: Dialect) -> str | None:
+        return None if value is None else lsn_to_text(value)
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> Lsn | None:
+        return None if value is None else lsn_from_text(value)
+
+
+class UtcDateTime(sa.types.TypeDecorator[datetime]):
+    """A timezone-aware datetime, stored in UTC and returned in UTC on every dialect."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.utcoffset() is None:
+            raise ValueError(f"a naive datetime cannot be stored (give it a time zone): {value!r}")
+        value = value.astimezone(UTC)
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class Tables:
+    version: sa.Table
+    states: sa.Table
+    schemas: sa.Table
+    progress: sa.Table
+    destination: sa.Table
+
+    @property
+    def schema(self) -> str | None:
+        return self.version.schema
+
+    @property
+    def data_tables(self) -> tuple[sa.Table, ...]:
+        return (self.states, self.schemas, self.progress, self.destination)
+
+
+def define_tables(schema: str | None) -> Tables:
+    """The current shape of the store tables, in ``schema`` (``None``: the database's default)."""
+    md = sa.MetaData(schema=schema)
+
+    def pipeline_id() -> sa.Column[int]:
+        return sa.Column("pipeline_id", sa.BigInteger, primary_key=True)
+
+    def table_id() -> sa.Column[int]:
+        return sa.Column("table_id", sa.BigInteger, primary_key=True)
+
+    return Tables(
+        version=sa.Table(
+            VERSION_TABLE,
+            md,
+            sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column("description", sa.Text, nullable=False),
+            sa.Column("applied_at", UtcDateTime, nullable=False),
+        ),
+        # One row per state a table went through (bounded); the highest seq is the current state.
+        states=sa.Table(
+            "etl_table_states",
+            md,
+            pipeline_id(),
+            table_id(),
+            sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column("kind", sa.String(32), nullable=False),
+            sa.Column("lsn", LsnText),
+            sa.Column("reason", sa.Text),
+            sa.Column("hint", sa.Text),
+            sa.Column("retry", sa.String(16), nullable=False),
+            sa.Column("retry_at", UtcDateTime),
+        ),
+        schemas=sa.Table(
+            "etl_table_schemas",
+            md,
+            pipeline_id(),
+            table_id(),
+            sa.Column("snapshot_lsn", LsnText, primary_key=True),
+            sa.Column("table_schema", sa.Text, nullable=False, comment="JSON, see etl.store.codec"),
+        ),
+        progress=sa.Table(
+            "etl_progress",
+            md,
+            pipeline_id(),
+            sa.Column("worker", sa.String(200), primary_key=True),
+            sa.Column("lsn", LsnText, nullable=False),
+        ),
+        destination=sa.Table(
+            "etl_destination_tables",
+            md,
+            pipeline_id(),
+            table_id(),
+            sa.Column("destination_table", sa.Text, nullable=False),
+            sa.Column("snapshot_lsn", LsnText, nullable=False),
+            sa.Column("status", sa.String(16), nullable=False),
+            sa.Column("extra", sa.Text, nullable=False, comment="JSON object"),
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    description: str
+    apply: Callable[[sa.Connection, str | None], None]
+    """Runs inside the migration transaction; gets the connection and the store's schema."""
+
+
+def _create_initial_tables(conn: sa.Connection, schema: str | None) -> None:
+    for table in define_tables(schema).data_tables:
+        table.create(conn)
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "table states, schemas, progress, destination tables", _create_initial_tables),
+)
+
+
+def migrate(
+    conn: sa.Connection,
+    tables: Tables,
+    *,
+    store: str,
+    package: str,
+    migrations: Sequence[Migration] = MIGRATIONS,
+) -> int:
+    """Apply the missing migrations in ``conn``'s transaction; return the version the database had.
+
+    ``store`` describes the store for messages; ``package`` is the distribution to upgrade when the
+    database is newer than this code.
+    """
+    present = set(sa.inspect(conn).get_table_names(schema=tables.schema))
+    if VERSION_TABLE in present:
+        try:
+            found = conn.execute(sa.select(sa.func.max(tables.version.c.version))).scalar() or 0
+        except sa.exc.DBAPIError as exc:
+            raise StoreError(
+                f"{store} has a table {VERSION_TABLE} that etl did not write ({driver_message(exc)})",
+                hint="point the store at a database or schema of its own",
+            ) from None
+    else:
+        ours = sorted(present & {t.name for t in tables.data_tables})
+        if ours:
+            raise StoreError(
+                f"{store} has tables named like etl's ({', '.join(ours)}) but no {VERSION_TABLE}: "
+                "they were not written by etl",
+                hint="point the store at a database or schema of its own",
+            )
+        tables.version.create(conn)
+        found = 0
+    latest = migrations[-1].version
+    if found > latest:
+        raise StoreError(
+            f"{store} was written by a newer {package} (store schema version {found}; "
+            f"this version knows up to {latest})",
+            hint=f"upgrade the package: pip install --upgrade {package}",
+        )
+    for migration in migrations:
+        if migration.version > found:
+            migration.apply(conn, tables.schema)
+            conn.execute(
+                sa.insert(tables.version).values(
+                    version=migration.version, description=migration.description, applied_at=datetime.now(UTC)
+                )
+            )
+            log.info("store migrated", store=store, version=migration.version, description=migration.description)
+    return found
+
+
+def driver_message(exc: sa.exc.SQLAlchemyError) -> str:
+    """The database driver's own message (first line), without SQLAlchemy's statement echo."""
+    orig = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
+    lines = str(orig).strip().splitlines()
+    return lines[0].strip() if lines else type(orig).__name__
