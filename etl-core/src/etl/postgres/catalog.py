@@ -1,0 +1,249 @@
+"""What the source publishes and how its tables look, read from the system catalogs.
+
+Everything here runs over a normal connection (``etl.postgres.connection.connect``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import structlog
+
+from etl.errors import SourceError, TableError
+from etl.schema import ColumnSchema, ReplicaIdentity, TableId, TableName, TableSchema, quote_ident
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class PublishedTable:
+    """A table as a publication publishes it."""
+
+    id: TableId
+    name: TableName
+    row_filter: str | None
+    """The publication's ``WHERE`` expression for the table (Postgres 15+), as SQL."""
+    column_list: tuple[str, ...] | None
+    """The published columns when the publication names them (Postgres 15+); ``None``: all columns."""
+    partitioned: bool
+    """A partitioned table published through its root (``publish_via_partition_root``)."""
+    leaves: tuple[TableName, ...]
+    """For a partitioned table, the leaf partitions that hold its rows; empty otherwise."""
+
+    @property
+    def sources(self) -> tuple[TableName, ...]:
+        """The tables whose rows make up this table: the leaves of a partitioned table, else itself."""
+        return self.leaves if self.partitioned else (self.name,)
+
+
+@dataclass(frozen=True)
+class PublicationOptions:
+    name: str
+    all_tables: bool
+    inserts: bool
+    updates: bool
+    deletes: bool
+    truncates: bool
+    via_root: bool
+    """``publish_via_partition_root``: partitioned tables are published as their root."""
+    generated_columns: bool
+    """``publish_generated_columns = stored`` (Postgres 18+): stored generated columns are published."""
+
+
+@dataclass(frozen=True)
+class CtidRange:
+    """Heap pages ``[start_block, end_block)``; ``None`` leaves that side open."""
+
+    start_block: int | None
+    end_block: int | None
+
+    def predicate(self) -> str | None:
+        """The SQL condition selecting the range's rows; ``None`` for the whole table."""
+        parts = []
+        if self.start_block is not None:
+            parts.append(f"ctid >= '({self.start_block},0)'::tid")
+        if self.end_block is not None:
+            parts.append(f"ctid < '({self.end_block},0)'::tid")
+        return " AND ".join(parts) or None
+
+
+def publication_exists(conn: psycopg.Connection[Any], publication: str) -> bool:
+    row = conn.execute("SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = %s", (publication,)).fetchone()
+    return row is not None
+
+
+def publication_options(conn: psycopg.Connection[Any], publication: str) -> PublicationOptions:
+    """The options of ``publication``; ``SourceError`` when it does not exist."""
+    # to_jsonb(row) reads the columns each major has without a per-version query
+    row = conn.execute(
+        "SELECT to_jsonb(p) FROM pg_catalog.pg_publication p WHERE pubname = %s", (publication,)
+    ).fetchone()
+    if row is None:
+        raise _missing_publication(conn, publication)
+    pub: dict[str, Any] = row[0]
+    return PublicationOptions(
+        name=publication,
+        all_tables=pub["puballtables"],
+        inserts=pub["pubinsert"],
+        updates=pub["pubupdate"],
+        deletes=pub["pubdelete"],
+        truncates=pub.get("pubtruncate", False),
+        via_root=pub.get("pubviaroot", False),
+        generated_columns=pub.get("pubgencols") in ("s", True),
+    )
+
+
+def publication_tables(conn: psycopg.Connection[Any], publication: str) -> list[PublishedTable]:
+    """The tables ``publication`` publishes, ordered by name (``FOR ALL TABLES`` and schemas expanded).
+
+    With ``publish_via_partition_root`` a partitioned table is one entry (rows copied from its
+    leaves); without it each leaf partition is published, and listed, on its own.
+    """
+    if not publication_exists(conn, publication):
+        raise _missing_publication(conn, publication)
+    if conn.info.server_version >= 150000:
+        extra = """pt.rowfilter, pt.attnames,
+            EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel pr
+                    JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid
+                    WHERE p.pubname = pt.pubname AND pr.prattrs IS NOT NULL
+                      AND (pr.prrelid = c.oid
+                           OR pr.prrelid IN (SELECT relid FROM pg_catalog.pg_partition_ancestors(c.oid))))"""
+    else:
+        extra = "NULL, NULL, false"
+    rows = conn.execute(
+        f"""SELECT c.oid, pt.schemaname, pt.tablename, c.relkind = 'p', {extra}
+            FROM pg_catalog.pg_publication_tables pt
+            JOIN pg_catalog.pg_namespace n ON n.nspname = pt.schemaname
+            JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+            WHERE pt.pubname = %s
+            ORDER BY pt.schemaname, pt.tablename""",
+        (publication,),
+    ).fetchall()
+    tables = []
+    for oid, schema, name, partitioned, row_filter, attnames, has_column_list in rows:
+        tables.append(
+            PublishedTable(
+                id=oid,
+                name=TableName(schema, name),
+                row_filter=row_filter,
+                column_list=tuple(attnames) if has_column_list else None,
+                partitioned=partitioned,
+                leaves=_leaves(conn, oid) if partitioned else (),
+            )
+        )
+    return tables
+
+
+def _leaves(conn: psycopg.Connection[Any], root: TableId) -> tuple[TableName, ...]:
+    rows = conn.execute(
+        """SELECT n.nspname, c.relname, c.relkind
+           FROM pg_catalog.pg_partition_tree(%s::regclass) t
+           JOIN pg_catalog.pg_class c ON c.oid = t.relid
+           JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+           WHERE t.isleaf
+           ORDER BY n.nspname, c.relname""",
+        (root,),
+    ).fetchall()
+    skipped = [f"{schema}.{name}" for schema, name, kind in rows if kind != "r"]
+    if skipped:
+        log.warning("partitions that are not tables are not copied", root=root, partitions=skipped)
+    return tuple(TableName(schema, name) for schema, name, kind in rows if kind == "r")
+
+
+def table_schema(
+    conn: psycopg.Connection[Any],
+    table_id: TableId,
+    column_list: Sequence[str] | None = None,
+    *,
+    include_generated: bool = False,
+) -> TableSchema:
+    """The current shape of table ``table_id``: columns in attnum order and the replica identity.
+
+    Dropped columns are left out; so are generated columns (logical replication does not send them),
+    unless ``include_generated`` (a Postgres 18 publication with ``publish_generated_columns``) or the
+    column list names them. With a ``column_list`` only those columns are kept. ``primary_key`` marks the
+    replica identity key: the primary key (also for FULL and NOTHING, when there is one) or the columns
+    of the ``REPLICA IDENTITY USING INDEX`` index.
+    """
+    row = conn.execute(
+        """SELECT n.nspname, c.relname, c.relreplident
+           FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+           WHERE c.oid = %s AND c.relkind IN ('r', 'p')""",
+        (table_id,),
+    ).fetchone()
+    if row is None:
+        raise TableError(
+            f"table with oid {table_id} does not exist on the source",
+            hint="it was dropped or is not a table; remove it from the publication or restore it",
+        )
+    schema_name, table_name, replident = row
+    identity = ReplicaIdentity(replident)
+    key_index = "i.indisreplident" if identity is ReplicaIdentity.INDEX else "i.indisprimary"
+    columns = conn.execute(
+        f"""SELECT a.attname, a.atttypid::int, a.atttypmod, pg_catalog.format_type(a.atttypid, a.atttypmod),
+                  a.attnotnull, a.attgenerated <> '',
+                  EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+                          WHERE i.indrelid = a.attrelid AND {key_index} AND a.attnum = ANY (i.indkey))
+           FROM pg_catalog.pg_attribute a
+           WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+           ORDER BY a.attnum""",
+        (table_id,),
+    ).fetchall()
+    name = TableName(schema_name, table_name)
+    wanted = set(column_list) if column_list is not None else None
+    if wanted is not None:
+        unknown = wanted - {c[0] for c in columns}
+        if unknown:
+            raise TableError(
+                f"column list of {name} names columns the table does not have: {', '.join(sorted(unknown))}",
+                hint="the table changed since the list was read; read the publication again",
+            )
+    kept: list[ColumnSchema] = []
+    skipped_generated: list[str] = []
+    for attname, type_oid, typmod, type_name, not_null, generated, in_key in columns:
+        if wanted is not None and attname not in wanted:
+            continue
+        if generated and wanted is None and not include_generated:
+            skipped_generated.append(attname)
+            continue
+        kept.append(ColumnSchema(attname, type_oid, typmod, not not_null, in_key, type_name))
+    if skipped_generated:
+        log.warning("generated columns are not replicated", table=str(name), columns=skipped_generated)
+    return TableSchema(table_id, name, tuple(kept), identity)
+
+
+def ctid_ranges(conn: psycopg.Connection[Any], table: TableName, parts: int) -> list[CtidRange]:
+    """Split ``table``'s heap into up to ``parts`` contiguous page ranges that together cover every row.
+
+    The first range has no lower bound and the last no upper bound, so rows on pages added after
+    planning are copied too. (Tid range scans make each range cheap on Postgres 14+.)
+    """
+    if parts < 1:
+        raise ValueError(f"parts must be at least 1, got {parts}")
+    row = conn.execute(
+        """SELECT pg_catalog.pg_relation_size(c.oid) / current_setting('block_size')::bigint, c.relkind
+           FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass(%s)""",
+        (table.quoted(),),
+    ).fetchone()
+    if row is None:
+        raise TableError(f"table {table} does not exist on the source", hint="it was dropped or renamed")
+    pages, kind = row
+    if kind != "r":
+        raise TableError(
+            f"{table} is not a plain table (relkind {kind!r}); ctid ranges are planned per leaf partition",
+            hint="plan the ranges of each of its leaves (PublishedTable.sources)",
+        )
+    parts = max(1, min(parts, pages))
+    bounds: list[int | None] = [None, *(pages * i // parts for i in range(1, parts)), None]
+    return [CtidRange(bounds[i], bounds[i + 1]) for i in range(parts)]
+
+
+def _missing_publication(conn: psycopg.Connection[Any], publication: str) -> SourceError:
+    return SourceError(
+        f"publication {publication!r} does not exist in database {conn.info.dbname!r}",
+        hint=f"create it on the source: CREATE PUBLICATION {quote_ident(publication)} FOR TABLE <tables>"
+        " (or FOR ALL TABLES)",
+    )
