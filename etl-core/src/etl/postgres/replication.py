@@ -312,12 +312,11 @@ class ReplicationConnection:
             return False
         return True
 
-    def start_replication(
+    def start_replication(  # noqa: PLR0917 - the positional order is the command's
         self,
         slot: str,
         start_lsn: Lsn,
         publications: Sequence[str],
-        *,
         protocol_version: int,
         streaming: bool,
         messages: bool = True,
