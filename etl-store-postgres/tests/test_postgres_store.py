@@ -5,13 +5,15 @@ from __future__ import annotations
 import socket
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from etl.config import PostgresConnection
+from etl.config import PostgresConnection, load_config
 from etl.errors import PipelineLockedError, StoreError
+from etl.factory import build_store
 from etl.lsn import Lsn
 from etl.plugins import load_registry
 from etl.store.base import APPLY_WORKER, TableState, TableStateKind
@@ -233,3 +235,37 @@ def test_connections_run_as_the_configured_application(pg_database: TestDatabase
         ).fetchall()
     assert ("billing-etl-state",) in names
     store.close()
+
+
+def test_chosen_by_the_pipeline_file_with_secrets_from_the_environment(
+    pg_database: TestDatabase, tmp_path: Path
+) -> None:
+    conn = pg_database.connection()
+    pipeline_file = tmp_path / "pipeline.toml"
+    pipeline_file.write_text(
+        f"""
+[pipeline]
+id = 4
+publication = "pub"
+
+[source]
+database = "app"
+
+[store]
+type = "postgres"
+host = "{conn.host}"
+port = {conn.port}
+database = "{conn.database}"
+user = "${{STORE_USER}}"
+password = "${{STORE_PASSWORD}}"
+sslmode = "disable"
+schema = "etl_state"
+"""
+    )
+    config = load_config(pipeline_file, environ={"STORE_USER": conn.user, "STORE_PASSWORD": "env-secret"})
+    store = build_store(config, str(pipeline_file))
+    assert isinstance(store, PostgresStore) and store.pipeline_id == 4
+    assert "env-secret" not in repr(store) and "env-secret" not in store.describe()
+    store.upsert_progress(APPLY_WORKER, Lsn(9))
+    store.close()
+    assert pg_database.execute("SELECT pipeline_id, worker FROM etl_state.etl_progress") == [(4, APPLY_WORKER)]

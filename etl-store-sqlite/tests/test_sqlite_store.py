@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from etl.config import load_config
 from etl.errors import StoreError
+from etl.factory import build_store
 from etl.lsn import Lsn
 from etl.plugins import load_registry
 from etl.store.base import APPLY_WORKER, TableState, TableStateKind
@@ -167,3 +169,27 @@ def test_writes_wait_for_another_writer_up_to_the_busy_timeout(tmp_path: Path) -
             writer.join()
     patient.close()
     impatient.close()
+
+
+def test_chosen_by_the_pipeline_file(tmp_path: Path) -> None:
+    pipeline_file = tmp_path / "pipeline.toml"
+    pipeline_file.write_text(
+        f"""
+[pipeline]
+id = 4
+publication = "pub"
+
+[source]
+database = "app"
+
+[store]
+type = "sqlite"
+path = "{tmp_path / "state.db"}"
+busy_timeout_ms = 1000
+"""
+    )
+    store = build_store(load_config(pipeline_file), str(pipeline_file))
+    assert isinstance(store, SqliteStore) and store.pipeline_id == 4
+    store.upsert_progress(APPLY_WORKER, Lsn(9))
+    store.close()
+    assert SqliteStore(tmp_path / "state.db", 4).get_progress(APPLY_WORKER) == 9
