@@ -8,7 +8,13 @@ A store keeps, per pipeline id:
 - destination table metadata (which destination object holds a table, under which schema).
 
 Stores are called from several threads at once and must be thread-safe. Reads are served from a
-cache loaded on open; writes go to durable storage before they return.
+cache loaded on open; writes go to durable storage before they return, and a write that fails
+changes nothing. Invalid arguments (a memory-only state kind, an LSN outside the unsigned 64-bit
+range, a naive ``retry_at``, non-JSON ``extra``) raise ``ValueError``/``TypeError``; failures of the
+storage raise ``StoreError`` (``TransientError`` when a connection was lost and a retry may work).
+Writes after ``close`` raise ``StoreError``.
+
+``etl.testing.store_contract`` holds the tests every store must pass.
 """
 
 from __future__ import annotations
@@ -104,7 +110,12 @@ class Store(Protocol):
 
     # -- lifecycle -------------------------------------------------------------------------------
     def acquire_lock(self) -> None:
-        """Take the pipeline lock, or raise ``PipelineLockedError`` at once if another process holds it."""
+        """Take the pipeline lock, or raise ``PipelineLockedError`` at once if another process holds it.
+
+        The lock is per (store, pipeline id), held until ``close`` or the death of the process.
+        Calling it again while holding the lock does nothing. Stores whose state cannot be shared
+        between processes (memory) have nothing to lock.
+        """
 
     def close(self) -> None:
         """Release the lock and any connections. Idempotent."""
@@ -115,7 +126,11 @@ class Store(Protocol):
     def get_table_states(self) -> dict[TableId, TableState]: ...
 
     def update_table_states(self, updates: Mapping[TableId, TableState]) -> None:
-        """Set several states atomically; the previous states go to history."""
+        """Set several states atomically; the previous states go to history (a bounded number per table).
+
+        Only persisted kinds are accepted (``ValueError`` for SYNC_WAIT and CATCHUP, which the
+        engine keeps in memory); ``retry_at`` must be timezone-aware and comes back in UTC.
+        """
 
     def rollback_table_state(self, table_id: TableId) -> TableState:
         """Restore the previous state and return it; ``StoreError`` when there is none."""
@@ -140,24 +155,33 @@ class Store(Protocol):
     def get_progress(self, worker: str) -> Lsn | None: ...
 
     def upsert_progress(self, worker: str, lsn: Lsn) -> Lsn:
-        """Store ``max(stored, lsn)`` and return what is stored."""
+        """Store ``max(stored, lsn)`` and return what is stored.
+
+        The maximum is taken by the storage itself, so progress never moves back even when two
+        store instances of one pipeline write.
+        """
 
     def delete_progress(self, worker: str) -> None: ...
 
     # -- destination metadata ------------------------------------------------------------------------
     def get_destination_metadata(self, table_id: TableId) -> DestinationTableMetadata | None: ...
 
-    def store_destination_metadata(self, table_id: TableId, metadata: DestinationTableMetadata) -> None: ...
+    def store_destination_metadata(self, table_id: TableId, metadata: DestinationTableMetadata) -> None:
+        """Add or replace. ``extra`` is kept as JSON: it comes back with lists for tuples and dicts for mappings."""
 
     # -- lifecycle operations ------------------------------------------------------------------------
     def prepare_table_for_copy(self, table_id: TableId) -> None:
         """Delete the table's destination metadata, schemas and sync progress; keep its state."""
 
     def reset_tables_for_resync(self) -> int:
-        """Set every table to INIT and delete the apply worker's progress; returns how many tables."""
+        """Set every table to INIT and delete the apply worker's progress; returns how many tables.
+
+        Schemas, destination metadata and table sync progress are kept.
+        """
 
     def delete_table_state(self, table_id: TableId) -> None:
-        """Forget everything about a table that left the publication."""
+        """Forget everything about a table that left the publication: its state and history, schemas,
+        destination metadata and table sync progress. The destination's objects are not touched."""
 
 
 class StoreFactory(Protocol):
