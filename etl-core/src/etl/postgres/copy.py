@@ -1,0 +1,313 @@
+"""The initial copy: ``COPY ... TO STDOUT (FORMAT csv)`` of ctid ranges, parsed into Arrow batches.
+
+Each COPY row arrives as one protocol message, so rows are gathered as raw CSV bytes into a buffer of
+``batch_rows`` rows and handed to ``pyarrow.csv`` in one piece (every value read as a string; unquoted
+empty fields are NULL, quoted ones are ''), then each column is converted by ``codecs.decode_text_column``.
+No Python object is made per value. Copies run inside ``REPEATABLE READ`` transactions that import
+the slot's exported snapshot, so every range sees the table as of the slot's consistent point.
+"""
+
+from __future__ import annotations
+
+import queue
+import selectors
+import threading
+from collections.abc import Generator, Iterator
+from types import TracebackType
+from typing import Any, Final
+
+import psycopg
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import structlog
+from psycopg import pq, sql
+from psycopg.errors import error_from_result
+
+from etl.config import PostgresConnection
+from etl.errors import EtlError, SourceError, TableError, TransientError
+from etl.postgres.catalog import CtidRange, PublishedTable, ctid_ranges
+from etl.postgres.codecs import arrow_field, decode_text_column
+from etl.postgres.connection import connect
+from etl.schema import TableName, TableSchema, quote_ident
+
+log = structlog.get_logger(__name__)
+
+MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
+"""A batch is cut early when its CSV text reaches this size (wide rows)."""
+RANGES_PER_CONNECTION: Final = 4
+"""Ranges planned per connection and table, so that uneven ranges still spread evenly."""
+_STOP_POLL: Final = 0.5  # seconds between checks of the stop flag while waiting for the server
+
+_PARSE_OPTIONS: Final = pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False)
+_CONVERT_OPTIONS_ARGS: Final[dict[str, Any]] = {
+    "null_values": [""],
+    "strings_can_be_null": True,
+    "quoted_strings_can_be_null": False,
+}
+
+
+class _Stopped(Exception):
+    """The copy was asked to stop."""
+
+
+def copy_range(  # noqa: PLR0917 - the order of the COPY's parts
+    config: PostgresConnection,
+    schema: TableSchema,
+    source: TableName,
+    snapshot: str | None,
+    ctid_range: CtidRange | None,
+    row_filter: str | None,
+    *,
+    batch_rows: int = 65536,
+) -> Generator[pa.RecordBatch, None, None]:
+    """Copy the rows of ``source`` in ``ctid_range`` (``None``: all) that pass ``row_filter``.
+
+    Runs on its own connection in a ``REPEATABLE READ`` transaction that imports ``snapshot`` (``None``:
+    a fresh snapshot). Batches hold ``schema``'s columns in order, at most ``batch_rows`` rows each; an
+    empty range yields no batch. ``source`` is the table itself or, for a partitioned table, a leaf.
+    """
+    with _CopySession(config, snapshot) as session:
+        yield from session.copy(schema, source, ctid_range, row_filter, batch_rows)
+
+
+def copy_table(
+    config: PostgresConnection,
+    schema: TableSchema,
+    table: PublishedTable,
+    snapshot: str | None,
+    connections: int,
+    *,
+    batch_rows: int = 65536,
+) -> Generator[pa.RecordBatch, None, None]:
+    """Copy every row of ``table`` (a partitioned table from its leaves) over ``connections`` connections.
+
+    The heap of each source table is split into ctid ranges that worker threads, each with its own
+    connection and the imported ``snapshot``, copy in parallel; batches are yielded as they come (in no
+    particular order), each row exactly once. A bounded queue holds back workers when the consumer is
+    slow. An error in any worker stops the others and is raised here; so is closing the iterator early.
+    """
+    if connections < 1:
+        raise ValueError(f"connections must be at least 1, got {connections}")
+    if not schema.columns:
+        raise TableError(
+            f"{table.name} has no columns to copy", hint="add a column, or leave it out of the publication"
+        )
+    parts = 1 if connections == 1 else connections * RANGES_PER_CONNECTION
+    with connect(config) as conn:
+        tasks = [(source, rng) for source in table.sources for rng in ctid_ranges(conn, source, parts)]
+    if not tasks:  # a partitioned table without partitions
+        return
+    workers = min(connections, len(tasks))
+    log.info("copying table", table=str(table.name), ranges=len(tasks), connections=workers)
+    if workers <= 1:
+        with _CopySession(config, snapshot) as session:
+            for source, rng in tasks:
+                yield from session.copy(schema, source, rng, table.row_filter, batch_rows)
+        return
+    yield from _ParallelCopy(
+        config, schema, tasks, row_filter=table.row_filter, snapshot=snapshot, workers=workers, batch_rows=batch_rows
+    ).run()
+
+
+class _ParallelCopy:
+    """Worker threads pull ranges from a shared list and push batches into one bounded queue."""
+
+    _DONE: Final = object()
+
+    def __init__(
+        self,
+        config: PostgresConnection,
+        schema: TableSchema,
+        tasks: list[tuple[TableName, CtidRange]],
+        *,
+        row_filter: str | None,
+        snapshot: str | None,
+        workers: int,
+        batch_rows: int,
+    ) -> None:
+        self.config, self.schema, self.row_filter, self.snapshot = config, schema, row_filter, snapshot
+        self.batch_rows = batch_rows
+        self.tasks: queue.SimpleQueue[tuple[TableName, CtidRange]] = queue.SimpleQueue()
+        for task in tasks:
+            self.tasks.put(task)
+        self.out: queue.Queue[object] = queue.Queue(maxsize=2 * workers)
+        self.stop = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._work, name=f"copy-{schema.name}-{i}", daemon=True) for i in range(workers)
+        ]
+
+    def run(self) -> Iterator[pa.RecordBatch]:
+        for thread in self.threads:
+            thread.start()
+        running = len(self.threads)
+        try:
+            while running:
+                item = self.out.get()
+                if item is self._DONE:
+                    running -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    assert isinstance(item, pa.RecordBatch)
+                    yield item
+        finally:
+            self.stop.set()
+            for thread in self.threads:
+                thread.join()
+
+    def _work(self) -> None:
+        try:
+            with _CopySession(self.config, self.snapshot, self.stop) as session:
+                while not self.stop.is_set():
+                    try:
+                        source, rng = self.tasks.get_nowait()
+                    except queue.Empty:
+                        break
+                    for batch in session.copy(self.schema, source, rng, self.row_filter, self.batch_rows):
+                        if not self._put(batch):
+                            return
+        except _Stopped:
+            pass
+        except BaseException as exc:
+            self._put(exc)
+        finally:
+            self._put(self._DONE)
+
+    def _put(self, item: object) -> bool:
+        """Queue ``item`` unless asked to stop first; return whether it was queued."""
+        while not self.stop.is_set():
+            try:
+                self.out.put(item, timeout=_STOP_POLL)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+
+class _CopySession:
+    """One connection in a read-only ``REPEATABLE READ`` transaction on the snapshot; copies ranges."""
+
+    def __init__(self, config: PostgresConnection, snapshot: str | None, stop: threading.Event | None = None) -> None:
+        self.config = config
+        self.stop = stop
+        self.conn = connect(config)
+        try:
+            self.conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            if snapshot is not None:
+                self.conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+        except psycopg.Error as exc:
+            self.conn.close()
+            if exc.sqlstate in ("22023", "42704"):  # invalid parameter value / undefined object (18+)
+                raise SourceError(
+                    f"cannot import snapshot {snapshot!r} on {config.describe()}: {exc.diag.message_primary}",
+                    hint="the exporting replication connection must stay open and idle until the copy has started",
+                ) from None
+            raise _copy_error(exc, config, "start the copy") from None
+
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.conn.pgconn.socket, selectors.EVENT_READ)
+
+    def __enter__(self) -> _CopySession:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._selector.close()
+        self.conn.close()
+
+    def copy(
+        self,
+        schema: TableSchema,
+        source: TableName,
+        ctid_range: CtidRange | None,
+        row_filter: str | None,
+        batch_rows: int,
+    ) -> Iterator[pa.RecordBatch]:
+        if batch_rows < 1:
+            raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
+        if not schema.columns:
+            raise TableError(f"{schema.name} has no columns to copy", hint="add a column, or unpublish the table")
+        names = [c.name for c in schema.columns]
+        output = pa.schema([arrow_field(c) for c in schema.columns])
+        convert = pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()), **_CONVERT_OPTIONS_ARGS)
+        query = _copy_query(names, source, ctid_range, row_filter)
+        for chunk in self._csv_chunks(query, batch_rows, f"copy {source}"):
+            # one parse block per chunk: one Arrow chunk per column, so no concatenation afterwards
+            options = pacsv.ReadOptions(column_names=names, block_size=len(chunk) + 1)
+            text = pacsv.read_csv(pa.py_buffer(chunk), options, _PARSE_OPTIONS, convert)
+            arrays = [decode_text_column(column, text.column(i)) for i, column in enumerate(schema.columns)]
+            yield from pa.Table.from_arrays(arrays, schema=output).combine_chunks().to_batches()
+
+    def _csv_chunks(self, query: str, batch_rows: int, doing: str) -> Iterator[bytearray]:
+        """Run ``query`` (a COPY TO STDOUT) and yield its rows in buffers of up to ``batch_rows`` rows."""
+        pgconn = self.conn.pgconn
+        try:
+            pgconn.send_query(query.encode())
+            while pgconn.flush() == 1:
+                self._wait(selectors.EVENT_WRITE | selectors.EVENT_READ)
+                pgconn.consume_input()
+            while pgconn.is_busy():
+                self._wait(selectors.EVENT_READ)
+                pgconn.consume_input()
+            result = pgconn.get_result()
+            assert result is not None
+            if result.status != pq.ExecStatus.COPY_OUT:
+                while pgconn.get_result() is not None:
+                    pass
+                raise _copy_error(error_from_result(result), self.config, doing)
+            get_copy_data = pgconn.get_copy_data
+            buffer = bytearray()
+            rows = 0
+            while True:
+                nbytes, data = get_copy_data(1)
+                if nbytes > 0:
+                    buffer += data
+                    rows += 1
+                    if rows == batch_rows or len(buffer) >= MAX_BATCH_BYTES:
+                        yield buffer
+                        buffer = bytearray()
+                        rows = 0
+                elif nbytes == 0:
+                    self._wait(selectors.EVENT_READ)
+                    pgconn.consume_input()
+                else:
+                    break
+            if rows:
+                yield buffer
+            final = pgconn.get_result()
+            while pgconn.get_result() is not None:
+                pass
+            if final is not None and final.status != pq.ExecStatus.COMMAND_OK:
+                raise _copy_error(error_from_result(final), self.config, doing)
+        except psycopg.OperationalError as exc:
+            raise _copy_error(exc, self.config, doing) from None
+
+    def _wait(self, events: int) -> None:
+        """Wait for the socket with the GIL released; check the stop flag now and then."""
+        if self._selector.get_key(self.conn.pgconn.socket).events != events:
+            self._selector.modify(self.conn.pgconn.socket, events)
+        while not self._selector.select(_STOP_POLL):
+            if self.stop is not None and self.stop.is_set():
+                raise _Stopped
+        if self.stop is not None and self.stop.is_set():
+            raise _Stopped
+
+
+def _copy_query(names: list[str], source: TableName, ctid_range: CtidRange | None, row_filter: str | None) -> str:
+    conditions = [ctid_range.predicate() if ctid_range is not None else None, f"({row_filter})" if row_filter else None]
+    where = " AND ".join(c for c in conditions if c)
+    # ONLY: rows of inheritance children are published (and copied) as those tables
+    select = f"SELECT {', '.join(quote_ident(n) for n in names)} FROM ONLY {source.quoted()}"
+    return f"COPY ({select}{' WHERE ' + where if where else ''}) TO STDOUT (FORMAT csv)"
+
+
+def _copy_error(exc: psycopg.Error, config: PostgresConnection, doing: str) -> EtlError:
+    sqlstate = exc.sqlstate or ""
+    detail = (exc.diag.message_primary or str(exc)).strip()
+    message = f"{doing} on {config.describe()} failed: {detail}"
+    if (isinstance(exc, psycopg.OperationalError) and not sqlstate) or sqlstate.startswith(("08", "57", "53")):
+        return TransientError(message, hint="the connection to the source was lost or refused; the copy is retried")
+    if sqlstate in ("42P01", "42703"):  # undefined table / column: the table changed under the copy
+        return TableError(message, hint="the table changed while it was being copied; copy it again")
+    return TableError(message, hint="see the server's message; fix the table or the publication, then copy again")
