@@ -232,23 +232,30 @@ class _CopySession:
         output = pa.schema([arrow_field(c) for c in schema.columns])
         convert = pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()), **_CONVERT_OPTIONS_ARGS)
         query = _copy_query(names, source, ctid_range, row_filter)
-        for chunk in self._csv_chunks(query, batch_rows, f"copy {source}"):
-            # one parse block per chunk: one Arrow chunk per column, so no concatenation afterwards
-            options = pacsv.ReadOptions(column_names=names, block_size=len(chunk) + 1)
-            text = pacsv.read_csv(pa.py_buffer(chunk), options, _PARSE_OPTIONS, convert)
-            arrays = [decode_text_column(column, text.column(i)) for i, column in enumerate(schema.columns)]
-            yield from pa.Table.from_arrays(arrays, schema=output).combine_chunks().to_batches()
+        halt = threading.Event()
+        chunks = _ReadAhead(self._csv_chunks(query, batch_rows, f"copy {source}", halt), halt, f"copy-read-{source}")
+        try:
+            for chunk in chunks:
+                # one parse block per chunk: one Arrow chunk per column, so no concatenation afterwards
+                options = pacsv.ReadOptions(column_names=names, block_size=len(chunk) + 1)
+                text = pacsv.read_csv(pa.py_buffer(chunk), options, _PARSE_OPTIONS, convert)
+                arrays = [decode_text_column(column, text.column(i)) for i, column in enumerate(schema.columns)]
+                yield from pa.Table.from_arrays(arrays, schema=output).combine_chunks().to_batches()
+        finally:
+            chunks.close()
 
-    def _csv_chunks(self, query: str, batch_rows: int, doing: str) -> Iterator[bytearray]:
+    def _csv_chunks(
+        self, query: str, batch_rows: int, doing: str, halt: threading.Event
+    ) -> Generator[bytearray, None, None]:
         """Run ``query`` (a COPY TO STDOUT) and yield its rows in buffers of up to ``batch_rows`` rows."""
         pgconn = self.conn.pgconn
         try:
             pgconn.send_query(query.encode())
             while pgconn.flush() == 1:
-                self._wait(selectors.EVENT_WRITE | selectors.EVENT_READ)
+                self._wait(selectors.EVENT_WRITE | selectors.EVENT_READ, halt)
                 pgconn.consume_input()
             while pgconn.is_busy():
-                self._wait(selectors.EVENT_READ)
+                self._wait(selectors.EVENT_READ, halt)
                 pgconn.consume_input()
             result = pgconn.get_result()
             assert result is not None
@@ -258,18 +265,19 @@ class _CopySession:
                 raise _copy_error(error_from_result(result), self.config, doing)
             get_copy_data = pgconn.get_copy_data
             buffer = bytearray()
-            rows = 0
-            while True:
+            rows = size = 0
+            while True:  # the per-row loop: keep it lean
                 nbytes, data = get_copy_data(1)
                 if nbytes > 0:
                     buffer += data
                     rows += 1
-                    if rows == batch_rows or len(buffer) >= MAX_BATCH_BYTES:
+                    size += nbytes
+                    if rows == batch_rows or size >= MAX_BATCH_BYTES:
                         yield buffer
                         buffer = bytearray()
-                        rows = 0
+                        rows = size = 0
                 elif nbytes == 0:
-                    self._wait(selectors.EVENT_READ)
+                    self._wait(selectors.EVENT_READ, halt)
                     pgconn.consume_input()
                 else:
                     break
@@ -283,15 +291,69 @@ class _CopySession:
         except psycopg.OperationalError as exc:
             raise _copy_error(exc, self.config, doing) from None
 
-    def _wait(self, events: int) -> None:
-        """Wait for the socket with the GIL released; check the stop flag now and then."""
+    def _wait(self, events: int, halt: threading.Event) -> None:
+        """Wait for the socket with the GIL released; check the stop flags now and then."""
         if self._selector.get_key(self.conn.pgconn.socket).events != events:
             self._selector.modify(self.conn.pgconn.socket, events)
         while not self._selector.select(_STOP_POLL):
-            if self.stop is not None and self.stop.is_set():
+            if self._stopping(halt):
                 raise _Stopped
-        if self.stop is not None and self.stop.is_set():
+        if self._stopping(halt):
             raise _Stopped
+
+    def _stopping(self, halt: threading.Event) -> bool:
+        return halt.is_set() or (self.stop is not None and self.stop.is_set())
+
+
+class _ReadAhead:
+    """Runs a COPY read loop in its own thread, so that parsing one chunk overlaps reading the next.
+
+    ``halt`` (set by ``close``) makes the loop give up at its next wait.
+    """
+
+    _END: Final = object()
+
+    def __init__(self, chunks: Generator[bytearray, None, None], halt: threading.Event, name: str) -> None:
+        self._chunks = chunks
+        self._halt = halt
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=1)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> Iterator[bytearray]:
+        while True:
+            item = self._queue.get()
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            assert isinstance(item, bytearray)
+            yield item
+
+    def close(self) -> None:
+        self._halt.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        last: object = self._END
+        try:
+            for chunk in self._chunks:
+                if not self._put(chunk):
+                    return
+        except BaseException as exc:
+            last = exc
+        finally:
+            self._chunks.close()
+        self._put(last)
+
+    def _put(self, item: object) -> bool:
+        while not self._halt.is_set():
+            try:
+                self._queue.put(item, timeout=_STOP_POLL)
+                return True
+            except queue.Full:
+                pass
+        return False
 
 
 def _copy_query(names: list[str], source: TableName, ctid_range: CtidRange | None, row_filter: str | None) -> str:
