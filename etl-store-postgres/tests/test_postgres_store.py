@@ -19,7 +19,7 @@ from etl.plugins import load_registry
 from etl.store.base import APPLY_WORKER, TableState, TableStateKind
 from etl.store.migrations import MIGRATIONS, Migration
 from etl.testing.pytest_plugin import TestDatabase
-from etl.testing.store_contract import DurableStoreContract
+from etl.testing.store_contract import ConcurrentStoreContract
 from etl_store_postgres import PostgresStore, PostgresStoreConfig
 
 
@@ -35,7 +35,7 @@ def open_store(db: TestDatabase, pipeline_id: int = 1, **extra: Any) -> Postgres
     return PostgresStore.from_config(store_options(db.connection(), **extra), pipeline_id)
 
 
-class TestPostgresStoreContract(DurableStoreContract):
+class TestPostgresStoreContract(ConcurrentStoreContract):
     store_class = PostgresStore
 
     @pytest.fixture

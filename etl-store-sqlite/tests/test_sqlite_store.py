@@ -20,11 +20,11 @@ from etl.plugins import load_registry
 from etl.store.base import APPLY_WORKER, TableState, TableStateKind
 from etl.store.cached import STATE_HISTORY_LIMIT
 from etl.store.migrations import MIGRATIONS, Migration
-from etl.testing.store_contract import DurableStoreContract
+from etl.testing.store_contract import ConcurrentStoreContract
 from etl_store_sqlite import SqliteStore
 
 
-class TestSqliteStoreContract(DurableStoreContract):
+class TestSqliteStoreContract(ConcurrentStoreContract):
     store_class = SqliteStore
 
     @pytest.fixture

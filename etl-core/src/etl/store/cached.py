@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from datetime import UTC
 from typing import ClassVar
 
 from etl.errors import StoreError
@@ -112,9 +113,9 @@ class CachedStore:
             return {table_id: history[-1].state for table_id, history in self._states.items() if history}
 
     def update_table_states(self, updates: Mapping[TableId, TableState]) -> None:
-        for table_id, state in updates.items():
+        for table_id in updates:
             _check_table_id(table_id)
-            _check_state(state)
+        updates = {table_id: _checked_state(state) for table_id, state in updates.items()}
         with self._writing():
             rows = [self._next_row(table_id, state) for table_id, state in updates.items()]
             if rows:
@@ -284,14 +285,17 @@ def _check_worker(worker: object) -> None:
         raise ValueError(f"not a worker key (a non-empty string): {worker!r}")
 
 
-def _check_state(state: object) -> None:
+def _checked_state(state: object) -> TableState:
+    """The state as stores keep it (``retry_at`` in UTC), or ``ValueError``/``TypeError``."""
     if not isinstance(state, TableState):
         raise TypeError(f"expected a TableState, got {type(state).__name__}")
     if not state.kind.persisted:
         raise ValueError(f"table state {state.kind.value} is kept in memory only; a store does not persist it")
-    if state.lsn is not None:
-        check_lsn(state.lsn)
-    if state.retry_at is not None and state.retry_at.utcoffset() is None:
-        raise ValueError(f"retry_at must be timezone-aware, got {state.retry_at!r}")
     if state.kind is TableStateKind.SYNC_DONE and state.lsn is None:
         raise ValueError("a sync_done state needs the LSN the table caught up to")
+    retry_at = state.retry_at
+    if retry_at is not None:
+        if retry_at.utcoffset() is None:
+            raise ValueError(f"retry_at must be timezone-aware, got {retry_at!r}")
+        retry_at = retry_at.astimezone(UTC)
+    return replace(state, lsn=None if state.lsn is None else check_lsn(state.lsn), retry_at=retry_at)

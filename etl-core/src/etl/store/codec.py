@@ -35,34 +35,31 @@ def lsn_from_text(text: str) -> Lsn:
     return Lsn(int(text, 16))
 
 
-def schema_to_json(schema: TableSchema) -> str:
-    return json.dumps(
-        {
-            "format": SCHEMA_FORMAT,
-            "id": schema.id,
-            "name": {"schema": schema.name.schema, "name": schema.name.name},
-            "columns": [
-                {
-                    "name": c.name,
-                    "type_oid": c.type_oid,
-                    "type_modifier": c.type_modifier,
-                    "nullable": c.nullable,
-                    "primary_key": c.primary_key,
-                    "type_name": c.type_name,
-                }
-                for c in schema.columns
-            ],
-            "replica_identity": schema.replica_identity.value,
-            "snapshot_lsn": lsn_to_text(schema.snapshot_lsn),
-        },
-        separators=(",", ":"),
-    )
+def schema_to_obj(schema: TableSchema) -> dict[str, Any]:
+    """A table schema as plain JSON values."""
+    return {
+        "format": SCHEMA_FORMAT,
+        "id": schema.id,
+        "name": {"schema": schema.name.schema, "name": schema.name.name},
+        "columns": [
+            {
+                "name": c.name,
+                "type_oid": c.type_oid,
+                "type_modifier": c.type_modifier,
+                "nullable": c.nullable,
+                "primary_key": c.primary_key,
+                "type_name": c.type_name,
+            }
+            for c in schema.columns
+        ],
+        "replica_identity": schema.replica_identity.value,
+        "snapshot_lsn": lsn_to_text(schema.snapshot_lsn),
+    }
 
 
-def schema_from_json(text: str) -> TableSchema:
-    """Parse what ``schema_to_json`` wrote; ``ValueError`` for anything else."""
+def schema_from_obj(data: Any) -> TableSchema:
+    """Parse what ``schema_to_obj`` made; ``ValueError`` for anything else."""
     try:
-        data = json.loads(text)
         if data["format"] != SCHEMA_FORMAT:
             raise ValueError(f"unknown table schema format {data['format']!r}")
         return TableSchema(
@@ -82,8 +79,20 @@ def schema_from_json(text: str) -> TableSchema:
             replica_identity=ReplicaIdentity(data["replica_identity"]),
             snapshot_lsn=lsn_from_text(data["snapshot_lsn"]),
         )
-    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a stored table schema: {type(exc).__name__}: {exc}") from None
+
+
+def schema_to_json(schema: TableSchema) -> str:
+    return json.dumps(schema_to_obj(schema), separators=(",", ":"))
+
+
+def schema_from_json(text: str) -> TableSchema:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise ValueError(f"not a stored table schema: {exc}") from None
+    return schema_from_obj(data)
 
 
 def extra_to_json(extra: Mapping[str, Any]) -> str:

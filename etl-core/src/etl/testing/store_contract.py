@@ -1,7 +1,13 @@
 """The store contract: tests every store must pass, for built-in and third-party stores alike.
 
-Subclass ``StoreContract`` (any store) or ``DurableStoreContract`` (a store whose state outlives the
-process, with a pipeline lock), name your store class and give one fixture, its config::
+Subclass the contract your store meets, name your store class and give one fixture, its config:
+
+- ``StoreContract``: every store;
+- ``DurableStoreContract``: the state outlives the process and a pipeline lock guards it;
+- ``ConcurrentStoreContract``: durable, and several open instances of one pipeline write to the
+  storage without undoing each other's writes (stores that write row by row, like the SQL stores).
+
+::
 
     from etl.testing.store_contract import DurableStoreContract
 
@@ -144,6 +150,7 @@ class StoreContract:
         errored = store.get_table_state(T3)
         assert errored is not None and errored.retry_at is not None
         assert errored.retry_at == datetime(2030, 5, 6, 5, 8, 9, 123456, tzinfo=UTC)
+        assert errored.retry_at.utcoffset() == timedelta(0)
 
     def test_update_only_touches_named_tables(self, store: Store) -> None:
         store.update_table_states(sample_states())
@@ -454,13 +461,6 @@ class DurableStoreContract(StoreContract):
         assert [s.snapshot_lsn for s in expected[1]] == [20, 30]
         assert reopened.rollback_table_state(T2) == sample_states()[T2]
 
-    def test_progress_is_monotonic_in_storage(self, make_store: MakeStore) -> None:
-        """Two instances of one pipeline: the one with a stale view still cannot move progress back."""
-        ahead, stale = make_store(), make_store()
-        ahead.upsert_progress(APPLY_WORKER, Lsn(2**63 + 5))
-        assert stale.upsert_progress(APPLY_WORKER, Lsn(2**63 - 5)) == 2**63 + 5
-        assert stale.get_progress(APPLY_WORKER) == 2**63 + 5
-
     def test_pipelines_share_storage_durably(self, make_store: MakeStore) -> None:
         one, two = make_store(1), make_store(2)
         one.update_table_states({T1: TableState(TableStateKind.READY)})
@@ -513,6 +513,29 @@ class DurableStoreContract(StoreContract):
             for pipe in (holder.stdin, holder.stdout, holder.stderr):
                 if pipe is not None:
                     pipe.close()
+
+
+class ConcurrentStoreContract(DurableStoreContract):
+    """Stores whose instances change the storage row by row (SQL stores): several instances of one
+    pipeline, as ``etl status`` next to ``etl run``, never undo each other's writes."""
+
+    def test_progress_is_monotonic_in_storage(self, make_store: MakeStore) -> None:
+        """Two instances of one pipeline: the one with a stale view still cannot move progress back."""
+        ahead, stale = make_store(), make_store()
+        ahead.upsert_progress(APPLY_WORKER, Lsn(2**63 + 5))
+        assert stale.upsert_progress(APPLY_WORKER, Lsn(2**63 - 5)) == 2**63 + 5
+        assert stale.get_progress(APPLY_WORKER) == 2**63 + 5
+
+    def test_instances_do_not_undo_each_others_writes(self, make_store: MakeStore) -> None:
+        first, second = make_store(), make_store()
+        first.update_table_states({T1: TableState(TableStateKind.READY)})
+        second.update_table_states({T2: TableState.init()})
+        first.store_table_schema(make_schema(T1, 1))
+        second.store_destination_metadata(T2, sample_metadata())
+        reopened = make_store()
+        assert reopened.get_table_states() == {T1: TableState(TableStateKind.READY), T2: TableState.init()}
+        assert reopened.get_table_schemas() == [make_schema(T1, 1)]
+        assert reopened.get_destination_metadata(T2) == sample_metadata()
 
 
 def _start_holder(cls: type[Any], config: dict[str, Any], pipeline_id: int) -> subprocess.Popen[bytes]:

@@ -1,0 +1,122 @@
+"""Stores that keep a pipeline's whole state as one JSON document, saved again after every change.
+
+For small state held in one object: a file, an object in a bucket, a key in a key-value store. A
+subclass implements ``_save_document`` (replace the stored document atomically, or raise) and hands
+the stored document to ``_restore_document`` when it opens. It must take a pipeline lock as well:
+two instances writing one document would overwrite each other's changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from etl.errors import EtlError, StoreError
+from etl.store.base import DestinationSchemaStatus, DestinationTableMetadata, RetryKind, TableState, TableStateKind
+from etl.store.cached import CachedStore, StateRow
+from etl.store.codec import lsn_from_text, lsn_to_text, schema_from_obj, schema_to_obj
+
+DOCUMENT_FORMAT = 1
+
+
+class SnapshotStore(CachedStore):
+    """``CachedStore`` whose durable form is one JSON document per pipeline (see the module docstring)."""
+
+    def _save_document(self, document: dict[str, Any]) -> None:
+        """Store ``document`` (plain JSON values) so that it replaces the previous one atomically."""
+        raise NotImplementedError
+
+    def _restore_document(self, document: Mapping[str, Any]) -> None:
+        """Fill the cache from a document ``_save_document`` was given; ``StoreError`` if it is unusable."""
+        try:
+            if document["format"] != DOCUMENT_FORMAT or document["pipeline_id"] != self.pipeline_id:
+                raise ValueError(
+                    f"format {document['format']!r} of pipeline {document['pipeline_id']!r}, "
+                    f"expected format {DOCUMENT_FORMAT} of pipeline {self.pipeline_id}"
+                )
+            for table_id, history in document["states"].items():
+                rows = [StateRow(int(table_id), int(seq), _state_from_obj(state)) for seq, state in history]
+                self._states[int(table_id)] = rows
+            for obj in document["schemas"]:
+                schema = schema_from_obj(obj)
+                self._schemas.setdefault(schema.id, {})[schema.snapshot_lsn] = schema
+            self._progress.update({worker: lsn_from_text(lsn) for worker, lsn in document["progress"].items()})
+            for table_id, obj in document["destination"].items():
+                self._metadata[int(table_id)] = DestinationTableMetadata(
+                    obj["destination_table"],
+                    lsn_from_text(obj["snapshot_lsn"]),
+                    DestinationSchemaStatus(obj["status"]),
+                    dict(obj["extra"]),
+                )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoreError(
+                f"{self.describe()} holds a state document this version cannot read: {type(exc).__name__}: {exc}",
+                hint="restore a backup, or remove it to start the pipeline over",
+            ) from None
+
+    def _document(self) -> dict[str, Any]:
+        return {
+            "format": DOCUMENT_FORMAT,
+            "pipeline_id": self.pipeline_id,
+            "states": {
+                str(table_id): [[row.seq, _state_to_obj(row.state)] for row in history]
+                for table_id, history in sorted(self._states.items())
+            },
+            "schemas": [schema_to_obj(schema) for schema in self.get_table_schemas()],
+            "progress": {worker: lsn_to_text(lsn) for worker, lsn in sorted(self._progress.items())},
+            "destination": {
+                str(table_id): {
+                    "destination_table": m.destination_table,
+                    "snapshot_lsn": lsn_to_text(m.snapshot_lsn),
+                    "status": m.status.value,
+                    "extra": dict(m.extra),
+                }
+                for table_id, m in sorted(self._metadata.items())
+            },
+        }
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Run one change on the cache, then save the document; put the cache back when either fails."""
+        with super()._writing():
+            before = (
+                {table_id: list(history) for table_id, history in self._states.items()},
+                {table_id: dict(versions) for table_id, versions in self._schemas.items()},
+                dict(self._progress),
+                dict(self._metadata),
+            )
+            try:
+                yield
+                try:
+                    self._save_document(self._document())
+                except EtlError:
+                    raise
+                except Exception as exc:
+                    raise StoreError(f"{self.describe()}: saving the state failed: {exc}") from exc
+            except BaseException:
+                self._states, self._schemas, self._progress, self._metadata = before
+                raise
+
+
+def _state_to_obj(state: TableState) -> dict[str, Any]:
+    return {
+        "kind": state.kind.value,
+        "lsn": None if state.lsn is None else lsn_to_text(state.lsn),
+        "reason": state.reason,
+        "hint": state.hint,
+        "retry": state.retry.value,
+        "retry_at": None if state.retry_at is None else state.retry_at.isoformat(),
+    }
+
+
+def _state_from_obj(obj: Mapping[str, Any]) -> TableState:
+    return TableState(
+        kind=TableStateKind(obj["kind"]),
+        lsn=None if obj["lsn"] is None else lsn_from_text(obj["lsn"]),
+        reason=obj["reason"],
+        hint=obj["hint"],
+        retry=RetryKind(obj["retry"]),
+        retry_at=None if obj["retry_at"] is None else datetime.fromisoformat(obj["retry_at"]),
+    )
