@@ -6,6 +6,7 @@ copies every table again). It keeps no lock: its state cannot be shared with ano
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -23,7 +24,7 @@ class MemoryStore(CachedStore):
         model_config = ConfigDict(extra="forbid", frozen=True)
 
     @classmethod
-    def from_config(cls, config: Config | dict[str, Any], pipeline_id: int) -> MemoryStore:
+    def from_config(cls, config: Config | Mapping[str, Any], pipeline_id: int) -> MemoryStore:
         if not isinstance(config, cls.Config):
             validate(cls.Config, config, "store", "store")
         return cls(pipeline_id)

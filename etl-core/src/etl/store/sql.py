@@ -202,9 +202,10 @@ class SqlStore(CachedStore):
         insert = self._insert(t).values(pipeline_id=self.pipeline_id, worker=worker, lsn=lsn)
         upsert = insert.on_conflict_do_update(
             index_elements=[t.c.pipeline_id, t.c.worker], set_={"lsn": self._greatest(t.c.lsn, insert.excluded.lsn)}
-        ).returning(t.c.lsn)
+        )
         with self._transaction("storing progress") as conn:
-            stored: Lsn = conn.execute(upsert).scalar_one()
+            conn.execute(upsert)  # no RETURNING: SQLite before 3.35 (still shipped by some systems) lacks it
+            stored: Lsn = conn.execute(self._mine(sa.select(t.c.lsn), t).where(t.c.worker == worker)).scalar_one()
         return stored
 
     def _persist_delete_progress(self, worker: str) -> None:
