@@ -125,3 +125,14 @@ def test_logs_redact_secrets(capsys: pytest.CaptureFixture[str]) -> None:
     err = capsys.readouterr().err
     assert "hunter2" not in err
     assert "connecting" in err and "conninfo" in err
+
+
+def test_plugin_section_secrets_are_masked_in_repr(tmp_path: Path) -> None:
+    text = GOOD.replace(
+        '[store]\ntype = "memory"', '[store]\ntype = "postgres"\npassword = "store-pw"\nhost = "db"'
+    ).replace('[destination]\ntype = "memory"', '[destination]\ntype = "ducklake"\ncatalog = "postgresql://u:url-pw@h/d"')
+    config = load_config(write(tmp_path, text), environ={"PGPASSWORD": "x"})
+    for shown in (repr(config), str(config), repr(config.store), repr(config.destination)):
+        assert "store-pw" not in shown and "url-pw" not in shown
+        assert "host='db'" in shown or "ducklake" in shown
+    assert config.store.options()["password"] == "store-pw"  # the value itself is intact

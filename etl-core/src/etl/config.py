@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from etl.errors import ConfigError
+from etl.log import redact_value
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -102,6 +104,12 @@ class PluginSection(BaseModel):
 
     def options(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # Plugin options are untyped here, so secrets among them are masked by name and by shape.
+        yield "type", self.type
+        for key, value in self.options().items():
+            yield key, redact_value(key, value)
 
 
 class PipelineConfig(Section):

@@ -14,20 +14,30 @@ LogFormat = Literal["console", "json"]
 
 _SECRET_KEY = re.compile(r"pass(word)?|secret|token|credential|private_key|api_key", re.IGNORECASE)
 _SECRET_IN_TEXT = re.compile(r"(password|passwd|secret|token)(\s*[=:]\s*)('[^']*'|\"[^\"]*\"|\S+)", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(\w[\w+.-]*://[^:/@\s]*:)([^@\s]+)(@)")
 REDACTED = "**********"
 
 
 def redact_text(text: str) -> str:
-    """Mask ``password=...``-style values in free text (connection strings, error messages)."""
+    """Mask ``password=...``-style values and URL passwords in free text (conninfo, URLs, errors)."""
+    text = _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{REDACTED}{m.group(3)}", text)
     return _SECRET_IN_TEXT.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+
+
+def redact_value(key: str, value: Any) -> Any:
+    """The value to show for a named setting: masked when the key names a secret or the text holds one."""
+    if _SECRET_KEY.search(key):
+        return REDACTED
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, dict):
+        return {k: redact_value(str(k), v) for k, v in value.items()}
+    return value
 
 
 def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     for key, value in list(event.items()):
-        if _SECRET_KEY.search(key):
-            event[key] = REDACTED
-        elif isinstance(value, str):
-            event[key] = redact_text(value)
+        event[key] = redact_value(key, value)
     return event
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 
 from etl.lsn import Lsn
 
@@ -36,7 +36,7 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-class ReplicaIdentity(str, Enum):
+class ReplicaIdentity(StrEnum):
     """Which old-row columns Postgres logs for updates and deletes."""
 
     DEFAULT = "d"  # the primary key

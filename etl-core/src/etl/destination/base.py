@@ -9,7 +9,7 @@ order is guaranteed; a batch may split a transaction. Methods are called from wo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import pyarrow as pa
@@ -20,7 +20,7 @@ from etl.schema import TableSchema
 from etl.store.base import Store
 
 
-class WriteResult(str, Enum):
+class WriteResult(StrEnum):
     ACCEPTED = "accepted"
     """Taken, but not yet durable; the engine calls ``flush`` before it records progress past it."""
     DURABLE = "durable"

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import Enum
+from enum import StrEnum
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel
@@ -31,7 +31,7 @@ from etl.lsn import Lsn
 from etl.schema import TableId, TableSchema
 
 
-class TableStateKind(str, Enum):
+class TableStateKind(StrEnum):
     INIT = "init"
     DATA_SYNC = "data_sync"
     FINISHED_COPY = "finished_copy"
@@ -46,7 +46,7 @@ class TableStateKind(str, Enum):
         return self not in (TableStateKind.SYNC_WAIT, TableStateKind.CATCHUP)
 
 
-class RetryKind(str, Enum):
+class RetryKind(StrEnum):
     NONE = "none"  # needs a code or source fix; never retried
     MANUAL = "manual"  # retried after the user acts (e.g. `etl resync`)
     TIMED = "timed"  # retried automatically at ``retry_at``
@@ -86,7 +86,7 @@ def table_sync_worker(table_id: TableId) -> str:
     return f"table_sync:{table_id}"
 
 
-class DestinationSchemaStatus(str, Enum):
+class DestinationSchemaStatus(StrEnum):
     APPLYING = "applying"  # a schema change is being applied to the destination object
     APPLIED = "applied"
 

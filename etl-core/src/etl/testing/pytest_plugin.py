@@ -16,6 +16,8 @@ from etl.testing.postgres import TemporaryCluster, find_install, find_installs
 
 _counter = itertools.count()
 
+pytest.register_assert_rewrite("etl.testing.store_contract")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
