@@ -18,6 +18,7 @@ from etl.postgres.replication import (
     Keepalive,
     ReplicationConnection,
     SlotNotFoundError,
+    SlotState,
     XLogData,
     backoff_delays,
     choose_protocol,
@@ -118,7 +119,8 @@ def test_exported_snapshot_sees_rows_committed_before_the_slot(pg_database: Test
             assert state.confirmed_flush_lsn == slot.consistent_point
         repl.drop_slot("snap_slot")
         with pg_database.connect() as conn:
-            assert not slot_state(conn, "snap_slot").exists
+            assert slot_state(conn, "snap_slot") == SlotState(exists=False)
+            assert SlotState(exists=False).confirmed_flush_lsn == Lsn.ZERO
 
 
 def test_drop_missing_slot_is_an_error_and_drop_if_exists_is_not(pg_database: TestDatabase) -> None:
@@ -179,7 +181,7 @@ def test_send_status_moves_confirmed_flush_lsn(pg_database: TestDatabase) -> Non
     pg_database.execute("CREATE PUBLICATION pub FOR TABLE t")
     with start_stream(pg_database) as repl, pg_database.connect() as sql:
         before = slot_state(sql, "s1").confirmed_flush_lsn
-        assert before is not None
+        assert before > 0
         pg_database.execute("INSERT INTO t VALUES (1)")
         commit = read_until(repl, b"C")[-1].payload
         end_lsn = Lsn(struct.unpack_from(">Q", commit, 10)[0])  # tag, flags, commit lsn, end lsn
@@ -322,3 +324,31 @@ def test_backoff_delays_grow_jittered_and_capped() -> None:
     assert len(set(delays)) > 1
     with pytest.raises(ValueError):
         next(backoff_delays(0, 1))
+
+
+def test_invalidated_slot(pg_database: TestDatabase) -> None:
+    """A slot whose WAL was removed (max_slot_wal_keep_size) reads as invalidated and cannot stream."""
+    pg_database.execute("CREATE TABLE t (id int, pad text)")
+    pg_database.execute("CREATE PUBLICATION pub FOR TABLE t")
+    with ReplicationConnection.connect(pg_database.connection()) as repl:
+        repl.create_slot("doomed")
+    with pg_database.connect() as sql:
+        sql.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        try:
+            sql.execute("SELECT pg_reload_conf()")
+            wait_for(lambda: sql.execute("SHOW max_slot_wal_keep_size").fetchone() == ("1MB",))
+            for _ in range(4):  # move past a few WAL segments, then let a checkpoint remove them
+                sql.execute("INSERT INTO t SELECT i, repeat('x', 100) FROM generate_series(1, 1000) i")
+                sql.execute("SELECT pg_switch_wal()")
+            sql.execute("CHECKPOINT")
+            state = wait_for(lambda: (s := slot_state(sql, "doomed")).invalidated and s)
+        finally:
+            sql.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+            sql.execute("SELECT pg_reload_conf()")
+    assert state.exists and state.wal_status == "lost" and state.invalidation_reason == "wal_removed"
+    with ReplicationConnection.connect(pg_database.connection()) as repl:
+        with pytest.raises(SourceError) as info:
+            repl.start_replication("doomed", Lsn.ZERO, ["pub"], 1, False, messages=False)
+            read_until(repl, b"C")
+        assert "doomed" in str(info.value)
+        assert info.value.hint is not None and "invalidated" in info.value.hint

@@ -104,7 +104,8 @@ class SlotState:
     """A slot as ``pg_replication_slots`` shows it."""
 
     exists: bool
-    confirmed_flush_lsn: Lsn | None = None
+    confirmed_flush_lsn: Lsn = Lsn.ZERO
+    """Where a restart of the slot begins; ``Lsn.ZERO`` when the slot does not exist."""
     wal_status: str | None = None
     """``reserved``, ``extended``, ``unreserved`` or ``lost`` (``lost``: the slot was invalidated)."""
     active_pid: int | None = None
@@ -133,7 +134,7 @@ def slot_state(conn: psycopg.Connection[Any], name: str) -> SlotState:
         reason = "rows_removed"
     return SlotState(
         exists=True,
-        confirmed_flush_lsn=Lsn.parse(flushed) if flushed else None,
+        confirmed_flush_lsn=Lsn.parse(flushed) if flushed else Lsn.ZERO,
         wal_status=slot.get("wal_status"),
         active_pid=slot.get("active_pid"),
         invalidation_reason=reason,
@@ -465,6 +466,8 @@ def replication_error(error: psycopg.Error, target: str, doing: str) -> EtlError
     """Translate a server error of a replication command into an ``EtlError`` with a hint."""
     sqlstate = error.sqlstate or ""
     detail = (error.diag.message_primary or str(error)).strip()
+    if error.diag.message_detail:
+        detail += f" ({error.diag.message_detail.strip()})"
     message = f"{doing} on {target} failed: {detail}"
     lowered = detail.lower()
     if sqlstate == "42704" and "replication slot" in lowered:
