@@ -341,7 +341,12 @@ def test_invalidated_slot(pg_database: TestDatabase) -> None:
                 sql.execute("INSERT INTO t SELECT i, repeat('x', 100) FROM generate_series(1, 1000) i")
                 sql.execute("SELECT pg_switch_wal()")
             sql.execute("CHECKPOINT")
-            state = wait_for(lambda: (s := slot_state(sql, "doomed")).invalidated and s)
+
+            def invalidated() -> SlotState | None:
+                state = slot_state(sql, "doomed")
+                return state if state.invalidated else None
+
+            state = wait_for(invalidated)
         finally:
             sql.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
             sql.execute("SELECT pg_reload_conf()")

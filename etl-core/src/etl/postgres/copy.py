@@ -84,14 +84,13 @@ def copy_table(
     The heap of each source table is split into ctid ranges that worker threads, each with its own
     connection and the imported ``snapshot``, copy in parallel; batches are yielded as they come (in no
     particular order), each row exactly once. A bounded queue holds back workers when the consumer is
-    slow. An error in any worker stops the others and is raised here; so is closing the iterator early.
+    slow. An error in any worker stops the others and is raised here; closing the iterator early stops
+    them too. Keep the connection that exported ``snapshot`` idle until the copy is done. Without a
+    snapshot each connection reads its own, so only a single-connection copy is then consistent.
     """
     if connections < 1:
         raise ValueError(f"connections must be at least 1, got {connections}")
-    if not schema.columns:
-        raise TableError(
-            f"{table.name} has no columns to copy", hint="add a column, or leave it out of the publication"
-        )
+    _check_columns(schema)
     parts = 1 if connections == 1 else connections * RANGES_PER_CONNECTION
     with connect(config) as conn:
         tasks = [(source, rng) for source in table.sources for rng in ctid_ranges(conn, source, parts)]
@@ -226,8 +225,7 @@ class _CopySession:
     ) -> Iterator[pa.RecordBatch]:
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
-        if not schema.columns:
-            raise TableError(f"{schema.name} has no columns to copy", hint="add a column, or unpublish the table")
+        _check_columns(schema)
         names = [c.name for c in schema.columns]
         output = pa.schema([arrow_field(c) for c in schema.columns])
         convert = pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()), **_CONVERT_OPTIONS_ARGS)
@@ -354,6 +352,13 @@ class _ReadAhead:
             except queue.Full:
                 pass
         return False
+
+
+def _check_columns(schema: TableSchema) -> None:
+    if not schema.columns:
+        raise TableError(
+            f"{schema.name} has no columns to copy", hint="add a column, or leave it out of the publication"
+        )
 
 
 def _copy_query(names: list[str], source: TableName, ctid_range: CtidRange | None, row_filter: str | None) -> str:
