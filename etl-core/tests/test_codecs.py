@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import date
 from decimal import Decimal
 from typing import Any
 
@@ -22,6 +23,7 @@ from etl.postgres.codecs import (
     arrow_type,
     decode_text_column,
     parse_array,
+    python_values,
 )
 from etl.postgres.connection import connect
 from etl.schema import ColumnSchema
@@ -286,6 +288,27 @@ def test_type_matrix_matches_postgres(matrix: tuple[Conn, dict[str, ColumnSchema
         assert [t is None for t in texts] == decoded.is_null().to_pylist(), f"{name}: nothing becomes NULL"
         expected, got = expected_of(conn, name, case), as_comparable(decoded)
         assert same(got, expected), f"{name}: {got} != {expected}"
+
+
+def test_python_values_of_dates_outside_python_are_postgres_text(
+    matrix: tuple[Conn, dict[str, ColumnSchema], Any],
+) -> None:
+    conn, schemas, _ = matrix
+    for name in ("date", "timestamp", "timestamptz"):
+        sql = f"SELECT {quote(name)} FROM matrix ORDER BY id"
+        texts = output_text(conn, sql)
+        values = python_values(decode_text_column(schemas[name], pa.array(texts, pa.string())))
+        in_range_sql = f"SELECT {quote(name)} BETWEEN '0001-01-01' AND '9999-12-31' FROM matrix ORDER BY id"
+        in_python_range = [row[0] for row in conn.execute(in_range_sql)]
+        for value, text, in_range in zip(values, texts, in_python_range, strict=True):
+            if in_range:
+                assert not isinstance(value, str)
+                loaded = conn.execute(f"SELECT %s::{CASES[name].sql_type}", (text,)).fetchone()
+                assert loaded is not None and value == loaded[0], name
+            else:
+                assert value == text, name  # infinity, BC and far-future values: exactly Postgres's text
+    nested = decode_text_column(ColumnSchema("d", 1182), pa.array(["{2024-02-29,infinity,NULL}", None]))
+    assert python_values(nested) == [[date(2024, 2, 29), "infinity", None], None]
 
 
 def test_strings_keep_exact_text(matrix: tuple[Conn, dict[str, ColumnSchema], Any]) -> None:

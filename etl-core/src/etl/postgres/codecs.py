@@ -17,6 +17,7 @@ import re
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from functools import lru_cache
 from typing import Any, Final
 
@@ -160,6 +161,81 @@ def _array_depth(column: ColumnSchema) -> int:
     if column.type_oid in BUILTIN_ARRAYS:
         return max(brackets, 1)
     return brackets if column.type_name.endswith("[]") else 0
+
+
+def python_values(values: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """Python values of an Arrow column made by this module (``to_pylist`` where Python can hold the values).
+
+    Dates and timestamps that Python's ``date``/``datetime`` cannot hold (+-infinity, BC, years past
+    9999) come back as their Postgres text form, e.g. ``'infinity'`` or ``'0044-03-15 BC'``.
+    """
+    try:
+        return values.to_pylist()  # type: ignore[no-any-return]
+    except OverflowError:
+        if isinstance(values, pa.ChunkedArray):
+            return [value for chunk in values.chunks for value in python_values(chunk)]
+        kind = values.type
+        if pa.types.is_date32(kind):
+            return [_date_value(days) for days in values.cast(pa.int32()).to_pylist()]
+        if pa.types.is_timestamp(kind):
+            return [_timestamp_value(us, kind.tz is not None) for us in values.cast(pa.int64()).to_pylist()]
+        valid = values.is_valid().to_pylist()
+        if pa.types.is_list(kind):
+            flat = python_values(values.values)
+            offsets = values.offsets.to_pylist()
+            return [flat[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(values))]
+        if pa.types.is_struct(kind):
+            names = [kind.field(i).name for i in range(kind.num_fields)]
+            rows = zip(*(python_values(values.field(i)) for i in range(kind.num_fields)), strict=True)
+            return [dict(zip(names, row, strict=True)) if ok else None for ok, row in zip(valid, rows, strict=True)]
+        raise
+
+
+def _date_value(days: int | None) -> date | str | None:
+    if days is None:
+        return None
+    if days in (INT32_MAX, INT32_MIN):
+        return "infinity" if days == INT32_MAX else "-infinity"
+    year, month, day = civil_from_days(days)
+    if 1 <= year <= 9999:
+        return date(year, month, day)
+    return _pg_date_text(year, month, day)
+
+
+def _timestamp_value(micros: int | None, aware: bool) -> datetime | str | None:
+    if micros is None:
+        return None
+    if micros in (INT64_MAX, INT64_MIN):
+        return "infinity" if micros == INT64_MAX else "-infinity"
+    days, rest = divmod(micros, _US_PER_DAY)
+    year, month, day = civil_from_days(days)
+    seconds, fraction = divmod(rest, 1_000_000)
+    minutes, second = divmod(seconds, 60)
+    hour, minute = divmod(minutes, 60)
+    if 1 <= year <= 9999:
+        return datetime(year, month, day, hour, minute, second, fraction, UTC if aware else None)
+    text = f"{hour:02d}:{minute:02d}:{second:02d}" + (f".{fraction:06d}".rstrip("0") if fraction else "")
+    date_text = _pg_date_text(year, month, day)
+    body, bc = _strip_bc(date_text)
+    return f"{body} {text}{'+00' if aware else ''}{' BC' if bc else ''}"
+
+
+def _pg_date_text(year: int, month: int, day: int) -> str:
+    """Postgres's ISO text of a date given with an astronomical year (0 is 1 BC)."""
+    return f"{year:04d}-{month:02d}-{day:02d}" if year >= 1 else f"{1 - year:04d}-{month:02d}-{day:02d} BC"
+
+
+def civil_from_days(days: int) -> tuple[int, int, int]:
+    """(astronomical year, month, day) of the proleptic Gregorian date ``days`` after 1970-01-01."""
+    z = days + _UNIX_EPOCH_DAYS
+    era = z // 146_097
+    day_of_era = z - era * 146_097
+    year_of_era = (day_of_era - day_of_era // 1460 + day_of_era // 36_524 - day_of_era // 146_096) // 365
+    day_of_year = day_of_era - (365 * year_of_era + year_of_era // 4 - year_of_era // 100)
+    shifted_month = (5 * day_of_year + 2) // 153
+    day = day_of_year - (153 * shifted_month + 2) // 5 + 1
+    month = shifted_month + 3 if shifted_month < 10 else shifted_month - 9
+    return year_of_era + era * 400 + (month <= 2), month, day
 
 
 # -- scalar codecs -------------------------------------------------------------------------------------
