@@ -1,0 +1,171 @@
+"""Collapse a batch of changes to its net effect, for destinations that apply batches as set operations.
+
+Two steps, both column-wise:
+
+- in Arrow, on the driver (cheap): drop changes at or below a watermark, and cut the batch at its
+  last truncate (what came before it no longer matters);
+- in Spark: for tables with a replica identity key, the last change per key ordered by
+  ``(commit_lsn, tx_ordinal)`` decides the key's final state (an update that changes the key is a
+  delete of the old key plus an upsert of the new one); for ``REPLICA IDENTITY FULL`` tables
+  without a key, the net count of each whole-row image (inserts minus deletes), which is order
+  independent because Postgres only deletes rows that exist.
+
+Unchanged TOAST values (named in ``_etl_missing``) are filled from the key's previous image in the
+same batch; what remains missing is left for the destination to take from its stored row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etl.events import COMMIT_LSN_COLUMN, MISSING_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+ACTION: Final = "_etl_action"
+"""``upsert`` (the row must hold this image) or ``delete`` (the key must be absent)."""
+UPSERT: Final = "upsert"
+DELETE: Final = "delete"
+PRIOR_KEY: Final = "_etl_prior_key"
+"""Struct of the key columns whose stored row holds values still missing from an upsert."""
+NET: Final = "_etl_net"
+"""For tables without a key: how many copies of the row image to add (>0) or delete (<0)."""
+
+Position = tuple[int, int]
+
+
+def last_position(changes: pa.Table) -> Position | None:
+    """``(commit_lsn, tx_ordinal)`` of the last change, or ``None`` for an empty table."""
+    if changes.num_rows == 0:
+        return None
+    last = changes.num_rows - 1
+    return int(changes[COMMIT_LSN_COLUMN][last].as_py()), int(changes[TX_ORDINAL_COLUMN][last].as_py())
+
+
+def after(changes: pa.Table, watermark: Position) -> pa.Table:
+    """The changes strictly after ``watermark`` (replays of applied changes are dropped exactly)."""
+    lsn, ordinal = changes[COMMIT_LSN_COLUMN], changes[TX_ORDINAL_COLUMN]
+    later = pc.or_(
+        pc.greater(lsn, watermark[0]), pc.and_(pc.equal(lsn, watermark[0]), pc.greater(ordinal, watermark[1]))
+    )
+    return changes.filter(later)
+
+
+def after_last_truncate(changes: pa.Table) -> tuple[bool, pa.Table]:
+    """Whether the changes hold a truncate, and the changes after the last one."""
+    truncates = pc.indices_nonzero(pc.equal(changes[OP_COLUMN], "T"))
+    if len(truncates) == 0:
+        return False, changes
+    last = truncates[len(truncates) - 1].as_py()
+    return True, changes.slice(last + 1)
+
+
+def missing_columns(changes: pa.Table) -> list[str]:
+    """Names of the columns some change marks as unchanged TOAST."""
+    if MISSING_COLUMN not in changes.column_names or changes.num_rows == 0:
+        return []
+    names = pc.list_flatten(changes[MISSING_COLUMN])
+    return sorted(v for v in pc.unique(names).to_pylist() if v is not None)
+
+
+def _key_equal(left: Sequence[Column], right: Sequence[Column]) -> Column:
+    from functools import reduce  # noqa: PLC0415
+
+    return reduce(lambda a, b: a & b, [lc.eqNullSafe(rc) for lc, rc in zip(left, right, strict=True)])
+
+
+def last_change_per_key(
+    changes: DataFrame, columns: Sequence[str], key: Sequence[str], toast: Sequence[str] = ()
+) -> DataFrame:
+    """Per key, the row image or deletion that is its net effect.
+
+    ``changes`` holds the row columns and the ``_etl_*`` metadata columns (no truncates). The result
+    has the row columns, ``ACTION``, ``PRIOR_KEY`` and ``_etl_missing`` (columns still missing after
+    filling ``toast`` columns from earlier images of the key in the batch).
+    """
+    from pyspark.sql import Window  # noqa: PLC0415
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    op, old = F.col(OP_COLUMN), F.col(OLD_COLUMN)
+    new_key = [F.col(k) for k in key]
+    old_key = [old[k] for k in key]
+    has_old = old.isNotNull()
+    position = [F.col(COMMIT_LSN_COLUMN), F.col(TX_ORDINAL_COLUMN)]
+    missing = F.coalesce(F.col(MISSING_COLUMN), F.array().cast("array<string>"))
+    prior = F.when(has_old, F.struct(*[o.alias(k) for o, k in zip(old_key, key, strict=True)])).otherwise(
+        F.struct(*new_key)
+    )
+    images = changes.select(
+        *[F.col(c) for c in columns],
+        F.when(op == "D", F.lit(DELETE)).otherwise(F.lit(UPSERT)).alias(ACTION),
+        prior.alias(PRIOR_KEY),
+        missing.alias(MISSING_COLUMN),
+        *position,
+    )
+    moved = changes.filter((op == "U") & has_old & ~_key_equal(old_key, new_key)).select(
+        *[(old[c] if c in key else F.lit(None).cast(changes.schema[c].dataType)).alias(c) for c in columns],
+        F.lit(DELETE).alias(ACTION),
+        F.struct(*[o.alias(k) for o, k in zip(old_key, key, strict=True)]).alias(PRIOR_KEY),
+        F.array().cast("array<string>").alias(MISSING_COLUMN),
+        *position,
+    )
+    touches = images.unionByName(moved)
+    if toast:
+        earlier = Window.partitionBy(*key).orderBy(*position).rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        for name in toast:
+            known = (F.col(ACTION) == UPSERT) & ~F.array_contains(F.col(MISSING_COLUMN), name)
+            latest = F.last(F.when(known, F.struct(F.col(name).alias("v"))), ignorenulls=True).over(earlier)
+            touches = touches.withColumn(f"_etl_fill_{name}", latest)
+        for name in toast:
+            fill = F.col(f"_etl_fill_{name}")
+            touches = touches.withColumn(name, F.when(fill.isNotNull(), fill["v"]).otherwise(F.col(name)))
+        remaining = F.filter(F.col(MISSING_COLUMN), lambda m: ~_filled(m, toast))
+        touches = touches.withColumn(MISSING_COLUMN, remaining).drop(*[f"_etl_fill_{n}" for n in toast])
+    latest_first = Window.partitionBy(*key).orderBy(*[p.desc() for p in position], F.col(ACTION).desc())
+    return (
+        touches.withColumn("_etl_rank", F.row_number().over(latest_first))
+        .filter(F.col("_etl_rank") == 1)
+        .drop("_etl_rank", COMMIT_LSN_COLUMN, TX_ORDINAL_COLUMN)
+    )
+
+
+def _filled(name: Column, toast: Sequence[str]) -> Column:
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    checks = [(name == F.lit(t)) & F.col(f"_etl_fill_{t}").isNotNull() for t in toast]
+    result = checks[0]
+    for check in checks[1:]:
+        result = result | check
+    return result
+
+
+def net_changes_without_key(changes: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """Per distinct row image, ``NET`` = copies inserted minus copies deleted (non-zero only).
+
+    An update adds its new image and removes its old one (``REPLICA IDENTITY FULL`` sends the whole
+    old row); unchanged TOAST values of the new image are taken from the old image.
+    """
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    op, old = F.col(OP_COLUMN), F.col(OLD_COLUMN)
+    missing = F.coalesce(F.col(MISSING_COLUMN), F.array().cast("array<string>"))
+    new_image = [
+        F.when(F.array_contains(missing, c) & old.isNotNull(), old[c]).otherwise(F.col(c)).alias(c) for c in columns
+    ]
+    added = changes.filter(op.isin("I", "U")).select(*new_image, F.lit(1).alias(NET))
+    removed_deletes = changes.filter(op == "D").select(*[F.col(c) for c in columns], F.lit(-1).alias(NET))
+    removed_updates = changes.filter((op == "U") & old.isNotNull()).select(
+        *[old[c].alias(c) for c in columns], F.lit(-1).alias(NET)
+    )
+    return (
+        added.unionByName(removed_deletes)
+        .unionByName(removed_updates)
+        .groupBy(*columns)
+        .agg(F.sum(NET).alias(NET))
+        .filter(F.col(NET) != 0)
+    )

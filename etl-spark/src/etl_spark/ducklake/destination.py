@@ -1,0 +1,207 @@
+"""The ``ducklake`` destination: a DuckLake 1.0 lake, data written by Spark, catalog in SQLite or Postgres.
+
+Each committed write is one DuckLake snapshot. A copy chunk becomes new data files. A batch of
+changes is collapsed per table (``etl_spark.collapse``): upserted rows become new data files, and
+the stored rows they replace or that were deleted become positional delete files, found by a Spark
+scan of the table's live rows (``_metadata.row_index``). A truncate ends the table's data files.
+Schema changes become DuckLake schema versions in the same snapshot. Each table's replication
+watermark ``(commit_lsn, tx_ordinal)`` is committed with the snapshot, so a replayed change is
+skipped exactly. See docs/destinations/ducklake.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from etl.destination.base import DestinationContext, WriteResult
+from etl.errors import ConfigError, DestinationError
+from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN, EventBatch
+from etl.schema import TableSchema
+from etl_spark.ducklake.catalog import Catalog, CommitConflict, engine_for, redacted
+from etl_spark.ducklake.files import LakeStorage
+from etl_spark.ducklake.plan import TablePlan, plan_changes, plan_copy
+from etl_spark.ducklake.types import lake_type, to_lake_arrow
+from etl_spark.session import SparkSettings, get_spark
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = structlog.get_logger(__name__)
+
+SPARK_CONF = {
+    "spark.sql.parquet.fieldId.write.enabled": "true",
+    "spark.sql.parquet.fieldId.read.enabled": "true",
+    "spark.sql.parquet.compression.codec": "zstd",
+}
+
+
+class DuckLakeConfig(BaseModel):
+    """``[destination]`` keys of ``type = "ducklake"``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    catalog: SecretStr = Field(description="sqlite:///path/catalog.sqlite or postgresql://user:pw@host:port/db")
+    data_path: str = Field(min_length=1, description="where data files live: a local path or any URI Spark writes")
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    target_file_size_bytes: int = Field(512 * 1024 * 1024, ge=1024 * 1024, description="copy data file size")
+    commit_attempts: int = Field(10, ge=1, description="retries when another writer commits a conflicting change")
+    author: str = Field("etl", description="recorded in ducklake_snapshot_changes.author")
+
+    @field_validator("catalog")
+    @classmethod
+    def _catalog_url(cls, value: SecretStr) -> SecretStr:
+        try:
+            engine_for(value.get_secret_value()).dispose()
+        except ConfigError as exc:
+            raise ValueError(exc.message + f" ({exc.hint})") from None
+        return value
+
+    @field_validator("data_path")
+    @classmethod
+    def _data_path(cls, value: str) -> str:
+        if "://" not in value and not value.startswith("/"):
+            raise ValueError("data_path must be an absolute path or a URI (s3://..., file:///...)")
+        return value if value.endswith("/") else value + "/"
+
+
+class DuckLakeDestination:
+    """Writes a pipeline's tables into a DuckLake lake (see the module docstring)."""
+
+    name: ClassVar[str] = "ducklake"
+    Config: ClassVar[type[BaseModel]] = DuckLakeConfig
+
+    def __init__(self, config: DuckLakeConfig, pipeline_id: int) -> None:
+        self.config = config
+        self.catalog = Catalog(config.catalog.get_secret_value(), config.data_path, pipeline_id, config.author)
+        self._storage: LakeStorage | None = None
+        self._spark: SparkSession | None = None
+
+    @classmethod
+    def from_config(cls, config: Any, context: DestinationContext) -> DuckLakeDestination:
+        if not isinstance(config, DuckLakeConfig):
+            config = DuckLakeConfig.model_validate(config)
+        return cls(config, context.pipeline_id)
+
+    def __repr__(self) -> str:
+        return f"DuckLakeDestination({redacted(self.config.catalog.get_secret_value())!r}, {self.config.data_path!r})"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def startup(self) -> None:
+        self.catalog.open()
+        self._storage = LakeStorage(self.catalog.data_path)
+
+    def shutdown(self) -> None:
+        self.catalog.close()
+
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            self._spark = get_spark(self.config.spark, SPARK_CONF)
+        return self._spark
+
+    @property
+    def storage(self) -> LakeStorage:
+        if self._storage is None:
+            raise DestinationError("the ducklake destination is not started", hint="call startup() first")
+        return self._storage
+
+    # -- writes ----------------------------------------------------------------------------------
+    def drop_table_for_copy(self, schema: TableSchema) -> None:
+        def drop(txn: Any) -> None:
+            handle = txn.handle(schema.id)
+            if handle is not None:
+                txn.drop_table(handle.table.table_id)
+            txn.forget(schema.id)
+
+        if self.catalog.handle(schema.id) is not None:
+            self.catalog.commit(drop)
+            log.info("dropped ducklake table for copy", table=str(schema.name))
+
+    def write_table_rows(self, schema: TableSchema, rows: pa.Table) -> WriteResult:
+        frame = self.to_spark(schema, rows) if rows.num_rows else None
+        files = max(1, math.ceil(rows.nbytes / self.config.target_file_size_bytes))
+        self._commit_plans(lambda: [plan_copy(self, schema, frame, files)])
+        return WriteResult.DURABLE
+
+    def write_events(self, batch: EventBatch) -> WriteResult:
+        rounds = max((len(segments) for segments in batch.changes.values()), default=0)
+        for index in range(rounds):
+            segments = [segs[index] for segs in batch.changes.values() if index < len(segs)]
+            self._commit_plans(lambda segments=segments: [p for s in segments if (p := plan_changes(self, s))])
+        return WriteResult.DURABLE
+
+    def flush(self) -> None:
+        """Every write is durable when it returns."""
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _commit_plans(self, make: Any) -> None:
+        for attempt in range(self.config.commit_attempts):
+            base = self.catalog.latest_snapshot()
+            plans: list[TablePlan] = make()
+            if not plans:
+                return
+            try:
+                self.catalog.commit(
+                    lambda txn: [p.apply(txn, self.storage) for p in plans],
+                    base_snapshot=base,
+                    tables=[p.handle.table.table_id for p in plans if p.handle is not None],
+                )
+                return
+            except CommitConflict as conflict:
+                log.info("ducklake commit conflict; recomputing", reason=str(conflict), attempt=attempt + 1)
+                for plan in plans:
+                    plan.discard(self.storage)
+            except BaseException:
+                for plan in plans:
+                    plan.discard(self.storage)
+                raise
+        raise DestinationError(
+            f"DuckLake commit kept conflicting with other writers ({self.config.commit_attempts} attempts)",
+            hint="pause maintenance jobs on the lake while the pipeline runs, or raise commit_attempts",
+        )
+
+    def to_spark(self, schema: TableSchema, table: pa.Table) -> DataFrame:
+        """Arrow rows or changes -> a Spark frame with the row columns in their lake form."""
+        from pyspark.sql import functions as F  # noqa: PLC0415
+        from pyspark.sql import types as T  # noqa: PLC0415
+
+        types = {c.name: lake_type(c) for c in schema.columns}
+        columns: list[pa.Array | pa.ChunkedArray] = []
+        for name in table.column_names:
+            values = table[name]
+            if name in types:
+                values = to_lake_arrow(values, types[name])
+            elif name == OLD_COLUMN:
+                values = _convert_struct(values.combine_chunks(), types)
+            elif name in (COMMIT_LSN_COLUMN, TX_ORDINAL_COLUMN):
+                values = pc.cast(values, pa.int64())
+            columns.append(values)
+        frame = self.spark.createDataFrame(pa.table(columns, names=table.column_names))
+
+        def lake_form(column: Any, data_type: Any) -> Any:
+            return F.to_json(column) if isinstance(data_type, T.ArrayType | T.StructType | T.MapType) else column
+
+        selected = []
+        for field in frame.schema.fields:
+            if field.name in types:
+                selected.append(lake_form(F.col(field.name), field.dataType).alias(field.name))
+            elif field.name == OLD_COLUMN:
+                assert isinstance(field.dataType, T.StructType)
+                old = F.col(OLD_COLUMN)
+                inner = [lake_form(old[f.name], f.dataType).alias(f.name) for f in field.dataType.fields]
+                selected.append(F.when(old.isNotNull(), F.struct(*inner)).alias(OLD_COLUMN))
+            else:
+                selected.append(F.col(field.name))
+        return frame.select(*selected)
+
+
+def _convert_struct(values: pa.StructArray, types: dict[str, Any]) -> pa.StructArray:
+    children = [to_lake_arrow(values.field(i), types[f.name]) for i, f in enumerate(values.type)]
+    mask = pc.invert(values.is_valid()) if values.null_count else None
+    return pa.StructArray.from_arrays(children, names=[f.name for f in values.type], mask=mask)

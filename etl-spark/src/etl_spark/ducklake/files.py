@@ -1,0 +1,181 @@
+"""Lake files: Spark writes data files, the driver writes delete files, pyarrow reads footers.
+
+Spark writes into a staging directory under the data path; each part file is then moved to the
+table's directory as ``ducklake-<uuid>.parquet`` and its footer read for sizes and statistics. Only
+then is it registered in the catalog, so a crash leaves at worst an unregistered file (an orphan
+``ducklake_delete_orphaned_files`` removes). Parquet columns carry field ids equal to the DuckLake
+column ids; positional delete files use the field ids DuckDB gives them.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from etl_spark.ducklake.catalog import LakeColumn, LakeTable, NewFile
+from etl_spark.ducklake.stats import file_stats, stats_kind
+from etl_spark.ducklake.types import Stats
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import DataType, StructType
+
+FIELD_ID_KEY: Final = "parquet.field.id"
+DELETE_FIELD_IDS: Final = {"file_path": 2147483646, "pos": 2147483645, "_ducklake_internal_snapshot_id": 2147483539}
+STAGING: Final = "_etl_staging/"
+
+
+def spark_type(type_name: str) -> DataType:
+    """The Spark type that holds a DuckLake column's values as this writer stores them."""
+    from pyspark.sql import types as T  # noqa: PLC0415
+
+    simple: dict[str, DataType] = {
+        "boolean": T.BooleanType(),
+        "int8": T.ByteType(),
+        "int16": T.ShortType(),
+        "int32": T.IntegerType(),
+        "int64": T.LongType(),
+        "float32": T.FloatType(),
+        "float64": T.DoubleType(),
+        "date": T.DateType(),
+        "timestamp": T.TimestampNTZType(),
+        "timestamptz": T.TimestampType(),
+        "blob": T.BinaryType(),
+    }
+    if type_name in simple:
+        return simple[type_name]
+    if type_name.startswith("decimal("):
+        precision, scale = type_name[len("decimal(") : -1].split(",")
+        return T.DecimalType(int(precision), int(scale))
+    return T.StringType()
+
+
+def lake_schema(columns: Sequence[LakeColumn]) -> StructType:
+    """The Spark schema of a table's files: one field per column, with its field id."""
+    from pyspark.sql import types as T  # noqa: PLC0415
+
+    return T.StructType([T.StructField(c.name, spark_type(c.type), True, {FIELD_ID_KEY: c.column_id}) for c in columns])
+
+
+class LakeStorage:
+    """File operations under a lake's data path (any filesystem pyarrow and Spark both reach)."""
+
+    def __init__(self, data_path: str) -> None:
+        self.data_path = data_path
+        self.fs, root = pafs.FileSystem.from_uri(data_path)
+        self._root = root.rstrip("/") + "/"
+        self._prefix = data_path
+
+    def _local(self, path: str) -> str:
+        """A lake path (under data_path) as a path of ``self.fs``."""
+        if path.startswith(self._prefix):
+            return self._root + path[len(self._prefix) :]
+        return pafs.FileSystem.from_uri(path)[1]
+
+    def write_data(self, frame: DataFrame, directory: str, columns: Sequence[LakeColumn], files: int) -> list[NewFile]:
+        """Write ``frame`` (already in the columns' Spark types) as at most ``files`` data files."""
+        from pyspark.sql import functions as F  # noqa: PLC0415
+
+        staging = f"{self.data_path}{STAGING}{uuid.uuid4()}"
+        schema = lake_schema(columns)
+        ordered = frame.select(
+            *[F.col(f.name).cast(f.dataType).alias(f.name, metadata=f.metadata) for f in schema.fields]
+        )
+        ordered.coalesce(max(1, files)).write.parquet(staging)
+        kinds = {c.name: (c.column_id, stats_kind(c.type)) for c in columns}
+        written = []
+        try:
+            staged = self.fs.get_file_info(pafs.FileSelector(self._local(staging)))
+            self.fs.create_dir(self._local(directory))
+            for info in sorted(staged, key=lambda i: i.path):
+                if not info.path.endswith(".parquet"):
+                    continue
+                name = f"ducklake-{uuid.uuid4()}.parquet"
+                self.fs.move(info.path, self._local(directory + name))
+                written.append(self._describe(directory + name, name, kinds))
+        finally:
+            self.fs.delete_dir(self._local(staging))
+        return [f for f in written if f.record_count > 0]
+
+    def write_delete(self, table: LakeTable, data_file_path: str, positions: pa.Table) -> NewFile:
+        """A positional delete file for one data file: ``pos`` and, when present, ``_ducklake_internal_snapshot_id``."""
+        name = f"ducklake-{uuid.uuid4()}-delete.parquet"
+        fields = [pa.field("file_path", pa.string()), pa.field("pos", pa.int64())]
+        arrays: list[pa.Array] = [pa.array([data_file_path] * positions.num_rows, pa.string()), positions["pos"]]
+        if "_ducklake_internal_snapshot_id" in positions.column_names:
+            fields.append(pa.field("_ducklake_internal_snapshot_id", pa.int64()))
+            arrays.append(positions["_ducklake_internal_snapshot_id"])
+        schema = pa.schema(
+            [f.with_metadata({b"PARQUET:field_id": str(DELETE_FIELD_IDS[f.name]).encode()}) for f in fields]
+        )
+        path = table.directory + name
+        self.fs.create_dir(self._local(table.directory))
+        pq.write_table(pa.table(arrays, schema=schema), self._local(path), filesystem=self.fs)
+        return self._describe(path, name, {})
+
+    def read_delete(self, path: str, begin_snapshot: int) -> pa.Table:
+        """A delete file's positions with the snapshot that deleted each (``begin_snapshot`` when not recorded)."""
+        table = pq.read_table(self._local(path), filesystem=self.fs)
+        if "_ducklake_internal_snapshot_id" not in table.column_names:
+            table = table.append_column(
+                "_ducklake_internal_snapshot_id", pa.array([begin_snapshot] * table.num_rows, pa.int64())
+            )
+        return table.select(["pos", "_ducklake_internal_snapshot_id"])
+
+    def remove(self, directory: str, files: Sequence[NewFile]) -> None:
+        """Delete files that never got registered (a commit that lost a conflict)."""
+        for file in files:
+            self.fs.delete_file(self._local(directory + file.name))
+
+    def _describe(self, path: str, name: str, kinds: dict[str, tuple[int, Stats | None]]) -> NewFile:
+        local = self._local(path)
+        size = self.fs.get_file_info(local).size
+        with self.fs.open_input_file(local) as handle:
+            handle.seek(size - 8)
+            footer_size = struct.unpack("<I", handle.read(4))[0]
+            handle.seek(0)
+            metadata = pq.ParquetFile(handle).metadata
+        return NewFile(name, metadata.num_rows, size, footer_size, file_stats(metadata, kinds))
+
+
+def read_live(
+    spark: SparkSession, columns: Sequence[LakeColumn], data_paths: Sequence[str], delete_paths: Sequence[str]
+) -> DataFrame:
+    """The live rows of data files, with ``_etl_file`` (file name) and ``_etl_pos`` (row position).
+
+    Columns are matched by field id, so files written before a rename read correctly. Positions in
+    the active delete files are excluded.
+    """
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    rows = (
+        spark.read.schema(lake_schema(columns))
+        .parquet(*data_paths)
+        .select(
+            *[F.col(c.name) for c in columns],
+            _file_name(F.col("_metadata.file_path")).alias("_etl_file"),
+            F.col("_metadata.row_index").alias("_etl_pos"),
+        )
+    )
+    if not delete_paths:
+        return rows
+    deleted = spark.read.parquet(*delete_paths).select(
+        _file_name(F.col("file_path")).alias("_etl_file"), F.col("pos").alias("_etl_pos")
+    )
+    return rows.join(deleted, ["_etl_file", "_etl_pos"], "left_anti")
+
+
+def _file_name(path: object) -> object:
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    return F.element_at(F.split(path, "/"), -1)  # type: ignore[arg-type]
+
+
+def file_name(path: str) -> str:
+    return path.rsplit("/", 1)[-1]

@@ -1,0 +1,244 @@
+"""What one table contributes to a snapshot, computed with Spark before the catalog transaction.
+
+A ``TablePlan`` holds the schema change, the new data files (already written), the positions to
+delete per data file and the new watermark. ``apply`` registers it all inside the commit; delete
+files are written there because their rows record the snapshot id, known only then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etl.events import OP_COLUMN, TableChanges
+from etl.schema import TableSchema
+from etl_spark.collapse import (
+    ACTION,
+    NET,
+    PRIOR_KEY,
+    UPSERT,
+    Position,
+    after,
+    after_last_truncate,
+    last_change_per_key,
+    last_position,
+    missing_columns,
+    net_changes_without_key,
+)
+from etl_spark.ducklake.catalog import DataFile, Handle, LakeColumn, LakeTable, NewColumn, NewFile, Transaction
+from etl_spark.ducklake.files import LakeStorage, file_name, read_live
+from etl_spark.ducklake.schema_diff import SchemaDiff, diff
+from etl_spark.ducklake.types import lake_type
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from etl_spark.ducklake.destination import DuckLakeDestination
+
+SNAPSHOT_COLUMN = "_ducklake_internal_snapshot_id"
+
+
+@dataclass
+class TablePlan:
+    schema: TableSchema
+    handle: Handle | None
+    directory: str
+    schema_diff: SchemaDiff
+    new_column_ids: list[int]
+    truncate: bool = False
+    files: list[NewFile] = field(default_factory=list)
+    deletes: dict[int, tuple[DataFile, pa.Array]] = field(default_factory=dict)
+    watermark: Position | None = None
+
+    def apply(self, txn: Transaction, storage: LakeStorage) -> None:
+        table = self._table(txn)
+        if self.truncate:
+            txn.end_data_files(table)
+        for file in self.files:
+            txn.add_data_file(table, file)
+        for data_file, positions in self.deletes.values():
+            self._delete(txn, storage, table, data_file, positions)
+        if self.watermark is not None:
+            txn.set_watermark(self.schema.id, table.table_id, self.watermark)
+
+    def _table(self, txn: Transaction) -> LakeTable:
+        if self.handle is None:
+            columns = [NewColumn(c.name, lake_type(c), c.nullable) for c in self.schema.columns]
+            table = txn.create_table(self.schema.name.schema, self.schema.name.name, columns)
+            txn.set_watermark(self.schema.id, table.table_id, (0, 0))
+            return table
+        table = txn.table(self.handle.table.table_id)
+        if self.schema_diff:
+            for old, new_name in self.schema_diff.renames:
+                txn.rename_column(table, old.column_id, new_name)
+            for old, new_type in self.schema_diff.retypes:
+                txn.retype_column(table, old.column_id, new_type)
+            for old in self.schema_diff.drops:
+                txn.drop_column(table, old.column_id)
+            for column, column_id in zip(self.schema_diff.adds, self.new_column_ids, strict=True):
+                txn.add_column(table, column, column_id)
+            table = txn.table(table.table_id)
+        return table
+
+    def _delete(
+        self, txn: Transaction, storage: LakeStorage, table: LakeTable, data_file: DataFile, positions: pa.Array
+    ) -> None:
+        new = pa.table({"pos": positions.cast(pa.int64())})
+        if data_file.delete is None:
+            rows, begin, partial = new.sort_by("pos"), txn.snapshot_id, False
+        else:
+            old = storage.read_delete(data_file.delete.path, data_file.delete.begin_snapshot)
+            stamped = new.append_column(SNAPSHOT_COLUMN, pa.array([txn.snapshot_id] * new.num_rows, pa.int64()))
+            rows = pa.concat_tables([old, stamped]).sort_by("pos")
+            begin, partial = data_file.delete.begin_snapshot, True
+        written = storage.write_delete(table, data_file.path, rows)
+        txn.replace_delete_file(table, data_file, txn.new_delete_file_id(), written, begin, partial)
+
+    def discard(self, storage: LakeStorage) -> None:
+        """Remove the data files of a plan that was not committed."""
+        if self.files:
+            storage.remove(self.directory, self.files)
+
+
+def _target_columns(
+    dest: DuckLakeDestination, schema: TableSchema, handle: Handle | None
+) -> tuple[SchemaDiff, list[int], list[LakeColumn]]:
+    """The schema change to make and the lake columns (with ids) the new files must carry."""
+    if handle is None:
+        columns = [LakeColumn(i, c.name, lake_type(c).name, c.nullable) for i, c in enumerate(schema.columns, start=1)]
+        return SchemaDiff(), [], columns
+    change = diff(handle.table.columns, schema)
+    next_id = dest.catalog.max_column_id(handle.table.table_id) + 1 if change.adds else 0
+    new_ids = list(range(next_id, next_id + len(change.adds)))
+    by_name = {c.name: c for c in handle.table.columns}
+    for old, new_name in change.renames:
+        by_name[new_name] = LakeColumn(old.column_id, new_name, old.type, old.nullable)
+    for old, new_type in change.retypes:
+        by_name[old.name] = LakeColumn(old.column_id, old.name, new_type, old.nullable)
+    for column, column_id in zip(change.adds, new_ids, strict=True):
+        by_name[column.name] = LakeColumn(column_id, column.name, column.type.name, column.nullable)
+    return change, new_ids, [by_name[c.name] for c in schema.columns]
+
+
+def _directory(dest: DuckLakeDestination, schema: TableSchema, handle: Handle | None) -> str:
+    if handle is not None:
+        return handle.table.directory
+    return dest.catalog.table_directory(schema.name.schema, schema.name.name)
+
+
+def plan_copy(dest: DuckLakeDestination, schema: TableSchema, rows: DataFrame | None, files: int) -> TablePlan:
+    handle = dest.catalog.handle(schema.id)
+    change, new_ids, columns = _target_columns(dest, schema, handle)
+    plan = TablePlan(schema, handle, _directory(dest, schema, handle), change, new_ids)
+    if rows is not None:
+        plan.files = dest.storage.write_data(rows, plan.directory, columns, files)
+    return plan
+
+
+def plan_changes(dest: DuckLakeDestination, segment: TableChanges) -> TablePlan | None:
+    """The plan for one table's changes, or ``None`` when all of them were applied before."""
+    schema = segment.schema
+    handle = dest.catalog.handle(schema.id)
+    changes = segment.table
+    if handle is not None:
+        changes = after(changes, handle.watermark)
+        dest.catalog.check_no_inlined_data(handle.table)
+    watermark = last_position(changes)
+    if watermark is None:
+        return None
+    change, new_ids, columns = _target_columns(dest, schema, handle)
+    plan = TablePlan(schema, handle, _directory(dest, schema, handle), change, new_ids, watermark=watermark)
+    plan.truncate, changes = after_last_truncate(changes)
+    if changes.num_rows == 0:
+        return plan
+    frame = dest.to_spark(schema, changes)
+    names = schema.column_names
+    key = [c.name for c in schema.key_columns]
+    data_files = [] if handle is None or plan.truncate else dest.catalog.data_files(handle.table)
+    only_inserts = bool(pc.all(pc.equal(changes[OP_COLUMN], "I")).as_py())
+    key_toast = [*key, *missing_columns(changes)] if key else names
+    needed = [c for c in columns if c.name in key_toast]
+    live = _live(dest, needed, data_files) if data_files and not only_inserts else None
+    if key:
+        toast = missing_columns(changes)
+        collapsed = last_change_per_key(frame, names, key, toast)
+        upserts = collapsed.filter(collapsed[ACTION] == UPSERT)
+        if live is not None:
+            upserts = _fill_from_lake(upserts, live, key, toast)
+            touched = collapsed.select(*key)
+            plan.deletes = _positions(live.join(touched, key, "inner"), data_files)
+        rows = upserts.select(*names)
+    else:
+        net = net_changes_without_key(frame, names)
+        if live is not None:
+            plan.deletes = _positions(_occurrences(live, net, names), data_files)
+        rows = _copies(net, names)
+    plan.files = dest.storage.write_data(rows, plan.directory, columns, 1)
+    return plan
+
+
+def _live(dest: DuckLakeDestination, columns: list[LakeColumn], data_files: list[DataFile]) -> DataFrame:
+    deletes = [f.delete.path for f in data_files if f.delete is not None]
+    return read_live(dest.spark, columns, [f.path for f in data_files], deletes)
+
+
+def _fill_from_lake(upserts: DataFrame, live: DataFrame, key: list[str], toast: list[str]) -> DataFrame:
+    """Values still missing (unchanged TOAST) come from the stored row of the prior key."""
+    if not toast:
+        return upserts
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    stored = live.select(*[F.col(k).alias(f"_etl_k_{k}") for k in key], *[F.col(c).alias(f"_etl_v_{c}") for c in toast])
+    condition = None
+    for k in key:
+        term = upserts[PRIOR_KEY][k] == stored[f"_etl_k_{k}"]
+        condition = term if condition is None else condition & term
+    joined = upserts.join(stored, condition, "left")
+    for name in toast:
+        joined = joined.withColumn(
+            name,
+            F.when(F.array_contains(F.col("_etl_missing"), name), F.col(f"_etl_v_{name}")).otherwise(F.col(name)),
+        )
+    return joined
+
+
+def _occurrences(live: DataFrame, net: DataFrame, names: list[str]) -> DataFrame:
+    """For each image deleted ``-NET`` times, that many of its stored occurrences."""
+    from pyspark.sql import Window  # noqa: PLC0415
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    deleted = net.filter(F.col(NET) < 0).select(
+        *[F.col(n).alias(f"_etl_d_{n}") for n in names], (-F.col(NET)).alias("_etl_count")
+    )
+    condition = None
+    for n in names:
+        term = live[n].eqNullSafe(deleted[f"_etl_d_{n}"])
+        condition = term if condition is None else condition & term
+    matched = live.join(deleted, condition, "inner")
+    order = Window.partitionBy(*[f"_etl_d_{n}" for n in names]).orderBy("_etl_file", "_etl_pos")
+    return matched.withColumn("_etl_n", F.row_number().over(order)).filter(F.col("_etl_n") <= F.col("_etl_count"))
+
+
+def _copies(net: DataFrame, names: list[str]) -> DataFrame:
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    return (
+        net.filter(F.col(NET) > 0).withColumn("_etl_copy", F.explode(F.sequence(F.lit(1), F.col(NET)))).select(*names)
+    )
+
+
+def _positions(matches: DataFrame, data_files: list[DataFile]) -> dict[int, tuple[DataFile, pa.Array]]:
+    """Collect ``(file, position)`` pairs (small: one per changed row) grouped by data file."""
+    found = matches.select("_etl_file", "_etl_pos").toArrow()
+    if found.num_rows == 0:
+        return {}
+    by_name = {file_name(f.path): f for f in data_files}
+    result: dict[int, tuple[DataFile, pa.Array]] = {}
+    grouped = found.group_by("_etl_file").aggregate([("_etl_pos", "list")])
+    for name, positions in zip(grouped["_etl_file"].to_pylist(), grouped["_etl_pos_list"], strict=True):
+        data_file = by_name[name]
+        result[data_file.data_file_id] = (data_file, pc.unique(positions.values))
+    return result

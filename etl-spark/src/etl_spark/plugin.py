@@ -1,0 +1,15 @@
+"""The etl plugin of etl-spark: registers the Spark-backed destinations."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from etl.plugins import hookimpl
+
+
+@hookimpl
+def etl_destinations() -> Iterable[type[Any]]:
+    from etl_spark.ducklake.destination import DuckLakeDestination  # noqa: PLC0415 - keep plugin discovery light
+
+    return [DuckLakeDestination]

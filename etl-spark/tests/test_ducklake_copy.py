@@ -1,0 +1,176 @@
+"""Copy into a DuckLake lake with Spark, read back by real DuckDB: types, values, statistics, empty tables."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+
+from etl.schema import ColumnSchema, TableName, TableSchema
+
+NUMERIC_10_2 = ((10 << 16) | 2) + 4
+INFINITY_US = 2**63 - 1
+
+ALL_TYPES = TableSchema(
+    id=16400,
+    name=TableName("public", "all_types"),
+    columns=(
+        ColumnSchema("id", 23, nullable=False, primary_key=True),
+        ColumnSchema("name", 25),
+        ColumnSchema("amount", 1700, NUMERIC_10_2),
+        ColumnSchema("big", 1700),
+        ColumnSchema("ts", 1184),
+        ColumnSchema("local_ts", 1114),
+        ColumnSchema("day", 1082),
+        ColumnSchema("clock", 1083),
+        ColumnSchema("span", 1186),
+        ColumnSchema("doc", 3802, type_name="jsonb"),
+        ColumnSchema("uid", 2950),
+        ColumnSchema("raw", 17),
+        ColumnSchema("nums", 1007, type_name="integer[]"),
+        ColumnSchema("ratio", 701),
+        ColumnSchema("flag", 16),
+        ColumnSchema("small", 21),
+        ColumnSchema("large", 20),
+    ),
+)
+
+UTC = dt.UTC
+
+
+def sample_rows() -> list[dict[str, Any]]:
+    return [
+        {
+            "id": 1,
+            "name": "alpha",
+            "amount": Decimal("12.34"),
+            "big": "123456789012345678901234567890.123456789",
+            "ts": dt.datetime(2024, 5, 1, 12, 30, tzinfo=UTC),
+            "local_ts": dt.datetime(2024, 5, 1, 12, 30, 0, 5),
+            "day": dt.date(2024, 5, 1),
+            "clock": dt.time(10, 0, 0, 500000),
+            "span": pa.MonthDayNano([14, 3, 14706000007000]),
+            "doc": '{"a": [1, 2]}',
+            "uid": "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+            "raw": b"\x00\xff",
+            "nums": [1, None, 3],
+            "ratio": 0.25,
+            "flag": True,
+            "small": -3,
+            "large": 2**40,
+        },
+        {"id": 2, "name": "beta", "amount": Decimal("-0.50"), "ts": dt.datetime(2020, 1, 1, tzinfo=UTC), "nums": []},
+        {"id": 3, "name": None},
+    ]
+
+
+def test_copy_types_and_values_read_back_by_duckdb(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake)
+    destination.write_table_rows(ALL_TYPES, kit.rows_table(ALL_TYPES, sample_rows()))
+
+    types = dict(lake.query("SELECT column_name, column_type FROM (DESCRIBE lake.public.all_types)"))
+    assert types == {
+        "id": "INTEGER",
+        "name": "VARCHAR",
+        "amount": "DECIMAL(10,2)",
+        "big": "VARCHAR",
+        "ts": "TIMESTAMP WITH TIME ZONE",
+        "local_ts": "TIMESTAMP",
+        "day": "DATE",
+        "clock": "TIME",
+        "span": "INTERVAL",
+        "doc": "JSON",
+        "uid": "UUID",
+        "raw": "BLOB",
+        "nums": "JSON",
+        "ratio": "DOUBLE",
+        "flag": "BOOLEAN",
+        "small": "SMALLINT",
+        "large": "BIGINT",
+    }
+    row = lake.query(
+        "SELECT id, name, amount, big, epoch_us(ts), local_ts, day, clock,"
+        " span = INTERVAL '14 months 3 days 14706000007 microseconds', doc, uid::VARCHAR, raw, nums, ratio, flag,"
+        " small, large FROM lake.public.all_types WHERE id = 1"
+    )
+    first = sample_rows()[0]
+    assert row == [
+        (
+            1,
+            "alpha",
+            first["amount"],
+            first["big"],
+            int(first["ts"].timestamp() * 1_000_000),
+            first["local_ts"],
+            first["day"],
+            first["clock"],
+            True,
+            first["doc"],
+            first["uid"],
+            first["raw"],
+            "[1,null,3]",
+            0.25,
+            True,
+            -3,
+            2**40,
+        )
+    ]
+    assert lake.query("SELECT id, name, nums FROM lake.public.all_types WHERE id > 1 ORDER BY id") == [
+        (2, "beta", "[]"),
+        (3, None, None),
+    ]
+
+
+def test_filtered_queries_use_true_statistics(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake)
+    schema = ALL_TYPES
+    # Three copy chunks: three data files whose bounds the table statistics must all cover.
+    for chunk in range(3):
+        rows = [
+            {
+                "id": chunk * 10 + i,
+                "name": f"n{chunk}{i}",
+                "amount": Decimal(f"{chunk}.{i}0"),
+                "ts": dt.datetime(2024, 1, 1 + chunk, i, tzinfo=UTC),
+                "day": dt.date(2000 + chunk, 1, 1 + i),
+                "uid": f"00000000-0000-0000-0000-00000000{chunk}{i:03d}",
+            }
+            for i in range(5)
+        ]
+        destination.write_table_rows(schema, kit.rows_table(schema, rows))
+    assert lake.query("SELECT count(*) FROM lake.public.all_types WHERE id = 24") == [(1,)]
+    assert lake.query("SELECT count(*) FROM lake.public.all_types WHERE id > 9") == [(10,)]
+    assert lake.query("SELECT count(*) FROM lake.public.all_types WHERE name >= 'n2'") == [(5,)]
+    assert lake.query("SELECT count(*) FROM lake.public.all_types WHERE amount < 1") == [(5,)]
+    assert lake.query("SELECT count(*) FROM lake.public.all_types WHERE ts >= TIMESTAMPTZ '2024-01-03 00:00:00+00'") == [(5,)]
+    assert lake.query("SELECT count(*) FROM lake.public.all_types WHERE day = DATE '2001-01-03'") == [(1,)]
+    assert lake.query("SELECT count(*) FROM lake.public.all_types WHERE uid = '00000000-0000-0000-0000-000000002004'") == [(1,)]
+    bounds = lake.query(
+        "SELECT c.column_name, s.min_value, s.max_value FROM __ducklake_metadata_lake.ducklake_table_column_stats s"
+        " JOIN __ducklake_metadata_lake.ducklake_column c USING (table_id, column_id)"
+        " WHERE c.column_name IN ('id', 'day') ORDER BY 1"
+    )
+    assert bounds == [("day", "2000-01-01", "2002-01-05"), ("id", "0", "24")]
+
+
+def test_empty_table_is_created(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake)
+    destination.write_table_rows(ALL_TYPES, kit.rows_table(ALL_TYPES, []))
+    assert lake.query("SELECT count(*) FROM lake.public.all_types") == [(0,)]
+
+
+def test_infinite_timestamps_keep_their_meaning(lake: Any, kit: Any) -> None:
+    schema = TableSchema(
+        16401, TableName("public", "events"), (ColumnSchema("id", 23, primary_key=True), ColumnSchema("ts", 1184))
+    )
+    destination = kit.make_destination(lake)
+    ts = pa.array([INFINITY_US, -INFINITY_US, 0], pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    destination.write_table_rows(schema, pa.table({"id": pa.array([1, 2, 3], pa.int32()), "ts": ts}))
+    assert lake.query("SELECT id, isinf(ts), ts > TIMESTAMPTZ '3000-01-01 00:00:00+00' FROM lake.public.events ORDER BY id") == [
+        (1, True, True),
+        (2, True, False),
+        (3, False, False),
+    ]
+    assert lake.query("SELECT id FROM lake.public.events WHERE ts = 'infinity'::TIMESTAMPTZ") == [(1,)]
