@@ -397,3 +397,16 @@ def test_parse_array_literals() -> None:
     for broken in ("{1,2", "1,2}", "{1}{2}", '{"a}', ""):
         with pytest.raises(ValueError, match="not an array literal"):
             parse_array(broken)
+
+
+def test_malformed_values_are_rejected_not_misread() -> None:
+    cases = {
+        ColumnSchema("b", 17): ["\\x0a  0b", "\\x0a0b"],  # hex with blanks would shift the following values
+        ColumnSchema("h", 17): ["\\xzz"],
+        ColumnSchema("f", 16): ["t", "yes"],
+        ColumnSchema("i", 23): ["1.5"],
+        ColumnSchema("a", 1007): ["{1,2"],
+    }
+    for column, values in cases.items():
+        with pytest.raises(TableError, match=f"column '{column.name}'"):
+            decode_text_column(column, pa.array(values, pa.string()))

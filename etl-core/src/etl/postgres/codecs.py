@@ -147,20 +147,24 @@ def _as_string(chunk: pa.Array) -> pa.Array:
 
 
 def _codec_of(column: ColumnSchema) -> _Codec:
-    depth = _array_depth(column)
+    return _codec_for(column.type_oid, column.type_modifier, column.type_name)
+
+
+@lru_cache(maxsize=1024)
+def _codec_for(type_oid: int, typmod: int, type_name: str) -> _Codec:
+    depth = _array_depth(type_oid, type_name)
     if depth:
-        element_oid = BUILTIN_ARRAYS.get(column.type_oid, 0)
-        delimiter = ";" if column.type_oid == _BOX_ARRAY else ","
-        return _array_codec(_scalar_codec(element_oid, column.type_modifier), depth, delimiter)
-    return _scalar_codec(column.type_oid, column.type_modifier)
+        delimiter = ";" if type_oid == _BOX_ARRAY else ","
+        return _array_codec(_scalar_codec(BUILTIN_ARRAYS.get(type_oid, 0), typmod), depth, delimiter)
+    return _scalar_codec(type_oid, typmod)
 
 
-def _array_depth(column: ColumnSchema) -> int:
+def _array_depth(type_oid: int, type_name: str) -> int:
     """Dimensions of an array column: the ``[]`` in its type name (one when absent), 0 for non-arrays."""
-    brackets = len(re.findall(r"\[\]", column.type_name))
-    if column.type_oid in BUILTIN_ARRAYS:
+    brackets = type_name.count("[]")
+    if type_oid in BUILTIN_ARRAYS:
         return max(brackets, 1)
-    return brackets if column.type_name.endswith("[]") else 0
+    return brackets if type_name.endswith("[]") else 0
 
 
 def python_values(values: pa.Array | pa.ChunkedArray) -> list[Any]:
@@ -288,7 +292,9 @@ def _decode_bytea(chunk: pa.Array) -> pa.Array:
     try:
         data = bytes.fromhex(data_buffer[start:end].to_pybytes().decode("ascii")) if end > start else b""
     except (ValueError, UnicodeDecodeError):
-        raise _BadValue("bytea value with a character that is not a hex digit") from None
+        data = b""
+    if 2 * len(data) != end - start:  # (fromhex also skips whitespace, which would shift every value)
+        raise _BadValue("bytea value with a character that is not a hex digit")
     new_offsets = pc.cast(pc.divide(pc.subtract(offsets, start), 2), pa.int32())
     validity = pc.is_valid(chunk).buffers()[1] if chunk.null_count else None
     return pa.Array.from_buffers(
