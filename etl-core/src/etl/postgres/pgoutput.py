@@ -209,9 +209,6 @@ _I32_I32: Final = struct.Struct("!Ii")
 _MESSAGE_HEAD: Final = struct.Struct("!BQ")
 _U64: Final = struct.Struct("!Q")
 
-_TEXT: Final = ord("t")
-_NULL: Final = ord("n")
-_TOAST: Final = ord("u")
 _BINARY: Final = ord("b")
 _NEW: Final = ord("N")
 _KEY: Final = ord("K")
@@ -411,22 +408,24 @@ def _string(data: bytes, pos: int) -> tuple[str, int]:
 
 
 def _tuple(data: bytes, pos: int) -> tuple[TupleData, int]:
-    """TupleData at ``pos`` and the position after it."""
+    """TupleData at ``pos`` and the position after it (the hot path: one iteration per column value)."""
     (ncols,) = _U16.unpack_from(data, pos)
     pos += 2
     values: list[Value] = []
     append = values.append
-    unpack = _I32.unpack_from
+    length_at = _I32.unpack_from
+    # An ASCII payload decodes once; its byte offsets are then character offsets (no decode per value).
+    text = data.decode("latin-1") if data.isascii() else None
     for _ in range(ncols):
         kind = data[pos]
-        if kind == _TEXT:
-            (length,) = unpack(data, pos + 1)
+        if kind == 0x74:  # 't': text value
+            (length,) = length_at(data, pos + 1)
             pos += 5 + length
-            append(data[pos - length : pos].decode())
-        elif kind == _NULL:
+            append(text[pos - length : pos] if text is not None else data[pos - length : pos].decode())
+        elif kind == 0x6E:  # 'n': NULL
             append(None)
             pos += 1
-        elif kind == _TOAST:
+        elif kind == 0x75:  # 'u': unchanged TOAST
             append(UNCHANGED_TOAST)
             pos += 1
         elif kind == _BINARY:
