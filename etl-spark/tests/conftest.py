@@ -48,6 +48,12 @@ class Lake:
     duckdb_target: str
 
     def duckdb(self) -> duckdb.DuckDBPyConnection:
+        con = self.duckdb_bare()
+        con.execute(f"ATTACH 'ducklake:{self.duckdb_target}' AS lake")
+        return con
+
+    def duckdb_bare(self) -> duckdb.DuckDBPyConnection:
+        """DuckDB with the ducklake, sqlite and postgres extensions loaded, nothing attached."""
         extensions = tempfile.mkdtemp(prefix="duckdb-ext-")
         con = duckdb.connect(
             config={
@@ -62,7 +68,6 @@ class Lake:
             con.execute(f"INSTALL '{path}'")
         for name in ("ducklake", "sqlite_scanner", "postgres_scanner"):
             con.execute(f"LOAD {name}")
-        con.execute(f"ATTACH 'ducklake:{self.duckdb_target}' AS lake")
         return con
 
     def query(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
