@@ -123,13 +123,13 @@ class Pipeline:
             protocol, streaming = choose_protocol(rconn.server_version)
             with connect(config.source) as conn:
                 state = slot_state(conn, slot)
-            if state.exists and state.wal_status == "lost":
+            if state.exists and state.invalidated:
                 self._slot_invalidated(rconn, slot)
-                state = state.__class__(exists=False, confirmed_flush_lsn=Lsn.ZERO, wal_status=None, active_pid=None)
-            if not state.exists:
+            if not state.exists or state.invalidated:
                 created = rconn.create_slot(slot)
                 self.log.info("replication slot created", slot=slot, consistent_point=str(created.consistent_point))
-            start = Lsn(max(self.store.get_progress(APPLY_WORKER) or 0, state.confirmed_flush_lsn))
+            slot_position = state.confirmed_flush_lsn if state.exists and not state.invalidated else Lsn.ZERO
+            start = Lsn(max(self.store.get_progress(APPLY_WORKER) or 0, slot_position))
             ctx = WorkerContext(
                 config, self.store, self.destination, TableStates(self.store), SchemaTracker(self.store),
                 protocol, streaming, self._stop,

@@ -47,6 +47,11 @@ class ApplyWorker(StreamWorker):
     def applies(self, table_id: TableId, final_lsn: Lsn) -> bool:
         return self.ctx.states.applies(table_id, final_lsn)
 
+    def awaiting_position(self) -> bool:
+        return any(
+            s.kind in (TableStateKind.SYNC_WAIT, TableStateKind.SYNC_DONE) for s in self.ctx.states.snapshot().values()
+        )
+
     def table_failed(self, table_id: TableId, error: TableError) -> None:
         log.error("table failed; it is excluded until resynced", table_id=table_id, error=error.message)
         self.ctx.states.set(table_id, TableState.errored(error.message, error.hint, RetryKind.MANUAL))

@@ -16,34 +16,38 @@ import structlog
 from etl.errors import StoreError
 from etl.lsn import Lsn
 from etl.postgres import pgoutput as pg
-from etl.schema import ColumnSchema, TableId, TableName, TableSchema
+from etl.schema import ColumnSchema, ReplicaIdentity, TableId, TableName, TableSchema
 from etl.store.base import Store
 
 log = structlog.get_logger(__name__)
 
 
 def wire_shape(schema: TableSchema) -> tuple[object, ...]:
-    """What a RELATION message can tell about a schema."""
+    """What a RELATION message can tell about a schema (with FULL identity it flags every column as key)."""
+    full = schema.replica_identity is ReplicaIdentity.FULL
     return (
         schema.name,
         schema.replica_identity,
-        tuple((c.name, c.type_oid, c.type_modifier, c.primary_key) for c in schema.columns),
+        tuple((c.name, c.type_oid, c.type_modifier, full or c.primary_key) for c in schema.columns),
     )
 
 
 def schema_from_relation(msg: pg.Relation, previous: TableSchema | None, lsn: Lsn) -> TableSchema:
     known = {c.name: c for c in previous.columns} if previous is not None else {}
+    full = msg.replica_identity is ReplicaIdentity.FULL
     columns = []
     for col in msg.columns:
         before = known.get(col.name)
         same_type = before is not None and before.type_oid == col.type_oid
+        # With FULL identity the message flags every column; the primary key is what identifies a row.
+        key = (before is not None and before.primary_key) if full else col.flags_key
         columns.append(
             ColumnSchema(
                 name=col.name,
                 type_oid=col.type_oid,
                 type_modifier=col.type_modifier,
                 nullable=before.nullable if before is not None else True,
-                primary_key=col.flags_key,
+                primary_key=key,
                 type_name=before.type_name if before is not None and same_type else "",
                 attnum=before.attnum if before is not None else None,
             )

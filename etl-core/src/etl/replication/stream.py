@@ -75,6 +75,10 @@ class StreamWorker:
     def finished(self) -> bool:
         return self.stop.is_set()
 
+    def awaiting_position(self) -> bool:
+        """True when the worker waits for the stream to reach a position even if no change arrives."""
+        return False
+
     # -- loop ----------------------------------------------------------------------------------------
     def run(self) -> None:
         try:
@@ -99,6 +103,8 @@ class StreamWorker:
                 self.idle_lsn = max(self.idle_lsn, item.wal_end)
                 self.after_commit(item.wal_end)
             self.send_status(force=item.reply_requested)
+        elif self.nothing_pending() and self.awaiting_position():
+            self.send_status(force=True, reply=True)  # ask the server where the stream is
         self._maybe_flush()
         self.send_status()
 
@@ -143,7 +149,7 @@ class StreamWorker:
         elif isinstance(msg, pg.StreamCommit):
             self._begin(msg.xid, msg.commit_lsn, msg.commit_ts)
             for payload in self.streamed.commit(msg.xid):
-                self._handle(self.decoder.decode(payload))
+                self._handle(self.decoder.decode_streamed(payload))
                 self._maybe_flush()
             self._commit(msg.commit_lsn, msg.end_lsn, msg.commit_ts)
         elif isinstance(msg, pg.StreamAbort):
@@ -208,10 +214,10 @@ class StreamWorker:
         raise error
 
     # -- feedback ------------------------------------------------------------------------------------
-    def send_status(self, force: bool = False) -> None:
+    def send_status(self, force: bool = False, reply: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_status < STATUS_INTERVAL_S:
             return
         flushed = max(self.writer.durable_lsn, self.idle_lsn if self.nothing_pending() else Lsn.ZERO)
-        self.conn.send_status(write=self.received_lsn, flush=flushed, apply=flushed, reply=False)
+        self.conn.send_status(write=self.received_lsn, flush=flushed, apply=flushed, reply=reply)
         self._last_status = now

@@ -169,3 +169,6 @@ class CatchUpStream(StreamWorker):
 
     def finished(self) -> bool:
         return self.done is not None or self.stop.is_set()
+
+    def awaiting_position(self) -> bool:
+        return True

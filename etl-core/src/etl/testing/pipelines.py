@@ -1,0 +1,60 @@
+"""Helpers for end-to-end tests of pipelines: configs for a test database, waiting for conditions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from etl.config import PipelineConfig
+from etl.destination.memory import MemoryDestination
+from etl.pipeline import Pipeline
+from etl.schema import TableName
+from etl.store.base import TableStateKind
+from etl.testing.compare import source_rows
+from etl.testing.pytest_plugin import TestDatabase
+
+
+def pipeline_config(db: TestDatabase, publication: str = "pub", pipeline_id: int = 1, **sections: Any) -> PipelineConfig:
+    """A pipeline config for a test database, with small batches so tests move quickly."""
+    raw: dict[str, Any] = {
+        "pipeline": {"id": pipeline_id, "publication": publication},
+        "source": db.connection().model_dump(),
+        "batch": {"max_fill_ms": 100},
+    }
+    for key, value in sections.items():
+        raw[key] = {**raw.get(key, {}), **value}
+    return PipelineConfig.model_validate(raw)
+
+
+def wait_until(condition: Callable[[], bool], what: str, pipeline: Pipeline | None = None, timeout: float = 60) -> None:
+    """Poll until ``condition()``; fail with ``what`` on timeout, or at once if the pipeline stopped."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if pipeline is not None and pipeline.wait(timeout=0):
+            raise AssertionError(f"the pipeline stopped while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def table_states(pipeline: Pipeline) -> dict[int, TableStateKind]:
+    states = pipeline.states
+    return {t: s.kind for t, s in (states.snapshot() if states is not None else {}).items()}
+
+
+def all_ready(pipeline: Pipeline, count: int) -> bool:
+    kinds = table_states(pipeline)
+    return len(kinds) == count and all(k is TableStateKind.READY for k in kinds.values())
+
+
+def destination_matches(db: TestDatabase, destination: MemoryDestination, *tables: str) -> bool:
+    """True when every named table holds the same rows in the destination as in the source."""
+    with db.connect() as conn:
+        for table in tables:
+            try:
+                if destination.rows(TableName.parse(table)) != source_rows(conn, table):
+                    return False
+            except KeyError:
+                return False
+    return True

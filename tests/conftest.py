@@ -1,0 +1,1 @@
+"""Cross-package end-to-end tests: real Postgres (both majors), real pipelines."""
