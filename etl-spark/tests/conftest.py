@@ -34,8 +34,8 @@ from etl.events import (
 from etl.lsn import Lsn
 from etl.schema import ColumnSchema, TableSchema
 from etl.store.memory import MemoryStore
-from etl_spark.ducklake.types import numeric_precision_scale
 from etl_spark.ducklake.destination import SPARK_CONF, DuckLakeConfig, DuckLakeDestination
+from etl_spark.ducklake.types import numeric_precision_scale
 from etl_spark.session import SparkSettings, get_spark, stop_spark
 
 
@@ -180,7 +180,16 @@ class BatchBuilder:
         self.ordinal += 1
         return {"start_lsn": Lsn(self.lsn), "commit_lsn": Lsn(self.lsn), "tx_ordinal": self.ordinal}
 
-    def _add(self, schema: TableSchema, op: str, row: dict[str, Any], old: dict[str, Any] | None, old_is_key: bool, missing: tuple[str, ...] = ()) -> dict[str, Any]:
+    def _add(
+        self,
+        schema: TableSchema,
+        *,
+        op: str,
+        row: dict[str, Any],
+        old: dict[str, Any] | None,
+        old_is_key: bool,
+        missing: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
         if self._relation.get(schema.id) != schema:
             self._relation[schema.id] = schema
             self._events.append(RelationEvent(**self._position(), schema=schema))
@@ -192,27 +201,44 @@ class BatchBuilder:
         return position
 
     def insert(self, schema: TableSchema, row: dict[str, Any]) -> BatchBuilder:
-        position = self._add(schema, "I", row, None, False)
+        position = self._add(schema, op="I", row=row, old=None, old_is_key=False)
         self._events.append(InsertEvent(**position, table_id=schema.id, row=_tuple(schema, row)))
         return self
 
-    def update(self, schema: TableSchema, row: dict[str, Any], old: dict[str, Any] | None = None, missing: tuple[str, ...] = ()) -> BatchBuilder:
+    def update(
+        self, schema: TableSchema, row: dict[str, Any], old: dict[str, Any] | None = None, missing: tuple[str, ...] = ()
+    ) -> BatchBuilder:
         old_is_key = old is not None and set(old) <= {c.name for c in schema.key_columns}
-        position = self._add(schema, "U", {k: v for k, v in row.items() if k not in missing}, old, old_is_key, missing)
+        position = self._add(
+            schema,
+            op="U",
+            row={k: v for k, v in row.items() if k not in missing},
+            old=old,
+            old_is_key=old_is_key,
+            missing=missing,
+        )
         new = tuple(MISSING if c.name in missing else row.get(c.name) for c in schema.columns)
         self._events.append(
-            UpdateEvent(**position, table_id=schema.id, row=new, old_row=_tuple(schema, old) if old else None, old_is_key=old_is_key)
+            UpdateEvent(
+                **position,
+                table_id=schema.id,
+                row=new,
+                old_row=_tuple(schema, old) if old else None,
+                old_is_key=old_is_key,
+            )
         )
         return self
 
     def delete(self, schema: TableSchema, old: dict[str, Any]) -> BatchBuilder:
         old_is_key = set(old) <= {c.name for c in schema.key_columns}
-        position = self._add(schema, "D", old, None, old_is_key)
-        self._events.append(DeleteEvent(**position, table_id=schema.id, old_row=_tuple(schema, old), old_is_key=old_is_key))
+        position = self._add(schema, op="D", row=old, old=None, old_is_key=old_is_key)
+        self._events.append(
+            DeleteEvent(**position, table_id=schema.id, old_row=_tuple(schema, old), old_is_key=old_is_key)
+        )
         return self
 
     def truncate(self, schema: TableSchema) -> BatchBuilder:
-        position = self._add(schema, "T", {}, None, False)
+        position = self._add(schema, op="T", row={}, old=None, old_is_key=False)
         self._events.append(TruncateEvent(**position, table_ids=(schema.id,), cascade=False, restart_identity=False))
         return self
 
@@ -242,12 +268,13 @@ def _change_table(schema: TableSchema, items: list[dict[str, Any]]) -> pa.Table:
     rows = rows_table(schema, [i["row"] for i in items])
     old_type = pa.struct([pa.field(c.name, arrow_type(c)) for c in schema.columns])
     old = pa.array([i["old"] for i in items], old_type)
-    return rows.append_column(OP_COLUMN, pa.array([i["op"] for i in items], pa.string())).append_column(
-        COMMIT_LSN_COLUMN, pa.array([int(i["commit_lsn"]) for i in items], pa.uint64())
-    ).append_column(TX_ORDINAL_COLUMN, pa.array([i["tx_ordinal"] for i in items], pa.int64())).append_column(
-        MISSING_COLUMN, pa.array([i["missing"] for i in items], pa.list_(pa.string()))
-    ).append_column(OLD_COLUMN, old).append_column(
-        OLD_IS_KEY_COLUMN, pa.array([i["old_is_key"] for i in items], pa.bool_())
+    return (
+        rows.append_column(OP_COLUMN, pa.array([i["op"] for i in items], pa.string()))
+        .append_column(COMMIT_LSN_COLUMN, pa.array([int(i["commit_lsn"]) for i in items], pa.uint64()))
+        .append_column(TX_ORDINAL_COLUMN, pa.array([i["tx_ordinal"] for i in items], pa.int64()))
+        .append_column(MISSING_COLUMN, pa.array([i["missing"] for i in items], pa.list_(pa.string())))
+        .append_column(OLD_COLUMN, old)
+        .append_column(OLD_IS_KEY_COLUMN, pa.array([i["old_is_key"] for i in items], pa.bool_()))
     )
 
 

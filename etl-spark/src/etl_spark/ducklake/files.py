@@ -23,7 +23,7 @@ from etl_spark.ducklake.stats import file_stats, stats_kind
 from etl_spark.ducklake.types import Stats
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import DataType, StructType
 
 FIELD_ID_KEY: Final = "parquet.field.id"
@@ -33,34 +33,36 @@ STAGING: Final = "_etl_staging/"
 
 def spark_type(type_name: str) -> DataType:
     """The Spark type that holds a DuckLake column's values as this writer stores them."""
-    from pyspark.sql import types as T  # noqa: PLC0415
+    from pyspark.sql import types as st  # noqa: PLC0415
 
     simple: dict[str, DataType] = {
-        "boolean": T.BooleanType(),
-        "int8": T.ByteType(),
-        "int16": T.ShortType(),
-        "int32": T.IntegerType(),
-        "int64": T.LongType(),
-        "float32": T.FloatType(),
-        "float64": T.DoubleType(),
-        "date": T.DateType(),
-        "timestamp": T.TimestampNTZType(),
-        "timestamptz": T.TimestampType(),
-        "blob": T.BinaryType(),
+        "boolean": st.BooleanType(),
+        "int8": st.ByteType(),
+        "int16": st.ShortType(),
+        "int32": st.IntegerType(),
+        "int64": st.LongType(),
+        "float32": st.FloatType(),
+        "float64": st.DoubleType(),
+        "date": st.DateType(),
+        "timestamp": st.TimestampNTZType(),
+        "timestamptz": st.TimestampType(),
+        "blob": st.BinaryType(),
     }
     if type_name in simple:
         return simple[type_name]
     if type_name.startswith("decimal("):
         precision, scale = type_name[len("decimal(") : -1].split(",")
-        return T.DecimalType(int(precision), int(scale))
-    return T.StringType()
+        return st.DecimalType(int(precision), int(scale))
+    return st.StringType()
 
 
 def lake_schema(columns: Sequence[LakeColumn]) -> StructType:
     """The Spark schema of a table's files: one field per column, with its field id."""
-    from pyspark.sql import types as T  # noqa: PLC0415
+    from pyspark.sql import types as st  # noqa: PLC0415
 
-    return T.StructType([T.StructField(c.name, spark_type(c.type), True, {FIELD_ID_KEY: c.column_id}) for c in columns])
+    return st.StructType(
+        [st.StructField(c.name, spark_type(c.type), True, {FIELD_ID_KEY: c.column_id}) for c in columns]
+    )
 
 
 class LakeStorage:
@@ -75,17 +77,17 @@ class LakeStorage:
     def _local(self, path: str) -> str:
         """A lake path (under data_path) as a path of ``self.fs``."""
         if path.startswith(self._prefix):
-            return self._root + path[len(self._prefix) :]
-        return pafs.FileSystem.from_uri(path)[1]
+            return str(self._root + path[len(self._prefix) :])
+        return str(pafs.FileSystem.from_uri(path)[1])
 
     def write_data(self, frame: DataFrame, directory: str, columns: Sequence[LakeColumn], files: int) -> list[NewFile]:
         """Write ``frame`` (already in the columns' Spark types) as at most ``files`` data files."""
-        from pyspark.sql import functions as F  # noqa: PLC0415
+        from pyspark.sql import functions as sf  # noqa: PLC0415
 
         staging = f"{self.data_path}{STAGING}{uuid.uuid4()}"
         schema = lake_schema(columns)
         ordered = frame.select(
-            *[F.col(f.name).cast(f.dataType).alias(f.name, metadata=f.metadata) for f in schema.fields]
+            *[sf.col(f.name).cast(f.dataType).alias(f.name, metadata=f.metadata) for f in schema.fields]
         )
         ordered.coalesce(max(1, files)).write.parquet(staging)
         kinds = {c.name: (c.column_id, stats_kind(c.type)) for c in columns}
@@ -152,29 +154,29 @@ def read_live(
     Columns are matched by field id, so files written before a rename read correctly. Positions in
     the active delete files are excluded.
     """
-    from pyspark.sql import functions as F  # noqa: PLC0415
+    from pyspark.sql import functions as sf  # noqa: PLC0415
 
     rows = (
         spark.read.schema(lake_schema(columns))
         .parquet(*data_paths)
         .select(
-            *[F.col(c.name) for c in columns],
-            _file_name(F.col("_metadata.file_path")).alias("_etl_file"),
-            F.col("_metadata.row_index").alias("_etl_pos"),
+            *[sf.col(c.name) for c in columns],
+            _file_name(sf.col("_metadata.file_path")).alias("_etl_file"),
+            sf.col("_metadata.row_index").alias("_etl_pos"),
         )
     )
     if not delete_paths:
         return rows
     deleted = spark.read.parquet(*delete_paths).select(
-        _file_name(F.col("file_path")).alias("_etl_file"), F.col("pos").alias("_etl_pos")
+        _file_name(sf.col("file_path")).alias("_etl_file"), sf.col("pos").alias("_etl_pos")
     )
     return rows.join(deleted, ["_etl_file", "_etl_pos"], "left_anti")
 
 
-def _file_name(path: object) -> object:
-    from pyspark.sql import functions as F  # noqa: PLC0415
+def _file_name(path: Column) -> Column:
+    from pyspark.sql import functions as sf  # noqa: PLC0415
 
-    return F.element_at(F.split(path, "/"), -1)  # type: ignore[arg-type]
+    return sf.element_at(sf.split(path, "/"), -1)
 
 
 def file_name(path: str) -> str:

@@ -8,7 +8,7 @@ files are written there because their rows record the snapshot id, known only th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -95,7 +95,14 @@ class TablePlan:
             rows = pa.concat_tables([old, stamped]).sort_by("pos")
             begin, partial = data_file.delete.begin_snapshot, True
         written = storage.write_delete(table, data_file.path, rows)
-        txn.replace_delete_file(table, data_file, txn.new_delete_file_id(), written, begin, partial)
+        txn.replace_delete_file(
+            table,
+            data_file=data_file,
+            delete_file_id=txn.new_delete_file_id(),
+            file=written,
+            begin_snapshot=begin,
+            partial=partial,
+        )
 
     def discard(self, storage: LakeStorage) -> None:
         """Remove the data files of a plan that was not committed."""
@@ -189,9 +196,11 @@ def _fill_from_lake(upserts: DataFrame, live: DataFrame, key: list[str], toast: 
     """Values still missing (unchanged TOAST) come from the stored row of the prior key."""
     if not toast:
         return upserts
-    from pyspark.sql import functions as F  # noqa: PLC0415
+    from pyspark.sql import functions as sf  # noqa: PLC0415
 
-    stored = live.select(*[F.col(k).alias(f"_etl_k_{k}") for k in key], *[F.col(c).alias(f"_etl_v_{c}") for c in toast])
+    stored = live.select(
+        *[sf.col(k).alias(f"_etl_k_{k}") for k in key], *[sf.col(c).alias(f"_etl_v_{c}") for c in toast]
+    )
     condition = None
     for k in key:
         term = upserts[PRIOR_KEY][k] == stored[f"_etl_k_{k}"]
@@ -200,7 +209,7 @@ def _fill_from_lake(upserts: DataFrame, live: DataFrame, key: list[str], toast: 
     for name in toast:
         joined = joined.withColumn(
             name,
-            F.when(F.array_contains(F.col("_etl_missing"), name), F.col(f"_etl_v_{name}")).otherwise(F.col(name)),
+            sf.when(sf.array_contains(sf.col("_etl_missing"), name), sf.col(f"_etl_v_{name}")).otherwise(sf.col(name)),
         )
     return joined
 
@@ -208,10 +217,10 @@ def _fill_from_lake(upserts: DataFrame, live: DataFrame, key: list[str], toast: 
 def _occurrences(live: DataFrame, net: DataFrame, names: list[str]) -> DataFrame:
     """For each image deleted ``-NET`` times, that many of its stored occurrences."""
     from pyspark.sql import Window  # noqa: PLC0415
-    from pyspark.sql import functions as F  # noqa: PLC0415
+    from pyspark.sql import functions as sf  # noqa: PLC0415
 
-    deleted = net.filter(F.col(NET) < 0).select(
-        *[F.col(n).alias(f"_etl_d_{n}") for n in names], (-F.col(NET)).alias("_etl_count")
+    deleted = net.filter(sf.col(NET) < 0).select(
+        *[sf.col(n).alias(f"_etl_d_{n}") for n in names], (-sf.col(NET)).alias("_etl_count")
     )
     condition = None
     for n in names:
@@ -219,14 +228,16 @@ def _occurrences(live: DataFrame, net: DataFrame, names: list[str]) -> DataFrame
         condition = term if condition is None else condition & term
     matched = live.join(deleted, condition, "inner")
     order = Window.partitionBy(*[f"_etl_d_{n}" for n in names]).orderBy("_etl_file", "_etl_pos")
-    return matched.withColumn("_etl_n", F.row_number().over(order)).filter(F.col("_etl_n") <= F.col("_etl_count"))
+    return matched.withColumn("_etl_n", sf.row_number().over(order)).filter(sf.col("_etl_n") <= sf.col("_etl_count"))
 
 
 def _copies(net: DataFrame, names: list[str]) -> DataFrame:
-    from pyspark.sql import functions as F  # noqa: PLC0415
+    from pyspark.sql import functions as sf  # noqa: PLC0415
 
     return (
-        net.filter(F.col(NET) > 0).withColumn("_etl_copy", F.explode(F.sequence(F.lit(1), F.col(NET)))).select(*names)
+        net.filter(sf.col(NET) > 0)
+        .withColumn("_etl_copy", sf.explode(sf.sequence(sf.lit(1), sf.col(NET))))
+        .select(*names)
     )
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal
+from functools import partial
 from typing import Any, Final
 
 import pyarrow.parquet as pq
@@ -75,7 +76,8 @@ def file_stats(metadata: pq.FileMetaData, columns: dict[str, tuple[int, Stats | 
             values = chunk.num_values - nulls
             low = high = None
             if kind is not None and stats is not None and stats.has_min_max:
-                low, high = encode(kind, stats.min_raw, lambda: stats.min), encode(kind, stats.max_raw, lambda: stats.max)
+                low = encode(kind, stats.min_raw, partial(getattr, stats, "min"))
+                high = encode(kind, stats.max_raw, partial(getattr, stats, "max"))
                 if low is None or high is None:
                     low = high = None
             current = found.get(name)
@@ -134,8 +136,8 @@ def encode(kind: Stats, raw: Any, logical: Callable[[], Any]) -> str | None:
             return None
         return text + "+00" if kind is Stats.TIMESTAMPTZ else text
     value = logical()
-    text = value if isinstance(value, str) else _utf8(raw)
-    return text if text is not None and len(text.encode()) <= _MAX_STRING_BOUND else None
+    string = value if isinstance(value, str) else _utf8(raw)
+    return string if string is not None and len(string.encode()) <= _MAX_STRING_BOUND else None
 
 
 def _utf8(raw: Any) -> str | None:

@@ -10,7 +10,7 @@ DuckLake needs. The table is documented in docs/destinations/ducklake.md; keep t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from etl.schema import ColumnSchema
 
 
-class Stats(str, Enum):
+class Stats(StrEnum):
     """How min/max statistics of a column are encoded in the catalog (``None``: not kept)."""
 
     INT = "int"

