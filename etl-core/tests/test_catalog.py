@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 import structlog
+
 from etl.errors import SourceError, TableError
 from etl.postgres.catalog import (
     CtidRange,

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pytest
+
 from etl.errors import TableError
 from etl.events import (
     MISSING,

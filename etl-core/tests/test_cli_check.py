@@ -15,7 +15,8 @@ def pipeline_file(tmp_path: Path, port: int, database: str, publication: str = "
     path = tmp_path / "pipeline.toml"
     path.write_text(
         f'[pipeline]\nid = 7\npublication = "{publication}"\n'
-        f'[source]\nhost = "127.0.0.1"\nport = {port}\ndatabase = "{database}"\nuser = "postgres"\nsslmode = "disable"\n'
+        f'[source]\nhost = "127.0.0.1"\nport = {port}\ndatabase = "{database}"\n'
+        'user = "postgres"\nsslmode = "disable"\n'
     )
     return path
 

@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pytest
+
 from etl.errors import TableError
 from etl.postgres.codecs import (
     BUILTIN_ARRAYS,

@@ -80,9 +80,12 @@ def test_unknown_key_is_named(tmp_path: Path) -> None:
 
 
 def test_unknown_destination_type_lists_installed_and_provider(tmp_path: Path) -> None:
-    path = write(tmp_path, GOOD.replace('type = "memory"\n"""', 'type = "snowflake"\n"""').replace(
-        '[destination]\ntype = "memory"', '[destination]\ntype = "snowflake"'
-    ))
+    path = write(
+        tmp_path,
+        GOOD.replace('type = "memory"\n"""', 'type = "snowflake"\n"""').replace(
+            '[destination]\ntype = "memory"', '[destination]\ntype = "snowflake"'
+        ),
+    )
     config = load_config(path, environ={"PGPASSWORD": "x"})
     with pytest.raises(ConfigError) as err:
         validate_plugins(config, str(path))
@@ -130,7 +133,9 @@ def test_logs_redact_secrets(capsys: pytest.CaptureFixture[str]) -> None:
 def test_plugin_section_secrets_are_masked_in_repr(tmp_path: Path) -> None:
     text = GOOD.replace(
         '[store]\ntype = "memory"', '[store]\ntype = "postgres"\npassword = "store-pw"\nhost = "db"'
-    ).replace('[destination]\ntype = "memory"', '[destination]\ntype = "ducklake"\ncatalog = "postgresql://u:url-pw@h/d"')
+    ).replace(
+        '[destination]\ntype = "memory"', '[destination]\ntype = "ducklake"\ncatalog = "postgresql://u:url-pw@h/d"'
+    )
     config = load_config(write(tmp_path, text), environ={"PGPASSWORD": "x"})
     for shown in (repr(config), str(config), repr(config.store), repr(config.destination)):
         assert "store-pw" not in shown and "url-pw" not in shown

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+
 from etl.lsn import Lsn
 from etl.postgres.pgoutput import (
     STREAMABLE,

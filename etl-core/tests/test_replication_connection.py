@@ -12,6 +12,8 @@ from typing import TypeVar
 import psycopg
 import pytest
 import structlog
+from pydantic import SecretStr
+
 from etl.errors import ConfigError, SourceError, TransientError
 from etl.lsn import Lsn
 from etl.postgres.replication import (
@@ -25,7 +27,6 @@ from etl.postgres.replication import (
     slot_state,
 )
 from etl.testing.pytest_plugin import TestDatabase
-from pydantic import SecretStr
 
 T = TypeVar("T")
 

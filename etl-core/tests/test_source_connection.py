@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import SecretStr
+
 from etl.errors import SourceError, TransientError
 from etl.postgres.connection import SESSION_SETTINGS, connect, conninfo_string, startup_options
 from etl.testing.postgres import free_port
 from etl.testing.pytest_plugin import TestDatabase
-from pydantic import SecretStr
 
 SECRET = "s3cret-Passw0rd-xyz"
 

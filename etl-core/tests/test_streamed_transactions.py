@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+
 from etl.errors import EtlError
 from etl.events import DeleteEvent, InsertEvent, UpdateEvent
 from etl.lsn import Lsn

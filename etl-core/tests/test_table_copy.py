@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import structlog
+
 from etl.errors import SourceError, TableError
 from etl.postgres.catalog import CtidRange, PublishedTable, ctid_ranges, publication_tables, table_schema
 from etl.postgres.codecs import arrow_field

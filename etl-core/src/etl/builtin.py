@@ -11,8 +11,9 @@ from etl.plugins import hookimpl
 @hookimpl
 def etl_destinations() -> Iterable[type[Any]]:
     from etl.destination.memory import MemoryDestination
+    from etl.destination.null import NullDestination
 
-    return [MemoryDestination]
+    return [MemoryDestination, NullDestination]
 
 
 @hookimpl

@@ -32,6 +32,7 @@ Kind = Literal["destination", "store"]
 # Built-in names and the distribution that provides each, for "not installed" messages.
 BUILTIN_PROVIDERS: dict[tuple[Kind, str], str] = {
     ("destination", "memory"): "etl-core",
+    ("destination", "null"): "etl-core",
     ("destination", "ducklake"): "etl-spark",
     ("destination", "bigquery"): "etl-spark",
     ("store", "memory"): "etl-core",
@@ -140,10 +141,15 @@ def load_registry(entry_points: Iterable[md.EntryPoint] | None = None) -> Regist
 def _classes_of(manager: pluggy.PluginManager, module: object) -> list[tuple[Kind, Any]]:
     """Call only this plugin's hook implementations, so its failure stays its own."""
     found: list[tuple[Kind, Any]] = []
-    for hook, kind in ((manager.hook.etl_destinations, "destination"), (manager.hook.etl_stores, "store")):
+    hooks: tuple[tuple[Any, Kind], ...] = (
+        (manager.hook.etl_destinations, "destination"),
+        (manager.hook.etl_stores, "store"),
+    )
+    for hook, kind in hooks:
         for impl in hook.get_hookimpls():
             if impl.plugin is module:
-                found += [(kind, cls) for cls in impl.function()]
+                classes: Iterable[Any] = impl.function()
+                found += [(kind, cls) for cls in classes]
     return found
 
 

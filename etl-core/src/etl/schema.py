@@ -57,6 +57,8 @@ class ColumnSchema:
     """Postgres type name as ``format_type`` prints it, for messages and user-defined types."""
     attnum: int | None = None
     """Postgres attribute number: a column's identity across renames, when known (not sent by pgoutput)."""
+    default: str | None = None
+    """The column default as SQL text, when known (from the catalog or the DDL trigger; not sent by pgoutput)."""
 
 
 @dataclass(frozen=True)

@@ -183,7 +183,8 @@ def table_schema(
     identity = ReplicaIdentity(replident)
     key_index = "i.indisreplident" if identity is ReplicaIdentity.INDEX else "i.indisprimary"
     columns = conn.execute(
-        f"""SELECT a.attname, a.atttypid::int, a.atttypmod, pg_catalog.format_type(a.atttypid, a.atttypmod) || repeat('[]', greatest(a.attndims - 1, 0)),
+        f"""SELECT a.attname, a.atttypid::int, a.atttypmod,
+                  pg_catalog.format_type(a.atttypid, a.atttypmod) || repeat('[]', greatest(a.attndims - 1, 0)),
                   a.attnotnull, a.attgenerated <> '',
                   EXISTS (SELECT 1 FROM pg_catalog.pg_index i
                           WHERE i.indrelid = a.attrelid AND {key_index} AND a.attnum = ANY (i.indkey))

@@ -37,7 +37,14 @@ class ApplyWorker(StreamWorker):
     worker_key = APPLY_WORKER
 
     def __init__(self, ctx: WorkerContext, conn: ReplicationConnection, writer: BatchWriter) -> None:
-        super().__init__(conn, ctx.protocol_version, ctx.config.batch, ctx.schemas, writer, ctx.stop)
+        super().__init__(
+            conn=conn,
+            protocol_version=ctx.protocol_version,
+            batch=ctx.config.batch,
+            schemas=ctx.schemas,
+            writer=writer,
+            stop=ctx.stop,
+        )
         self.ctx = ctx
         self.position = writer.durable_lsn
         self.tables: dict[TableId, PublishedTable] = {}

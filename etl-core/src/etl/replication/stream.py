@@ -38,6 +38,7 @@ class StreamWorker:
 
     def __init__(
         self,
+        *,
         conn: ReplicationConnection,
         protocol_version: int,
         batch: BatchSection,

@@ -89,7 +89,9 @@ class TableSyncWorker:
             ctx.store.store_table_schema(schema)
             rows = 0
             wrote = False
-            for batch in copy_table(source, schema, self.table, slot.snapshot_name, ctx.config.pipeline.copy_connections):
+            for batch in copy_table(
+                source, schema, self.table, slot.snapshot_name, ctx.config.pipeline.copy_connections
+            ):
                 if ctx.stop.is_set():
                     return
                 ctx.destination.write_table_rows(schema, pa.Table.from_batches([batch]))
@@ -120,7 +122,8 @@ class TableSyncWorker:
             slot = slot_state(conn, self.slot)
         if not slot.exists:
             raise SourceError(
-                f"the table sync slot {self.slot} is gone", hint=f"resync the table: etl resync --table {self.table.name}"
+                f"the table sync slot {self.slot} is gone",
+                hint=f"resync the table: etl resync --table {self.table.name}",
             )
         done = slot.confirmed_flush_lsn if slot.confirmed_flush_lsn >= target else self._stream_until(target)
         if done is None:
@@ -154,7 +157,14 @@ class CatchUpStream(StreamWorker):
 
     def __init__(self, worker: TableSyncWorker, conn: ReplicationConnection, writer: BatchWriter, target: Lsn) -> None:
         ctx = worker.ctx
-        super().__init__(conn, ctx.protocol_version, ctx.config.batch, ctx.schemas, writer, ctx.stop)
+        super().__init__(
+            conn=conn,
+            protocol_version=ctx.protocol_version,
+            batch=ctx.config.batch,
+            schemas=ctx.schemas,
+            writer=writer,
+            stop=ctx.stop,
+        )
         self.worker_key = table_sync_worker(worker.table_id)
         self.table_id = worker.table_id
         self.target = target

@@ -31,6 +31,7 @@ import psycopg
 import structlog
 
 from etl.config import PostgresConnection
+from etl.postgres.connection import connect
 
 log = structlog.get_logger(__name__)
 
@@ -136,10 +137,8 @@ def _reachable(install: PostgresInstall, user: str | None) -> PostgresInstall:
         shutil.copytree(root, staging / "install", symlinks=True)
         for path in (staging, staging / "install"):
             path.chmod(0o755)
-        try:
+        with contextlib.suppress(OSError):  # another process may have won the race
             (staging / "install").rename(target)
-        except OSError:  # another process won the race
-            pass
         shutil.rmtree(staging, ignore_errors=True)
     return PostgresInstall(target / "bin", install.major)
 
@@ -213,7 +212,7 @@ class TemporaryCluster:
         return PostgresConnection(host="127.0.0.1", port=self.port, database=database, user=user, sslmode="disable")
 
     def connect(self, database: str = "postgres", **kwargs: Any) -> psycopg.Connection[Any]:
-        return psycopg.connect(**self.connection(database).conninfo(), autocommit=True, **kwargs)
+        return connect(self.connection(database), **kwargs)
 
     def create_database(self, name: str) -> None:
         with self.connect() as conn:
@@ -277,7 +276,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     # a zombie child counts as gone
-    with contextlib.suppress(OSError):
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(")")[-1].split()[0] != "Z"
     return True
