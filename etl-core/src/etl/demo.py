@@ -9,8 +9,8 @@ from typing import Any
 from etl.config import PipelineConfig
 from etl.destination.memory import MemoryDestination
 from etl.pipeline import Pipeline
-from etl.store.memory import MemoryStore
 from etl.store.base import TableStateKind
+from etl.store.memory import MemoryStore
 from etl.testing.compare import source_rows
 from etl.testing.postgres import TemporaryCluster, find_install
 

@@ -110,7 +110,14 @@ OLD_COLUMN: Final = "_etl_old"
 """struct of the row columns: the old row of an update when Postgres sent one, else null."""
 OLD_IS_KEY_COLUMN: Final = "_etl_old_is_key"
 """For updates and deletes: whether the old row (``_etl_old``, or the row of a delete) holds only key columns."""
-METADATA_COLUMNS: Final = (OP_COLUMN, COMMIT_LSN_COLUMN, TX_ORDINAL_COLUMN, MISSING_COLUMN, OLD_COLUMN, OLD_IS_KEY_COLUMN)
+METADATA_COLUMNS: Final = (
+    OP_COLUMN,
+    COMMIT_LSN_COLUMN,
+    TX_ORDINAL_COLUMN,
+    MISSING_COLUMN,
+    OLD_COLUMN,
+    OLD_IS_KEY_COLUMN,
+)
 
 
 @dataclass(frozen=True)

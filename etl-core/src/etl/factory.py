@@ -26,7 +26,9 @@ def build_store(config: PipelineConfig, source: str, registry: Registry | None =
     return store
 
 
-def build_destination(config: PipelineConfig, store: Store, source: str, registry: Registry | None = None) -> Destination:
+def build_destination(
+    config: PipelineConfig, store: Store, source: str, registry: Registry | None = None
+) -> Destination:
     cls, options = _plugin(registry or load_registry(), "destination", config.destination, source)
     destination: Destination = cls.from_config(options, DestinationContext(config.pipeline.id, store))
     return destination

@@ -45,7 +45,9 @@ def configure_logging(fmt: LogFormat = "console", level: str = "info") -> None:
     """Route structlog (and stdlib logging, e.g. from libraries) to stderr in the chosen format."""
     numeric = logging.getLevelNamesMapping()[level.upper()]
     renderer: Any = (
-        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,

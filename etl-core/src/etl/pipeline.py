@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import psycopg
 import structlog
 
 from etl.config import PipelineConfig
@@ -13,13 +14,16 @@ from etl.errors import SourceError, TransientError
 from etl.lsn import Lsn
 from etl.postgres.catalog import publication_exists
 from etl.postgres.connection import connect
+from etl.postgres.ddl import install_ddl_trigger
 from etl.postgres.replication import ReplicationConnection, backoff_delays, choose_protocol, slot_state
 from etl.replication.apply import ApplyWorker
 from etl.replication.context import WorkerContext
 from etl.replication.schemas import SchemaTracker
 from etl.replication.slots import apply_slot
 from etl.replication.states import TableStates
+from etl.replication.tablesync import TableSyncWorker
 from etl.replication.writer import BatchWriter
+from etl.schema import TableId
 from etl.store.base import APPLY_WORKER, Store
 
 log = structlog.get_logger(__name__)
@@ -41,6 +45,9 @@ class Pipeline:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._apply: ApplyWorker | None = None
+        self._states: TableStates | None = None
+        self._schemas: SchemaTracker | None = None
+        self._sync_workers: dict[TableId, TableSyncWorker] = {}
         self.log = log.bind(pipeline_id=config.pipeline.id, publication=config.pipeline.publication)
 
     # -- public API ------------------------------------------------------------------------------------
@@ -48,6 +55,8 @@ class Pipeline:
         self.store.acquire_lock()
         try:
             self._preflight()
+            self._states = TableStates(self.store)
+            self._schemas = SchemaTracker(self.store, self.config.pipeline.publication)
             self.destination.startup()
         except BaseException:
             self.store.close()
@@ -84,7 +93,8 @@ class Pipeline:
 
     @property
     def states(self) -> TableStates | None:
-        return self._apply.ctx.states if self._apply is not None else None
+        """The live table states, once started."""
+        return self._states
 
     # -- internals -------------------------------------------------------------------------------------
     def _preflight(self) -> None:
@@ -96,6 +106,19 @@ class Pipeline:
                     hint=f"CREATE PUBLICATION {self.config.pipeline.publication} FOR TABLE ...; or fix [pipeline]"
                     " publication",
                 )
+            if self.config.pipeline.install_ddl_trigger:
+                self._install_ddl_trigger(conn)
+
+    def _install_ddl_trigger(self, conn: psycopg.Connection[Any]) -> None:
+        result = install_ddl_trigger(conn)
+        if not result:
+            self.log.warning(
+                "DDL trigger not installed; schema changes are seen from the replication stream only",
+                reason=result.reason,
+                lost="nullability, defaults and certain renames (a rename can look like a drop plus an add)",
+                hint="have a superuser run the install SQL from docs/schema-changes.md on the source database,"
+                " or set [pipeline] install_ddl_trigger = false",
+            )
 
     def _run(self) -> None:
         delays = backoff_delays()
@@ -113,8 +136,8 @@ class Pipeline:
             self.log.error("pipeline failed", error=str(exc))
         finally:
             self._stop.set()
-            if self._apply is not None:
-                self._apply.join_sync_workers()
+            for worker in self._sync_workers.values():
+                worker.thread.join()
 
     def _run_apply(self) -> None:
         config = self.config
@@ -130,12 +153,12 @@ class Pipeline:
                 self.log.info("replication slot created", slot=slot, consistent_point=str(created.consistent_point))
             slot_position = state.confirmed_flush_lsn if state.exists and not state.invalidated else Lsn.ZERO
             start = Lsn(max(self.store.get_progress(APPLY_WORKER) or 0, slot_position))
+            assert self._states is not None and self._schemas is not None
             ctx = WorkerContext(
-                config, self.store, self.destination, TableStates(self.store), SchemaTracker(self.store),
-                protocol, streaming, self._stop,
+                config, self.store, self.destination, self._states, self._schemas, protocol, streaming, self._stop
             )
             writer = BatchWriter(self.destination, self.store, APPLY_WORKER, self._on_table_error, start)
-            self._apply = worker = ApplyWorker(ctx, rconn, writer)
+            self._apply = worker = ApplyWorker(ctx, rconn, writer, self._sync_workers)
             worker.refresh()
             rconn.start_replication(slot, start, [config.pipeline.publication], protocol, streaming)
             self.log.info("streaming", slot=slot, start_lsn=str(start), protocol=protocol)
@@ -152,7 +175,7 @@ class Pipeline:
         if self.config.pipeline.invalidated_slot == "stop":
             raise SourceError(
                 f"replication slot {slot} was invalidated: the WAL it needed is gone, changes were lost",
-                hint="set [pipeline] invalidated_slot = \"recreate\" to drop it and copy every table again, or raise"
+                hint='set [pipeline] invalidated_slot = "recreate" to drop it and copy every table again, or raise'
                 " max_slot_wal_keep_size on the source to keep this from recurring",
             )
         self.log.warning("replication slot invalidated; recreating it and resyncing every table", slot=slot)

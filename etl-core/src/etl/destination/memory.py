@@ -89,9 +89,14 @@ class _Table:
 
     def migrate(self, schema: TableSchema) -> None:
         """Reshape stored rows to a new schema version, matching columns by name (new ones are null)."""
-        if schema.column_names != self.schema.column_names:
-            old = {name: i for i, name in enumerate(self.schema.column_names)}
-            picks = [old.get(name) for name in schema.column_names]
+        if schema.columns != self.schema.columns:
+            # Match columns by attribute number when both versions know it (a rename keeps it), else by name.
+            by_attnum = {c.attnum: i for i, c in enumerate(self.schema.columns) if c.attnum is not None}
+            by_name = {c.name: i for i, c in enumerate(self.schema.columns)}
+            picks = [
+                by_attnum.get(c.attnum) if c.attnum is not None and by_attnum else by_name.get(c.name)
+                for c in schema.columns
+            ]
             rows = self.rows()
             self.keyed.clear()
             self.unkeyed.clear()

@@ -76,9 +76,13 @@ def _checks(conn: psycopg.Connection[Any], config: PipelineConfig) -> Iterator[C
         (pub,),
     ).fetchall()
     if not exists:
-        yield Check("publication", False, f"publication '{pub}' does not exist", f"CREATE PUBLICATION {pub} FOR TABLE ...;")
+        yield Check(
+            "publication", False, f"publication '{pub}' does not exist", f"CREATE PUBLICATION {pub} FOR TABLE ...;"
+        )
     elif not tables:
-        yield Check("publication", False, f"publication '{pub}' has no tables", f"ALTER PUBLICATION {pub} ADD TABLE ...;")
+        yield Check(
+            "publication", False, f"publication '{pub}' has no tables", f"ALTER PUBLICATION {pub} ADD TABLE ...;"
+        )
     else:
         yield Check("publication", True, f"publication '{pub}' has {len(tables)} table(s)")
 
@@ -110,15 +114,16 @@ def _checks(conn: psycopg.Connection[Any], config: PipelineConfig) -> Iterator[C
         )
 
     needed_slots = 1 + config.pipeline.table_sync_workers
-    slot_exists = _one(conn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (apply_slot(config.pipeline.id),))
+    slot_exists = _one(
+        conn, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (apply_slot(config.pipeline.id),)
+    )
     max_slots = int(_one(conn, "SHOW max_replication_slots"))
     used_slots = int(_one(conn, "SELECT count(*) FROM pg_replication_slots"))
     free_slots = max_slots - used_slots + (1 if slot_exists else 0)
     yield Check(
         "replication slots",
         free_slots >= needed_slots,
-        f"{free_slots} of {max_slots} slots free; the pipeline needs up to {needed_slots}"
-        " (1 + table_sync_workers)",
+        f"{free_slots} of {max_slots} slots free; the pipeline needs up to {needed_slots} (1 + table_sync_workers)",
         f"raise max_replication_slots to at least {used_slots + needed_slots} and restart Postgres, or lower"
         " [pipeline] table_sync_workers",
     )

@@ -36,7 +36,13 @@ NEEDS_SYNC_WORKER = (TableStateKind.INIT, TableStateKind.DATA_SYNC, TableStateKi
 class ApplyWorker(StreamWorker):
     worker_key = APPLY_WORKER
 
-    def __init__(self, ctx: WorkerContext, conn: ReplicationConnection, writer: BatchWriter) -> None:
+    def __init__(
+        self,
+        ctx: WorkerContext,
+        conn: ReplicationConnection,
+        writer: BatchWriter,
+        sync_workers: dict[TableId, TableSyncWorker],
+    ) -> None:
         super().__init__(
             conn=conn,
             protocol_version=ctx.protocol_version,
@@ -48,7 +54,7 @@ class ApplyWorker(StreamWorker):
         self.ctx = ctx
         self.position = writer.durable_lsn
         self.tables: dict[TableId, PublishedTable] = {}
-        self.sync_workers: dict[TableId, TableSyncWorker] = {}
+        self.sync_workers = sync_workers  # outlives this worker: it is kept across reconnects
         self._next_refresh = 0.0
 
     def applies(self, table_id: TableId, final_lsn: Lsn) -> bool:
@@ -69,6 +75,8 @@ class ApplyWorker(StreamWorker):
         states = self.ctx.states.snapshot()
         if any(s.kind is not TableStateKind.READY for s in states.values()):
             self._advance_synced(states)
+
+    def tick(self) -> None:
         if time.monotonic() >= self._next_refresh:
             self.refresh()
 
@@ -146,18 +154,16 @@ class ApplyWorker(StreamWorker):
                 worker.thread.start()
                 free -= 1
 
-    def join_sync_workers(self) -> None:
-        for worker in self.sync_workers.values():
-            worker.thread.join()
-
     # -- control messages ----------------------------------------------------------------------------------
     def on_message(self, message: pg.LogicalMessage) -> None:
+        super().on_message(message)
         if message.prefix != RESYNC_MESSAGE_PREFIX:
             return
         request = json.loads(message.content)
         if request.get("pipeline_id") != self.ctx.pipeline_id:
             return
         table_id = int(request["table_id"])
+        self._reap_sync_workers()
         if table_id in self.sync_workers:
             log.info("resync requested for a table being synced; ignored", table_id=table_id)
             return

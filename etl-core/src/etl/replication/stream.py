@@ -16,8 +16,9 @@ from pathlib import Path
 import structlog
 
 from etl.config import BatchSection
-from etl.errors import TableError
+from etl.errors import SourceError, TableError
 from etl.lsn import Lsn
+from etl.postgres import ddl
 from etl.postgres import pgoutput as pg
 from etl.postgres.replication import Keepalive, ReplicationConnection, XLogData
 from etl.replication.changes import ChangeBuilder
@@ -71,10 +72,32 @@ class StreamWorker:
         """Called after each transaction's commit, and when idle at a keepalive position."""
 
     def on_message(self, message: pg.LogicalMessage) -> None:
-        """A logical decoding message (``pg_logical_emit_message``) inside the stream."""
+        """A logical decoding message (``pg_logical_emit_message``) inside the stream.
+
+        Handles the DDL trigger's schema change messages; subclasses that handle more call this first.
+        """
+        if message.prefix == ddl.MESSAGE_PREFIX and message.transactional:
+            self._schema_change(message)
+
+    def _schema_change(self, message: pg.LogicalMessage) -> None:
+        """A new schema version from the DDL trigger: a Relation event before the table's next row."""
+        try:
+            change = ddl.parse_schema_change(message.content)
+        except SourceError as exc:
+            log.warning("schema change message ignored", lsn=str(message.lsn), error=exc.message, hint=exc.hint)
+            return
+        if not self.applies(change.table_id, self.final_lsn):
+            return
+        schema = self.schemas.observe_ddl(change, self.final_lsn)
+        if schema is not None:
+            self._mark_batch()  # a transaction may change the schema and no row: flush it in time all the same
+            self.builder.relation(schema, message.lsn)
 
     def finished(self) -> bool:
         return self.stop.is_set()
+
+    def tick(self) -> None:
+        """Called between transactions on every turn of the read loop (at least once a second)."""
 
     def awaiting_position(self) -> bool:
         """True when the worker waits for the stream to reach a position even if no change arrives."""
@@ -106,6 +129,8 @@ class StreamWorker:
             self.send_status(force=item.reply_requested)
         elif self.nothing_pending() and self.awaiting_position():
             self.send_status(force=True, reply=True)  # ask the server where the stream is
+        if not self.in_transaction:
+            self.tick()
         self._maybe_flush()
         self.send_status()
 

@@ -11,7 +11,6 @@ from psycopg.types.string import TextLoader
 from etl.destination.memory import row_sort_key
 from etl.schema import TableName
 
-
 TEXT_TYPES = ("json", "jsonb", "uuid", "inet", "cidr", "macaddr", "macaddr8", "money", "timetz")
 
 
@@ -21,5 +20,5 @@ def source_rows(conn: psycopg.Connection[Any], table: TableName | str) -> list[d
     with conn.cursor(row_factory=dict_row) as cur:
         for type_name in TEXT_TYPES:  # the types the Arrow mapping keeps as their text form
             cur.adapters.register_loader(type_name, TextLoader)
-        rows = cur.execute(f"SELECT * FROM {name.quoted()}").fetchall()  # noqa: S608 - quoted identifier
+        rows = cur.execute(f"SELECT * FROM {name.quoted()}").fetchall()
     return sorted(rows, key=row_sort_key)

@@ -15,7 +15,9 @@ from etl.testing.compare import source_rows
 from etl.testing.pytest_plugin import TestDatabase
 
 
-def pipeline_config(db: TestDatabase, publication: str = "pub", pipeline_id: int = 1, **sections: Any) -> PipelineConfig:
+def pipeline_config(
+    db: TestDatabase, publication: str = "pub", pipeline_id: int = 1, **sections: Any
+) -> PipelineConfig:
     """A pipeline config for a test database, with small batches so tests move quickly."""
     raw: dict[str, Any] = {
         "pipeline": {"id": pipeline_id, "publication": publication},

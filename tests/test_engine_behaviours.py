@@ -1,0 +1,159 @@
+"""Behaviours users rely on, end to end on a real Postgres into the memory destination."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from etl.destination.memory import MemoryDestination
+from etl.pipeline import Pipeline
+from etl.replication.apply import RESYNC_MESSAGE_PREFIX
+from etl.schema import TableName
+from etl.store.base import TableStateKind
+from etl.store.memory import MemoryStore
+from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, table_states, wait_until
+from etl.testing.pytest_plugin import TestDatabase
+
+Start = Callable[..., tuple[Pipeline, MemoryDestination]]
+
+
+@pytest.fixture
+def start(pg_database: TestDatabase) -> Iterator[Start]:
+    """Start a pipeline on the test database; every pipeline started is shut down after the test."""
+    pipelines: list[Pipeline] = []
+
+    def run(**sections: object) -> tuple[Pipeline, MemoryDestination]:
+        destination = MemoryDestination()
+        pipeline = Pipeline(pipeline_config(pg_database, **sections), MemoryStore(pipeline_id=1), destination)
+        pipeline.start()
+        pipelines.append(pipeline)
+        return pipeline, destination
+
+    yield run
+    for pipeline in pipelines:
+        pipeline.shutdown()
+
+
+def oid(db: TestDatabase, table: str) -> int:
+    return int(db.execute("SELECT %s::regclass::oid", (table,))[0][0])
+
+
+def test_tables_added_and_removed_at_runtime(pg_database: TestDatabase, start: Start) -> None:
+    db = pg_database
+    db.execute("CREATE TABLE a (id int PRIMARY KEY, v text); INSERT INTO a VALUES (1, 'one')")
+    db.execute("CREATE TABLE b (id int PRIMARY KEY, v text); INSERT INTO b VALUES (1, 'uno'), (2, 'dos')")
+    db.execute("CREATE PUBLICATION pub FOR TABLE a")
+    pipeline, destination = start()
+    wait_until(lambda: all_ready(pipeline, 1), "table a ready", pipeline)
+
+    db.execute("ALTER PUBLICATION pub ADD TABLE b")
+    db.execute("INSERT INTO b VALUES (3, 'tres')")
+    wait_until(lambda: all_ready(pipeline, 2), "table b picked up without a restart", pipeline)
+    db.execute("UPDATE b SET v = 'TRES' WHERE id = 3; INSERT INTO a VALUES (2, 'two')")
+    wait_until(lambda: destination_matches(db, destination, "public.a", "public.b"), "a and b streamed", pipeline)
+
+    db.execute("ALTER PUBLICATION pub DROP TABLE b")
+    wait_until(lambda: oid(db, "b") not in table_states(pipeline), "table b forgotten", pipeline)
+    db.execute("INSERT INTO b VALUES (4, 'cuatro'); INSERT INTO a VALUES (3, 'three')")
+    wait_until(lambda: destination_matches(db, destination, "public.a"), "a still streams", pipeline)
+    assert [r["id"] for r in destination.rows("public.b")] == [1, 2, 3]
+    slots = db.execute("SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'etl_sync_%%'")
+    assert slots == []
+
+
+def test_single_table_resync_while_others_stream(pg_database: TestDatabase, start: Start) -> None:
+    db = pg_database
+    db.execute("CREATE TABLE a (id int PRIMARY KEY, v text); INSERT INTO a SELECT g, 'a' FROM generate_series(1, 50) g")
+    db.execute("CREATE TABLE b (id int PRIMARY KEY, v text); INSERT INTO b SELECT g, 'b' FROM generate_series(1, 50) g")
+    db.execute("CREATE PUBLICATION pub FOR TABLE a, b")
+    pipeline, destination = start()
+    wait_until(lambda: all_ready(pipeline, 2), "tables ready", pipeline)
+    # Damage the destination's copy of a, as a faulty destination might; a resync must repair it.
+    destination.drop_table_for_copy(destination.schema("public.a"))
+    request = json.dumps({"pipeline_id": 1, "table_id": oid(db, "a")})
+    db.execute("SELECT pg_logical_emit_message(true, %s, %s)", (RESYNC_MESSAGE_PREFIX, request))
+    db.execute("INSERT INTO b VALUES (51, 'during resync'); UPDATE a SET v = 'changed' WHERE id < 10")
+    wait_until(
+        lambda: destination_matches(db, destination, "public.a", "public.b") and all_ready(pipeline, 2),
+        "a copied again and both streaming",
+        pipeline,
+    )
+    db.execute("DELETE FROM a WHERE id = 1; INSERT INTO b VALUES (52, 'after')")
+    wait_until(lambda: destination_matches(db, destination, "public.a", "public.b"), "streaming after resync", pipeline)
+
+
+def test_errored_table_does_not_stop_the_others(pg_database: TestDatabase, start: Start) -> None:
+    db = pg_database
+    db.execute("CREATE TABLE good (id int PRIMARY KEY, v text); INSERT INTO good VALUES (1, 'x')")
+    db.execute("CREATE TABLE bad_copy (id int PRIMARY KEY, n numeric(6,2)); INSERT INTO bad_copy VALUES (1, 'NaN')")
+    db.execute("CREATE TABLE bad_stream (id int PRIMARY KEY, n numeric(6,2)); INSERT INTO bad_stream VALUES (1, 1.5)")
+    db.execute("CREATE PUBLICATION pub FOR TABLE good, bad_copy, bad_stream")
+    pipeline, destination = start()
+    states = pipeline.states
+    assert states is not None
+
+    def kind(table: str) -> TableStateKind | None:
+        state = states.get(oid(db, table))
+        return state.kind if state is not None else None
+
+    wait_until(lambda: kind("bad_copy") is TableStateKind.ERRORED, "bad_copy errored during copy", pipeline)
+    wait_until(lambda: kind("good") is TableStateKind.READY and kind("bad_stream") is TableStateKind.READY, "ready")
+    errored = states.get(oid(db, "bad_copy"))
+    assert errored is not None and errored.reason is not None and "NaN" in errored.reason
+    db.execute("INSERT INTO bad_stream VALUES (2, 'NaN'); INSERT INTO good VALUES (2, 'y')")
+    wait_until(lambda: kind("bad_stream") is TableStateKind.ERRORED, "bad_stream errored while streaming", pipeline)
+    db.execute("INSERT INTO good VALUES (3, 'z')")
+    wait_until(lambda: destination_matches(db, destination, "public.good"), "good keeps streaming", pipeline)
+    assert kind("good") is TableStateKind.READY
+
+
+@pytest.mark.parametrize("identity", ["DEFAULT", "FULL"])
+def test_unchanged_toast_values_survive_updates(pg_database: TestDatabase, start: Start, identity: str) -> None:
+    db = pg_database
+    db.execute("CREATE TABLE docs (id int PRIMARY KEY, title text, body text)")
+    db.execute(f"ALTER TABLE docs REPLICA IDENTITY {identity}")
+    db.execute("ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL")  # out of line, uncompressed
+    db.execute("CREATE PUBLICATION pub FOR TABLE docs")
+    pipeline, destination = start()
+    wait_until(lambda: all_ready(pipeline, 1), "ready", pipeline)
+    db.execute("INSERT INTO docs SELECT g, 't' || g, repeat(md5(g::text), 400) FROM generate_series(1, 5) g")
+    wait_until(lambda: destination_matches(db, destination, "public.docs"), "inserted", pipeline)
+    db.execute("UPDATE docs SET title = 'renamed' WHERE id <= 3")  # body unchanged: sent as unchanged TOAST
+    wait_until(lambda: destination_matches(db, destination, "public.docs"), "toast kept", pipeline)
+    assert all(len(r["body"]) == 12800 for r in destination.rows("public.docs"))
+
+
+def test_replica_identity_using_index(pg_database: TestDatabase, start: Start) -> None:
+    db = pg_database
+    db.execute("CREATE TABLE u (id int NOT NULL, code text NOT NULL, v text)")
+    db.execute("CREATE UNIQUE INDEX u_code ON u (code); ALTER TABLE u REPLICA IDENTITY USING INDEX u_code")
+    db.execute("INSERT INTO u VALUES (1, 'a', 'x'), (2, 'b', 'y')")
+    db.execute("CREATE PUBLICATION pub FOR TABLE u")
+    pipeline, destination = start()
+    wait_until(lambda: all_ready(pipeline, 1), "ready", pipeline)
+    db.execute("UPDATE u SET v = 'z' WHERE code = 'a'; UPDATE u SET code = 'c' WHERE code = 'b'")
+    db.execute("DELETE FROM u WHERE code = 'a'; INSERT INTO u VALUES (3, 'd', NULL)")
+    wait_until(lambda: destination_matches(db, destination, "public.u"), "changes by index key", pipeline)
+
+
+@pytest.mark.parametrize("via_root", [True, False])
+def test_partitioned_tables(pg_database: TestDatabase, start: Start, via_root: bool) -> None:
+    db = pg_database
+    db.execute(
+        """
+        CREATE TABLE m (id int, at date, v text, PRIMARY KEY (id, at)) PARTITION BY RANGE (at);
+        CREATE TABLE m_2025 PARTITION OF m FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');
+        CREATE TABLE m_2026 PARTITION OF m FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+        INSERT INTO m SELECT g, DATE '2025-06-01' + g, 'v' || g FROM generate_series(1, 300) g;
+        """
+    )
+    db.execute(f"CREATE PUBLICATION pub FOR TABLE m WITH (publish_via_partition_root = {str(via_root).lower()})")
+    tables = ["public.m"] if via_root else ["public.m_2025", "public.m_2026"]
+    pipeline, destination = start()
+    wait_until(lambda: all_ready(pipeline, len(tables)), "partitions ready", pipeline)
+    db.execute("INSERT INTO m VALUES (1000, '2026-05-05', 'new'); UPDATE m SET v = 'upd' WHERE id % 7 = 0")
+    db.execute("DELETE FROM m WHERE id % 11 = 0; UPDATE m SET at = '2026-12-01' WHERE id = 1")  # crosses partitions
+    wait_until(lambda: destination_matches(db, destination, *tables), "partitioned changes", pipeline)
+    assert destination.table_names() == sorted(TableName.parse(t) for t in tables)
