@@ -1,0 +1,282 @@
+"""The source-side DDL event trigger: every ``ALTER TABLE`` reports the table's new shape in the stream.
+
+pgoutput's RELATION messages carry column names, types and key flags, but not nullability,
+defaults or attribute numbers (so a rename looks like a drop plus an add). The event trigger
+fills that gap: at ``ddl_command_end`` of ``ALTER TABLE`` it emits, for each changed table that
+a publication publishes, a *transactional* logical message (``pg_logical_emit_message``) whose
+content is the table's full column list as JSON. Being transactional, the message is decoded in
+its transaction at the position of the DDL, before the table's following rows.
+
+The trigger emits every live column and the published column names of each publication; the
+engine keeps what its own publication publishes (``SchemaChange.table_schema``). Creating an event
+trigger needs superuser; the SQL of ``install_sql()`` has no dependency on this package, so an
+administrator can run it by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import psycopg
+import structlog
+
+from etl.errors import SourceError
+from etl.lsn import Lsn
+from etl.schema import ColumnSchema, ReplicaIdentity, TableId, TableName, TableSchema
+
+log = structlog.get_logger(__name__)
+
+MESSAGE_PREFIX: Final = "etl.ddl"
+"""Prefix of the logical messages the trigger emits."""
+FORMAT_VERSION: Final = 1
+"""Version of the message content (``"v"``); bumped when its shape changes incompatibly."""
+TRIGGER_SCHEMA: Final = "etl"
+FUNCTION_NAME: Final = f"{TRIGGER_SCHEMA}.emit_schema_change"
+TRIGGER_NAME: Final = "etl_schema_change"
+MIN_SERVER_VERSION: Final = 140000
+"""Logical messages reach a pgoutput client from Postgres 14 on (the ``messages`` option)."""
+
+# The function body. It is not SECURITY DEFINER: it runs as the role that ran the ALTER TABLE,
+# which may read the catalogs and emit messages like any role. The message is emitted in the
+# (sub)transaction of the DDL itself, never inside an EXCEPTION block: a subtransaction that holds
+# nothing but a logical message is decoded after its parent's changes, out of order (seen on 15
+# and 18). Only building the payload is guarded, so an unexpected catalog error never fails the
+# user's DDL (the schema change is then still seen, with less detail, from RELATION messages).
+_FUNCTION_BODY: Final = f"""
+DECLARE
+    rel oid;
+    payload text;
+BEGIN
+    FOR rel IN
+        WITH RECURSIVE changed(relid) AS (
+            SELECT c.objid FROM pg_event_trigger_ddl_commands() c
+            WHERE c.classid = 'pg_catalog.pg_class'::regclass
+          UNION
+            SELECT i.inhrelid FROM pg_inherits i JOIN changed ON i.inhparent = changed.relid
+        )
+        SELECT t.oid FROM changed JOIN pg_class t ON t.oid = changed.relid
+        WHERE t.relkind IN ('r', 'p') AND t.relpersistence = 'p'
+        ORDER BY t.oid
+    LOOP
+        BEGIN
+            SELECT jsonb_build_object(
+                       'v', {FORMAT_VERSION},
+                       'server_version_num', current_setting('server_version_num')::int,
+                       'oid', t.oid::bigint,
+                       'schema', n.nspname,
+                       'name', t.relname,
+                       'replica_identity', t.relreplident,
+                       'publications', pubs.map,
+                       'columns', cols.list)::text
+              INTO payload
+              FROM pg_class t
+              JOIN pg_namespace n ON n.oid = t.relnamespace
+              CROSS JOIN LATERAL (
+                  SELECT jsonb_object_agg(pt.pubname, to_jsonb(pt) -> 'attnames') AS map
+                  FROM pg_publication_tables pt
+                  WHERE pt.schemaname = n.nspname AND pt.tablename = t.relname) pubs
+              CROSS JOIN LATERAL (
+                  SELECT jsonb_agg(jsonb_build_object(
+                             'attnum', a.attnum,
+                             'name', a.attname,
+                             'type_oid', a.atttypid::bigint,
+                             'type_modifier', a.atttypmod,
+                             'type_name', format_type(a.atttypid, a.atttypmod)
+                                          || repeat('[]', greatest(a.attndims - 1, 0)),
+                             'not_null', a.attnotnull,
+                             'default', CASE WHEN a.attgenerated = '' THEN pg_get_expr(d.adbin, d.adrelid) END,
+                             'generated', a.attgenerated,
+                             'key', EXISTS (
+                                 SELECT 1 FROM pg_index i
+                                 WHERE i.indrelid = t.oid AND a.attnum = ANY (i.indkey)
+                                   AND CASE WHEN t.relreplident = 'i' THEN i.indisreplident
+                                            ELSE i.indisprimary END))
+                         ORDER BY a.attnum) AS list
+                  FROM pg_attribute a
+                  LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                  WHERE a.attrelid = t.oid AND a.attnum > 0 AND NOT a.attisdropped) cols
+              WHERE t.oid = rel AND pubs.map IS NOT NULL;
+        EXCEPTION WHEN OTHERS THEN
+            RAISE WARNING 'etl: no schema change message for table %: %', rel::regclass, SQLERRM;
+            payload := NULL;
+        END;
+        IF payload IS NOT NULL THEN
+            PERFORM pg_logical_emit_message(true, '{MESSAGE_PREFIX}', payload);
+        END IF;
+    END LOOP;
+END;
+"""
+
+
+def install_sql() -> str:
+    """The SQL that installs (or updates) the trigger; idempotent, needs superuser, no other dependency."""
+    return f"""CREATE SCHEMA IF NOT EXISTS {TRIGGER_SCHEMA};
+CREATE OR REPLACE FUNCTION {FUNCTION_NAME}() RETURNS event_trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $etl$
+{_FUNCTION_BODY.strip()}
+$etl$;
+DROP EVENT TRIGGER IF EXISTS {TRIGGER_NAME};
+CREATE EVENT TRIGGER {TRIGGER_NAME} ON ddl_command_end WHEN TAG IN ('ALTER TABLE')
+    EXECUTE FUNCTION {FUNCTION_NAME}();
+"""
+
+
+def uninstall_sql() -> str:
+    """The SQL that removes the trigger and its function (and the schema when nothing else is in it)."""
+    return f"""DROP EVENT TRIGGER IF EXISTS {TRIGGER_NAME};
+DROP FUNCTION IF EXISTS {FUNCTION_NAME}();
+DO $etl$ BEGIN
+    DROP SCHEMA IF EXISTS {TRIGGER_SCHEMA};
+EXCEPTION WHEN dependent_objects_still_exist THEN NULL;
+END $etl$;
+"""
+
+
+@dataclass(frozen=True)
+class InstallResult:
+    """Whether the trigger is in place; ``reason`` says why not (or how it got there). True-ish when installed."""
+
+    installed: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.installed
+
+
+def install_ddl_trigger(conn: psycopg.Connection[Any]) -> InstallResult:
+    """Install or update the trigger when the connected role may (superuser, on a primary).
+
+    A role that may not still gets ``installed=True`` when a superuser already installed the
+    current version (by hand, with ``install_sql()``).
+    """
+    if conn.info.server_version < MIN_SERVER_VERSION:
+        return InstallResult(False, f"Postgres {conn.info.server_version // 10000} cannot send logical messages")
+    row = conn.execute(
+        "SELECT rolsuper, pg_catalog.pg_is_in_recovery() FROM pg_catalog.pg_roles WHERE rolname = current_user"
+    ).fetchone()
+    superuser, standby = bool(row and row[0]), bool(row and row[1])
+    if standby:
+        return InstallResult(False, "the source is a standby; install the trigger on the primary")
+    if not superuser:
+        if ddl_trigger_installed(conn):
+            return InstallResult(True, "already installed by a superuser")
+        return InstallResult(False, f"role {conn.info.user!r} is not a superuser (CREATE EVENT TRIGGER needs one)")
+    try:
+        with conn.transaction():
+            conn.execute(install_sql())
+    except psycopg.errors.InsufficientPrivilege as exc:  # e.g. the schema belongs to another role
+        return InstallResult(False, f"not permitted: {exc.diag.message_primary or exc}")
+    log.info("DDL event trigger installed", trigger=TRIGGER_NAME, function=FUNCTION_NAME)
+    return InstallResult(True, "installed")
+
+
+def uninstall_ddl_trigger(conn: psycopg.Connection[Any]) -> None:
+    """Remove the trigger and its function (a superuser, or the trigger's owner, must run it)."""
+    with conn.transaction():
+        conn.execute(uninstall_sql())
+    log.info("DDL event trigger removed", trigger=TRIGGER_NAME)
+
+
+def ddl_trigger_installed(conn: psycopg.Connection[Any]) -> bool:
+    """True when the trigger exists, is enabled and calls the current version of the function."""
+    row = conn.execute(
+        """SELECT p.prosrc
+           FROM pg_catalog.pg_event_trigger e JOIN pg_catalog.pg_proc p ON p.oid = e.evtfoid
+           WHERE e.evtname = %s AND e.evtenabled <> 'D' AND e.evtevent = 'ddl_command_end'""",
+        (TRIGGER_NAME,),
+    ).fetchone()
+    return row is not None and str(row[0]).strip() == _FUNCTION_BODY.strip()
+
+
+# -- the message ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TriggerColumn:
+    column: ColumnSchema
+    generated: str
+    """``attgenerated``: empty for a plain column, ``s`` stored, ``v`` virtual (Postgres 18)."""
+
+
+@dataclass(frozen=True)
+class SchemaChange:
+    """The content of one trigger message: a table's shape right after an ``ALTER TABLE``."""
+
+    table_id: TableId
+    name: TableName
+    replica_identity: ReplicaIdentity
+    columns: tuple[TriggerColumn, ...]
+    """Every live column in attnum order, generated ones included."""
+    publications: Mapping[str, tuple[str, ...] | None]
+    """The publications that publish the table, with the column names each publishes (``None``: before 15)."""
+    server_version: int
+
+    def table_schema(self, publication: str | None, lsn: Lsn) -> TableSchema | None:
+        """The schema as ``publication`` publishes it (``None`` when it does not publish the table).
+
+        Without a publication every column that logical replication can send is kept. Generated
+        columns are kept only where Postgres 18 publishes them (a stored column the publication lists).
+        """
+        if publication is None:
+            names: tuple[str, ...] | None = None
+        elif publication in self.publications:
+            names = self.publications[publication]
+        else:
+            return None
+        gen_ok = ("", "s") if self.server_version >= 180000 and names is not None else ("",)
+        kept = tuple(
+            c.column for c in self.columns if c.generated in gen_ok and (names is None or c.column.name in names)
+        )
+        return TableSchema(self.table_id, self.name, kept, self.replica_identity, lsn)
+
+
+def parse_schema_change(content: bytes) -> SchemaChange:
+    """Parse a trigger message; ``SourceError`` when it is not one this version understands."""
+    try:
+        doc = json.loads(content)
+        if not isinstance(doc, dict):
+            raise TypeError("not a JSON object")
+        version = doc.get("v")
+        if version != FORMAT_VERSION:
+            raise SourceError(
+                f"schema change message of format {version!r}; this version of etl reads format {FORMAT_VERSION}",
+                hint="reinstall the DDL trigger with this version of etl (or run its install SQL again)",
+            )
+        columns = tuple(
+            TriggerColumn(
+                ColumnSchema(
+                    name=str(c["name"]),
+                    type_oid=int(c["type_oid"]),
+                    type_modifier=int(c["type_modifier"]),
+                    nullable=not c["not_null"],
+                    primary_key=bool(c["key"]),
+                    type_name=str(c["type_name"]),
+                    attnum=int(c["attnum"]),
+                    default=None if c["default"] is None else str(c["default"]),
+                ),
+                str(c["generated"]),
+            )
+            for c in doc["columns"] or ()
+        )
+        publications = {
+            str(pub): None if names is None else tuple(map(str, names))
+            for pub, names in (doc["publications"] or {}).items()
+        }
+        return SchemaChange(
+            table_id=int(doc["oid"]),
+            name=TableName(str(doc["schema"]), str(doc["name"])),
+            replica_identity=ReplicaIdentity(doc["replica_identity"]),
+            columns=columns,
+            publications=publications,
+            server_version=int(doc["server_version_num"]),
+        )
+    except SourceError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise SourceError(
+            f"malformed schema change message ({type(exc).__name__}: {exc})",
+            hint="the DDL trigger on the source is not the one this version of etl installs; reinstall it",
+        ) from None
