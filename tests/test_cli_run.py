@@ -1,0 +1,103 @@
+"""`etl run`, `etl status` and `etl resync` as processes: signals, the pipeline lock, status output."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from etl.testing.pytest_plugin import TestDatabase
+
+
+def write_config(path: Path, db: TestDatabase, store: Path, destination: str = "null") -> Path:
+    path.write_text(
+        f"""
+[pipeline]
+id = 3
+publication = "pub"
+[source]
+host = "127.0.0.1"
+port = {db.cluster.port}
+database = "{db.name}"
+user = "postgres"
+sslmode = "disable"
+[batch]
+max_fill_ms = 100
+[store]
+type = "sqlite"
+path = "{store}"
+[destination]
+type = "{destination}"
+"""
+    )
+    return path
+
+
+def etl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "etl.cli", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def wait_for_status(config: Path, text: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        out = etl("status", "-c", str(config)).stdout
+        if text in out:
+            return out
+        if time.monotonic() > deadline:
+            raise AssertionError(f"status never showed {text!r}:\n{out}")
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def source(pg_database: TestDatabase) -> TestDatabase:
+    pg_database.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t SELECT g, 'x' FROM generate_series(1, 100) g"
+    )
+    pg_database.execute("CREATE PUBLICATION pub FOR TABLE t")
+    return pg_database
+
+
+def test_run_status_lock_and_sigterm(source: TestDatabase, tmp_path: Path) -> None:
+    config = write_config(tmp_path / "p.toml", source, tmp_path / "state.sqlite")
+    run = subprocess.Popen(
+        [sys.executable, "-m", "etl.cli", "run", "-c", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out = wait_for_status(config, "ready")
+        assert "public.t" in out and "etl_apply_3" in out
+
+        second = etl("run", "-c", str(config))
+        assert second.returncode == 1
+        assert "pipeline 3" in second.stderr and "already" in second.stderr.lower()
+
+        source.execute("INSERT INTO t VALUES (101, 'y')")
+        time.sleep(1)
+        run.send_signal(signal.SIGTERM)
+        _, stderr = run.communicate(timeout=60)
+        assert run.returncode == 0, stderr
+    finally:
+        run.kill()
+    assert "draining the batch in flight" in stderr and "pipeline stopped" in stderr
+
+    status = etl("status", "-c", str(config))
+    assert status.returncode == 0
+    line = next(x for x in status.stdout.splitlines() if x.startswith("apply worker durable progress"))
+    assert line.split(":")[1].strip() not in ("none", "")
+    slot = source.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'etl_apply_3'")
+    assert slot and slot[0][0] is not None
+
+
+def test_resync_rejects_a_table_outside_the_publication(source: TestDatabase, tmp_path: Path) -> None:
+    config = write_config(tmp_path / "p.toml", source, tmp_path / "state.sqlite")
+    result = etl("resync", "-c", str(config), "--table", "public.nope")
+    assert result.returncode == 1
+    assert "not in publication 'pub'" in result.stderr and "public.t" in result.stderr
