@@ -6,12 +6,14 @@ Each step alters the source table, writes rows, and checks the schema the destin
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from etl.destination.base import WriteResult
 from etl.destination.memory import MemoryDestination
@@ -177,3 +179,43 @@ def test_rows_around_a_change_inside_one_transaction(run: Run) -> None:
     assert (note.nullable, note.default) == ((False, "'n/a'::text") if run.trigger else (True, None))
     # exactly one new version, whichever source reported it
     assert [r.column_names for r in run.destination.relations] == [["id", "name", "qty", "note"]]
+
+
+@pytest.fixture
+def replication_role(pg_database: TestDatabase) -> Iterator[str]:
+    """A role that may replicate and read the table, but is not a superuser."""
+    name = f"etl_replicator_{os.getpid()}"
+    pg_database.execute(f"CREATE ROLE {name} LOGIN REPLICATION")
+    try:
+        yield name
+    finally:
+        pg_database.execute(f"DROP OWNED BY {name}")
+        pg_database.execute(f"DROP ROLE {name}")
+
+
+def test_without_permission_the_pipeline_warns_and_follows_relation_messages(
+    pg_database: TestDatabase, replication_role: str
+) -> None:
+    db = pg_database
+    db.execute("CREATE TABLE items (id int PRIMARY KEY, name text); CREATE PUBLICATION pub FOR TABLE items")
+    db.execute(f"GRANT SELECT ON items TO {replication_role}")
+    config = pipeline_config(db)
+    config = config.model_copy(update={"source": db.connection(user=replication_role)})
+    destination = MemoryDestination()
+    with capture_logs() as logs:
+        pipeline = Pipeline(config, MemoryStore(pipeline_id=1), destination)
+        pipeline.start()
+    try:
+        (warning,) = [e for e in logs if e["event"].startswith("DDL trigger not installed")]
+        assert warning["log_level"] == "warning"
+        assert "not a superuser" in warning["reason"]
+        assert "nullability, defaults" in warning["lost"]
+        assert "docs/schema-changes.md" in warning["hint"]
+        with db.connect() as conn:
+            assert not ddl_trigger_installed(conn)
+        wait_until(lambda: all_ready(pipeline, 1), "table ready", pipeline)
+        db.execute("ALTER TABLE items ADD COLUMN extra int")
+        db.execute("INSERT INTO items VALUES (1, 'one', 11)")
+        wait_until(lambda: destination.rows(TABLE) == [{"id": 1, "name": "one", "extra": 11}], "row", pipeline)
+    finally:
+        pipeline.shutdown()
