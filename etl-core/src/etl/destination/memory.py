@@ -26,6 +26,7 @@ from etl.events import (
     TruncateEvent,
     UpdateEvent,
 )
+from etl.postgres.codecs import python_values
 from etl.schema import TableId, TableName, TableSchema
 
 
@@ -139,7 +140,7 @@ class MemoryDestination:
             self.write_table_rows_calls.pop(schema.id, None)
 
     def write_table_rows(self, schema: TableSchema, rows: pa.Table) -> WriteResult:
-        columns = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
+        columns = [python_values(rows.column(i)) for i in range(rows.num_columns)]
         with self._lock:
             table = self._tables.setdefault(schema.id, _Table(schema))
             table.schema = schema
