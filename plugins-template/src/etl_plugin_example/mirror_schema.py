@@ -183,26 +183,16 @@ class ColumnChanges:
 def column_changes(old: TableSchema, new: TableSchema) -> ColumnChanges:
     """How the mirrored columns must change from ``old`` to ``new``.
 
-    Columns match by attribute number when both versions know every column's, else by name; then
-    columns left unmatched on both sides pair up in order as renames when there are as many on each
-    side and their value kinds agree (Postgres keeps a renamed column's position; the DuckLake
-    destination uses the same rule). A matched column whose values would read differently (e.g.
-    ``integer`` to ``text``) fails the table with a hint to resync it.
+    Columns match by attribute number when both versions know every column's (the DDL trigger
+    reports them). Otherwise they match by name, unless the change looks like renames in place --
+    the engine's rule for RELATION messages (docs/schema-changes.md): as many columns as before,
+    every position keeps its type, and each changed name is new while the old one is gone. A matched
+    column whose values would read differently (``integer`` to ``text``, say) fails the table with a
+    hint to resync it: the mirrored values are not converted.
     """
     changes = ColumnChanges()
-    by_attnum = all(c.attnum is not None for c in (*old.columns, *new.columns))
-
-    def key(column: ColumnSchema) -> int | str | None:
-        return column.attnum if by_attnum else column.name
-
-    before = {key(c): c for c in old.columns}
-    after = {key(c) for c in new.columns}
-    new_unmatched = [c for c in new.columns if key(c) not in before]
-    old_unmatched = [c for c in old.columns if key(c) not in after]
-    for column in new.columns:
-        previous = before.get(key(column))
-        if previous is None:
-            continue
+    matches = _matches(old, new)
+    for previous, column in matches:
         if value_kind(previous) != value_kind(column):
             raise TableError(
                 f"table {new.name}: column {column.name} changed type from {previous.type_name or previous.type_oid}"
@@ -212,15 +202,37 @@ def column_changes(old: TableSchema, new: TableSchema) -> ColumnChanges:
             )
         if previous.name != column.name:
             changes.renames.append((previous.name, column.name))
-    paired: list[tuple[ColumnSchema, ColumnSchema]] = []
-    if len(new_unmatched) == len(old_unmatched):
-        paired = [(o, n) for o, n in zip(old_unmatched, new_unmatched, strict=True) if value_kind(o) == value_kind(n)]
-    changes.renames += [(o.name, n.name) for o, n in paired]
-    renamed_old = {o.name for o, _ in paired}
-    renamed_new = {n.name for _, n in paired}
-    changes.drops = [c.name for c in old_unmatched if c.name not in renamed_old]
-    changes.adds = [c for c in new_unmatched if c.name not in renamed_new]
+    kept_old = {previous.name for previous, _ in matches}
+    kept_new = {column.name for _, column in matches}
+    changes.drops = [c.name for c in old.columns if c.name not in kept_old]
+    changes.adds = [c for c in new.columns if c.name not in kept_new]
     return changes
+
+
+def _matches(old: TableSchema, new: TableSchema) -> list[tuple[ColumnSchema, ColumnSchema]]:
+    """Pairs (old column, new column) that hold the same source column."""
+    if all(c.attnum is not None for c in (*old.columns, *new.columns)):
+        by_attnum = {c.attnum: c for c in old.columns}
+        return [(by_attnum[c.attnum], c) for c in new.columns if c.attnum in by_attnum]
+    if _renamed_in_place(old.columns, new.columns):
+        return list(zip(old.columns, new.columns, strict=True))
+    by_name = {c.name: c for c in old.columns}
+    return [(by_name[c.name], c) for c in new.columns if c.name in by_name]
+
+
+def _renamed_in_place(old: tuple[ColumnSchema, ...], new: tuple[ColumnSchema, ...]) -> bool:
+    if len(old) != len(new):
+        return False
+    old_names, new_names = {c.name for c in old}, {c.name for c in new}
+    renamed = False
+    for before, after in zip(old, new, strict=True):
+        if (before.type_oid, before.type_modifier) != (after.type_oid, after.type_modifier):
+            return False
+        if before.name != after.name:
+            if after.name in old_names or before.name in new_names:
+                return False
+            renamed = True
+    return renamed
 
 
 def migrate(conn: sqlite3.Connection, table: MirroredTable, schema: TableSchema) -> MirroredTable:
