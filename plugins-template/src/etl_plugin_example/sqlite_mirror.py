@@ -17,6 +17,7 @@ change applied, is saved in the same transaction as the data, and changes at or 
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -166,7 +167,8 @@ class SqliteMirrorDestination:
                 conn.execute("COMMIT")
             except BaseException as exc:
                 if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                    with contextlib.suppress(sqlite3.Error):  # keep the original error
+                        conn.execute("ROLLBACK")
                 if isinstance(exc, sqlite3.Error):
                     raise self._error(exc, doing) from None
                 raise
