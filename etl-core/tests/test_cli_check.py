@@ -79,6 +79,7 @@ def test_check_names_missing_publication_unusable_identity_and_privileges(
     assert "FAIL  replication privilege" in out and 'ALTER ROLE "reader" WITH REPLICATION' in out
     assert "FAIL  replica identity" in out and "public.keyless" in out and "REPLICA IDENTITY FULL" in out
     assert "FAIL  table privileges" in out
+    assert "WARN  schema change trigger" in out
 
 
 def test_check_reports_unreachable_source(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -121,7 +122,15 @@ def test_bad_toml_names_file(tmp_path: Path) -> None:
     assert str(path) in str(err.value) and "TOML" in str(err.value)
 
 
-def test_logs_redact_secrets(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    handlers = logging.getLogger().handlers[:]
+    yield
+    structlog.reset_defaults()
+    logging.getLogger().handlers[:] = handlers
+
+
+def test_logs_redact_secrets(capsys: pytest.CaptureFixture[str], restore_logging: None) -> None:
     configure_logging("json", "info")
     structlog.get_logger("t").info("connecting", password="hunter2", dsn="host=x password=hunter2 user=y")
     logging.getLogger("lib").warning("conninfo password=hunter2")

@@ -114,7 +114,7 @@ def cmd_check(config: PipelineConfig) -> int:
     checks = run_checks(config)
     for check in checks:
         echo(check.line())
-    failed = sum(not c.ok for c in checks)
+    failed = sum(c.failed for c in checks)
     echo(f"{len(checks) - failed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -187,8 +187,10 @@ def table_schema(
                   pg_catalog.format_type(a.atttypid, a.atttypmod) || repeat('[]', greatest(a.attndims - 1, 0)),
                   a.attnotnull, a.attgenerated <> '',
                   EXISTS (SELECT 1 FROM pg_catalog.pg_index i
-                          WHERE i.indrelid = a.attrelid AND {key_index} AND a.attnum = ANY (i.indkey))
+                          WHERE i.indrelid = a.attrelid AND {key_index} AND a.attnum = ANY (i.indkey)),
+                  a.attnum, CASE WHEN a.attgenerated = '' THEN pg_catalog.pg_get_expr(d.adbin, d.adrelid) END
            FROM pg_catalog.pg_attribute a
+           LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
            WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
            ORDER BY a.attnum""",
         (table_id,),
@@ -204,13 +206,13 @@ def table_schema(
             )
     kept: list[ColumnSchema] = []
     skipped_generated: list[str] = []
-    for attname, type_oid, typmod, type_name, not_null, generated, in_key in columns:
+    for attname, type_oid, typmod, type_name, not_null, generated, in_key, attnum, default in columns:
         if wanted is not None and attname not in wanted:
             continue
         if generated and wanted is None and not include_generated:
             skipped_generated.append(attname)
             continue
-        kept.append(ColumnSchema(attname, type_oid, typmod, not not_null, in_key, type_name))
+        kept.append(ColumnSchema(attname, type_oid, typmod, not not_null, in_key, type_name, attnum, default))
     if skipped_generated:
         log.warning("generated columns are not replicated", table=str(name), columns=skipped_generated)
     return TableSchema(table_id, name, tuple(kept), identity)

@@ -11,6 +11,7 @@ import psycopg
 from etl.config import PipelineConfig
 from etl.errors import EtlError
 from etl.postgres.connection import connect
+from etl.postgres.ddl import ddl_trigger_installed
 from etl.replication.slots import apply_slot
 
 
@@ -21,8 +22,15 @@ class Check:
     detail: str
     fix: str | None = None
 
+    advisory: bool = False
+    """A failed advisory check is reported as WARN and does not fail ``etl check``."""
+
+    @property
+    def failed(self) -> bool:
+        return not self.ok and not self.advisory
+
     def line(self) -> str:
-        verdict = "PASS" if self.ok else "FAIL"
+        verdict = "PASS" if self.ok else "WARN" if self.advisory else "FAIL"
         text = f"{verdict}  {self.name}: {self.detail}"
         return f"{text}\n      fix: {self.fix}" if self.fix and not self.ok else text
 
@@ -111,6 +119,22 @@ def _checks(conn: psycopg.Connection[Any], config: PipelineConfig) -> Iterator[C
             if not unreadable
             else f"role '{user}' may not SELECT from: {', '.join(unreadable)}",
             f'GRANT SELECT ON <table> TO "{user}";',
+        )
+
+    if config.pipeline.install_ddl_trigger:
+        installed = ddl_trigger_installed(conn)
+        superuser = bool(_one(conn, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"))
+        yield Check(
+            "schema change trigger",
+            installed or superuser,
+            "installed"
+            if installed
+            else "will be installed when the pipeline starts"
+            if superuser
+            else "not installed and the role may not install it: nullability, defaults and renames of columns"
+            " are not seen",
+            "have a superuser run the SQL in docs/schema-changes.md, or set [pipeline] install_ddl_trigger = false",
+            advisory=True,
         )
 
     needed_slots = 1 + config.pipeline.table_sync_workers
