@@ -157,3 +157,18 @@ def test_partitioned_tables(pg_database: TestDatabase, start: Start, via_root: b
     db.execute("DELETE FROM m WHERE id % 11 = 0; UPDATE m SET at = '2026-12-01' WHERE id = 1")  # crosses partitions
     wait_until(lambda: destination_matches(db, destination, *tables), "partitioned changes", pipeline)
     assert destination.table_names() == sorted(TableName.parse(t) for t in tables)
+
+
+def test_truncate_cascade_reaches_every_truncated_table(pg_database: TestDatabase, start: Start) -> None:
+    db = pg_database
+    db.execute("CREATE TABLE parent (id int PRIMARY KEY); INSERT INTO parent SELECT generate_series(1, 10)")
+    db.execute("CREATE TABLE child (id int PRIMARY KEY, p int REFERENCES parent); INSERT INTO child VALUES (1, 1)")
+    db.execute("CREATE TABLE other (id int PRIMARY KEY); INSERT INTO other VALUES (1)")
+    db.execute("CREATE PUBLICATION pub FOR TABLE parent, child, other")
+    pipeline, destination = start()
+    wait_until(lambda: all_ready(pipeline, 3), "ready", pipeline)
+    db.execute("TRUNCATE parent CASCADE")
+    db.execute("INSERT INTO parent VALUES (42)")
+    tables = ("public.parent", "public.child", "public.other")
+    wait_until(lambda: destination_matches(db, destination, *tables), "cascaded truncate", pipeline)
+    assert destination.rows("public.child") == [] and destination.rows("public.other") == [{"id": 1}]

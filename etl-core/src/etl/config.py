@@ -89,7 +89,6 @@ class PipelineSection(Section):
 class BatchSection(Section):
     max_fill_ms: int = Field(1000, ge=1, description="flush a batch after this long")
     max_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="flush a batch past this size")
-    memory_budget_bytes: int = Field(256 * 1024 * 1024, ge=1024 * 1024, description="pause reading past this")
     spill_threshold_bytes: int = Field(
         64 * 1024 * 1024, ge=1024, description="spill an in-progress streamed transaction to disk past this"
     )

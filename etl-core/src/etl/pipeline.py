@@ -181,3 +181,5 @@ class Pipeline:
         self.log.warning("replication slot invalidated; recreating it and resyncing every table", slot=slot)
         rconn.drop_slot_if_exists(slot)
         self.store.reset_tables_for_resync()
+        assert self._states is not None
+        self._states.reload()

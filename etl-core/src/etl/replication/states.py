@@ -22,6 +22,12 @@ class TableStates:
         self._changed = threading.Condition()
         self._states: dict[TableId, TableState] = dict(store.get_table_states())
 
+    def reload(self) -> None:
+        """Read the states again from the store, after the store changed them directly."""
+        with self._changed:
+            self._states = dict(self._store.get_table_states())
+            self._changed.notify_all()
+
     def get(self, table_id: TableId) -> TableState | None:
         with self._changed:
             return self._states.get(table_id)
