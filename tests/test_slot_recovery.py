@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import pytest
-from etl_store_sqlite.store import SqliteStore
 
 from etl.destination.memory import MemoryDestination
 from etl.errors import SourceError
@@ -14,6 +13,7 @@ from etl.pipeline import Pipeline
 from etl.postgres.replication import slot_state
 from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
+from etl_store_sqlite.store import SqliteStore
 
 
 def invalidate_slot(db: TestDatabase, slot: str) -> None:
