@@ -74,7 +74,7 @@ def missing_columns(changes: pa.Table) -> list[str]:
 
 
 def _key_equal(left: Sequence[Column], right: Sequence[Column]) -> Column:
-    from functools import reduce  # noqa: PLC0415
+    from functools import reduce
 
     return reduce(lambda a, b: a & b, [lc.eqNullSafe(rc) for lc, rc in zip(left, right, strict=True)])
 
@@ -88,8 +88,8 @@ def last_change_per_key(
     has the row columns, ``ACTION``, ``PRIOR_KEY`` and ``_etl_missing`` (columns still missing after
     filling ``toast`` columns from earlier images of the key in the batch).
     """
-    from pyspark.sql import Window  # noqa: PLC0415
-    from pyspark.sql import functions as sf  # noqa: PLC0415
+    from pyspark.sql import Window
+    from pyspark.sql import functions as sf
 
     op, old = sf.col(OP_COLUMN), sf.col(OLD_COLUMN)
     new_key = [sf.col(k) for k in key]
@@ -135,7 +135,7 @@ def last_change_per_key(
 
 
 def _filled(name: Column, toast: Sequence[str]) -> Column:
-    from pyspark.sql import functions as sf  # noqa: PLC0415
+    from pyspark.sql import functions as sf
 
     checks = [(name == sf.lit(t)) & sf.col(f"_etl_fill_{t}").isNotNull() for t in toast]
     result = checks[0]
@@ -150,7 +150,7 @@ def net_changes_without_key(changes: DataFrame, columns: Sequence[str]) -> DataF
     An update adds its new image and removes its old one (``REPLICA IDENTITY FULL`` sends the whole
     old row); unchanged TOAST values of the new image are taken from the old image.
     """
-    from pyspark.sql import functions as sf  # noqa: PLC0415
+    from pyspark.sql import functions as sf
 
     op, old = sf.col(OP_COLUMN), sf.col(OLD_COLUMN)
     missing = sf.coalesce(sf.col(MISSING_COLUMN), sf.array().cast("array<string>"))

@@ -10,6 +10,6 @@ from etl.plugins import hookimpl
 
 @hookimpl
 def etl_destinations() -> Iterable[type[Any]]:
-    from etl_spark.ducklake.destination import DuckLakeDestination  # noqa: PLC0415 - keep plugin discovery light
+    from etl_spark.ducklake.destination import DuckLakeDestination
 
     return [DuckLakeDestination]

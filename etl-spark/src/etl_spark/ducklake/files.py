@@ -33,7 +33,7 @@ STAGING: Final = "_etl_staging/"
 
 def spark_type(type_name: str) -> DataType:
     """The Spark type that holds a DuckLake column's values as this writer stores them."""
-    from pyspark.sql import types as st  # noqa: PLC0415
+    from pyspark.sql import types as st
 
     simple: dict[str, DataType] = {
         "boolean": st.BooleanType(),
@@ -58,7 +58,7 @@ def spark_type(type_name: str) -> DataType:
 
 def lake_schema(columns: Sequence[LakeColumn]) -> StructType:
     """The Spark schema of a table's files: one field per column, with its field id."""
-    from pyspark.sql import types as st  # noqa: PLC0415
+    from pyspark.sql import types as st
 
     return st.StructType(
         [st.StructField(c.name, spark_type(c.type), True, {FIELD_ID_KEY: c.column_id}) for c in columns]
@@ -82,7 +82,7 @@ class LakeStorage:
 
     def write_data(self, frame: DataFrame, directory: str, columns: Sequence[LakeColumn], files: int) -> list[NewFile]:
         """Write ``frame`` (already in the columns' Spark types) as at most ``files`` data files."""
-        from pyspark.sql import functions as sf  # noqa: PLC0415
+        from pyspark.sql import functions as sf
 
         staging = f"{self.data_path}{STAGING}{uuid.uuid4()}"
         schema = lake_schema(columns)
@@ -154,7 +154,7 @@ def read_live(
     Columns are matched by field id, so files written before a rename read correctly. Positions in
     the active delete files are excluded.
     """
-    from pyspark.sql import functions as sf  # noqa: PLC0415
+    from pyspark.sql import functions as sf
 
     rows = (
         spark.read.schema(lake_schema(columns))
@@ -174,7 +174,7 @@ def read_live(
 
 
 def _file_name(path: Column) -> Column:
-    from pyspark.sql import functions as sf  # noqa: PLC0415
+    from pyspark.sql import functions as sf
 
     return sf.element_at(sf.split(path, "/"), -1)
 

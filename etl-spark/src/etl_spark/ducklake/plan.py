@@ -196,7 +196,7 @@ def _fill_from_lake(upserts: DataFrame, live: DataFrame, key: list[str], toast: 
     """Values still missing (unchanged TOAST) come from the stored row of the prior key."""
     if not toast:
         return upserts
-    from pyspark.sql import functions as sf  # noqa: PLC0415
+    from pyspark.sql import functions as sf
 
     stored = live.select(
         *[sf.col(k).alias(f"_etl_k_{k}") for k in key], *[sf.col(c).alias(f"_etl_v_{c}") for c in toast]
@@ -216,8 +216,8 @@ def _fill_from_lake(upserts: DataFrame, live: DataFrame, key: list[str], toast: 
 
 def _occurrences(live: DataFrame, net: DataFrame, names: list[str]) -> DataFrame:
     """For each image deleted ``-NET`` times, that many of its stored occurrences."""
-    from pyspark.sql import Window  # noqa: PLC0415
-    from pyspark.sql import functions as sf  # noqa: PLC0415
+    from pyspark.sql import Window
+    from pyspark.sql import functions as sf
 
     deleted = net.filter(sf.col(NET) < 0).select(
         *[sf.col(n).alias(f"_etl_d_{n}") for n in names], (-sf.col(NET)).alias("_etl_count")
@@ -232,7 +232,7 @@ def _occurrences(live: DataFrame, net: DataFrame, names: list[str]) -> DataFrame
 
 
 def _copies(net: DataFrame, names: list[str]) -> DataFrame:
-    from pyspark.sql import functions as sf  # noqa: PLC0415
+    from pyspark.sql import functions as sf
 
     return (
         net.filter(sf.col(NET) > 0)
