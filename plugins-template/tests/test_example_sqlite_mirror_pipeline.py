@@ -220,24 +220,40 @@ def test_restart_resumes_without_copying_again(source: TestDatabase, config: Pip
         second.shutdown()
 
 
-def test_schema_changes_alter_the_mirror(source: TestDatabase, pipeline: Pipeline, mirror_path: Path) -> None:
-    wait_until(lambda: all_ready(pipeline, 2), "both tables ready", pipeline)
-    # The copied schema has no attribute numbers: this rename is recognised in place (a row follows
-    # it, so it reaches the mirror as a version of its own); the DDL trigger's later versions carry
-    # attribute numbers.
-    source.execute("ALTER TABLE accounts RENAME COLUMN name TO title")
-    source.execute("UPDATE accounts SET title = 'renamed' WHERE id = 1")
-    source.execute("ALTER TABLE accounts ADD COLUMN rating int")
-    source.execute("UPDATE accounts SET rating = id % 7 WHERE id <= 20")
-    source.execute("ALTER TABLE accounts DROP COLUMN tags")
-    source.execute("ALTER TABLE accounts RENAME COLUMN rating TO stars")
-    source.execute("INSERT INTO accounts (id, title, stars) VALUES (3000, 'after changes', 1)")
-    source.execute("ALTER TABLE keyless RENAME TO not_keyless")
-    source.execute("INSERT INTO not_keyless VALUES (42, 'renamed table')")
-    wait_mirrored(source, mirror_path, pipeline, "public.accounts", "public.not_keyless", what="schema changes")
-    with MirrorReader(mirror_path) as mirror:
-        assert mirror.schema("accounts").column_names == ["id", "title", "balance", "doc", "stars"]
-        assert [str(name) for name in mirror.tables()] == ["public.accounts", "public.not_keyless"]
+@pytest.mark.parametrize("trigger", [True, False], ids=["ddl-trigger", "relation-only"])
+def test_schema_changes_alter_the_mirror(
+    source: TestDatabase, tmp_path: Path, mirror_path: Path, trigger: bool
+) -> None:
+    # Without the DDL trigger, a schema change reaches the stream only with the table's next row, and
+    # added columns have no attribute number: the last rename is recognised by the in-place rule.
+    config = pipeline_config(
+        source,
+        pipeline={"install_ddl_trigger": trigger},
+        store={"type": "json_file", "path": str(tmp_path / "state.json")},
+        destination={"type": "sqlite_mirror", "path": str(mirror_path)},
+    )
+    pipeline = run(config)
+    try:
+        wait_until(lambda: all_ready(pipeline, 2), "both tables ready", pipeline)
+        for sql in (
+            "ALTER TABLE accounts RENAME COLUMN name TO title",
+            "UPDATE accounts SET title = 'renamed' WHERE id = 1",
+            "ALTER TABLE accounts ADD COLUMN rating int",
+            "UPDATE accounts SET rating = id % 7 WHERE id <= 20",
+            "ALTER TABLE accounts DROP COLUMN tags",
+            "UPDATE accounts SET rating = 0 WHERE id = 2",
+            "ALTER TABLE accounts RENAME COLUMN rating TO stars",
+            "INSERT INTO accounts (id, title, stars) VALUES (3000, 'after changes', 1)",
+            "ALTER TABLE keyless RENAME TO not_keyless",
+            "INSERT INTO not_keyless VALUES (42, 'renamed table')",
+        ):
+            source.execute(sql)
+        wait_mirrored(source, mirror_path, pipeline, "public.accounts", "public.not_keyless", what="schema changes")
+        with MirrorReader(mirror_path) as mirror:
+            assert mirror.schema("accounts").column_names == ["id", "title", "balance", "doc", "stars"]
+            assert [str(name) for name in mirror.tables()] == ["public.accounts", "public.not_keyless"]
+    finally:
+        pipeline.shutdown()
 
 
 def test_a_type_change_fails_only_that_table(source: TestDatabase, pipeline: Pipeline, mirror_path: Path) -> None:
