@@ -32,9 +32,12 @@ from etl.postgres.pgoutput import (
     StreamStart,
     StreamStop,
     Truncate,
+    TupleData,
+    TupleWidthError,
     Type,
     Update,
     stream_xid,
+    tuple_columns,
 )
 from etl.schema import ReplicaIdentity
 
@@ -306,14 +309,24 @@ def test_errors_name_the_problem(pg_database: Any) -> None:
     with pytest.raises(PgOutputError, match="empty"):
         decoder.decode(b"")
 
+    # Tuples are parsed when their values are read: one by one, or a batch column-wise (as the builder does).
+    readers: list[Callable[[TupleData], object]] = [tuple, lambda row: tuple_columns([row], 2)]
     # The first value of the captured insert is ('t', length, '1'): mark it binary instead.
     first_value = insert.index(b"t\x00\x00\x00\x011")
-    binary = insert[:first_value] + b"b" + insert[first_value + 1 :]
-    with pytest.raises(PgOutputError, match="binary format") as binary_error:
-        decoder.decode(binary)
-    assert binary_error.value.hint is not None and "binary" in binary_error.value.hint
-    with pytest.raises(PgOutputError, match=r"malformed pgoutput 'I' message|truncated"):
-        decoder.decode(insert[:-1])
+    binary = decoder.decode(insert[:first_value] + b"b" + insert[first_value + 1 :])
+    truncated = decoder.decode(insert[:-1])
+    unknown = decoder.decode(insert[:first_value] + b"x" + insert[first_value + 1 :])
+    assert isinstance(binary, Insert) and isinstance(truncated, Insert) and isinstance(unknown, Insert)
+    for read in readers:
+        with pytest.raises(PgOutputError, match="binary format") as binary_error:
+            read(binary.new)
+        assert binary_error.value.hint is not None and "binary" in binary_error.value.hint
+        with pytest.raises(PgOutputError, match="truncated"):
+            read(truncated.new)
+        with pytest.raises(PgOutputError, match=r"unknown tuple value kind 'x'"):
+            read(unknown.new)
+    with pytest.raises(TupleWidthError):
+        tuple_columns([decoder.decode(insert).new], 3)  # type: ignore[union-attr]
     with pytest.raises(PgOutputError, match="malformed pgoutput 'B' message"):
         decoder.decode(b"B\x00\x01")
     with pytest.raises(PgOutputError, match="protocol version 9"):

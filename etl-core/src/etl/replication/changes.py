@@ -1,8 +1,9 @@
 """Accumulate decoded changes column-wise and build ``EventBatch`` objects from them.
 
-The hot path appends each row's text values as one tuple; ``build()`` transposes the rows of a
-table segment into columns and converts every column with one ``decode_text_column`` call. The
-ordered Python events of a batch are produced lazily from the same Arrow columns.
+The hot path keeps each row as the ``TupleData`` the decoder made (a reference into its payload,
+not yet parsed); ``build()`` parses the rows of a table segment column by column with
+``tuple_columns`` and converts every column with one ``decode_text_column`` call. The ordered
+Python events of a batch are produced lazily from the same Arrow columns.
 
 Ordering: every change carries its transaction's ``commit_lsn`` (the final LSN announced by
 BEGIN) and ``tx_ordinal``, its 0-based position among the transaction's changes (inserts,
@@ -15,11 +16,14 @@ on with the same ``commit_lsn`` and ordinals. Transactions without changes produ
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, Final
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from etl.errors import EtlError, TableError
 from etl.events import (
@@ -43,17 +47,25 @@ from etl.events import (
 )
 from etl.lsn import Lsn
 from etl.postgres.codecs import arrow_field, decode_text_column, python_values
-from etl.postgres.pgoutput import UNCHANGED_TOAST, OldKind, TupleData
+from etl.postgres.pgoutput import (
+    UNCHANGED_TOAST,
+    OldKind,
+    TupleColumns,
+    TupleData,
+    TupleWidthError,
+    Value,
+    tuple_columns,
+)
 from etl.schema import TableId, TableSchema
 
-_ROW_OVERHEAD: Final = 64
-"""Estimated bytes per buffered row besides its values (metadata columns, offsets, Python objects)."""
-_VALUE_OVERHEAD: Final = 8
+_ROW_OVERHEAD: Final = 96
+"""Estimated bytes per buffered row besides its payload (metadata columns, Python objects)."""
 
-_Extra = tuple[list[str] | None, tuple[str | None, ...] | None, bool]
-"""Per update/delete row: missing column names, the old row of an update, whether the old row is key-only."""
+_Extra = tuple[TupleData | None, OldKind | None]
+"""Per update/delete row: the old row of an update (when sent), and its kind."""
 
 
+@lru_cache(maxsize=256)
 def change_schema(schema: TableSchema) -> pa.Schema:
     """The Arrow schema of a table's change segments: the row columns, then the ``_etl_*`` metadata columns."""
     fields = [arrow_field(c) for c in schema.columns]
@@ -71,44 +83,39 @@ def change_schema(schema: TableSchema) -> pa.Schema:
 
 
 class _Segment:
-    """Changes of one table under one schema version, as appended (text values, row-wise)."""
+    """Changes of one table under one schema version, as appended (raw tuples, row-wise)."""
 
-    __slots__ = ("extras", "lsns", "ops", "ordinals", "row_size", "rows", "schema", "table_id", "width")
+    __slots__ = ("extras", "lsns", "ops", "ordinals", "rows", "schema", "table_id", "width")
 
     def __init__(self, table_id: TableId, schema: TableSchema) -> None:
         self.table_id = table_id
         self.schema = schema
         self.width = len(schema.columns)
-        self.rows: list[tuple[str | None, ...]] = []
+        self.rows: list[TupleData | None] = []
+        """The new row of inserts and updates, the old row of deletes, ``None`` for truncates."""
         self.ops: list[str] = []
         self.lsns: list[int] = []
         self.ordinals: list[int] = []
         self.extras: dict[int, _Extra] = {}
-        self.row_size = 0
-        """Estimated bytes of an inserted row, measured on every 32nd insert."""
 
     def build(self) -> pa.Table:
-        schema = self.schema
-        n = len(self.rows)
-        if any(len(row) != self.width for row in self.rows):
-            widths = sorted({len(row) for row in self.rows})
-            raise TableError(
-                f"table {schema.name}: rows with {widths} columns do not match its schema of {self.width} columns",
-                hint="the stored schema is out of date; resync the table",
-                table_id=self.table_id,
-            )
-        columns = self._decode(self.rows, n)
+        schema, n = self.schema, len(self.rows)
+        new = self._parse(self.rows)
+        texts, missing_names = new.text, None
+        if any(mask is not None for mask in new.unchanged):
+            texts, missing_names = self._recover_unchanged(new)
+        columns = self._decode(texts)
         extras = self.extras
         if extras:
-            default: _Extra = (None, None, False)
-            per_row = [extras.get(i, default) for i in range(n)]
-            missing = pa.array([e[0] for e in per_row], pa.list_(pa.string()))
-            old_is_key = pa.array([e[2] if i in extras else None for i, e in enumerate(per_row)], pa.bool_())
-            old = self._old_struct([e[1] for e in per_row], n)
+            missing = (
+                pa.array(missing_names, pa.list_(pa.string())) if missing_names else pa.nulls(n, pa.list_(pa.string()))
+            )
+            old_is_key = pa.array([e[1] == "K" if (e := extras.get(i)) else None for i in range(n)], pa.bool_())
+            old = self._old_struct([e[0] if (e := extras.get(i)) else None for i in range(n)])
         else:
             missing = pa.nulls(n, pa.list_(pa.string()))
             old_is_key = pa.nulls(n, pa.bool_())
-            old = pa.nulls(n, pa.struct([arrow_field(c) for c in schema.columns]))
+            old = pa.nulls(n, change_schema(schema).field(OLD_COLUMN).type)
         arrays = [
             *columns,
             pa.array(self.ops, pa.string()),
@@ -120,23 +127,60 @@ class _Segment:
         ]
         return pa.Table.from_arrays(arrays, schema=change_schema(schema))
 
-    def _decode(self, rows: list[tuple[str | None, ...]], n: int) -> list[pa.Array]:
-        texts: Iterable[tuple[str | None, ...]] = zip(*rows, strict=True) if n else [()] * self.width
+    def _parse(self, rows: Sequence[TupleData | None]) -> TupleColumns:
+        try:
+            return tuple_columns(rows, self.width)
+        except TupleWidthError as exc:
+            raise TableError(
+                f"table {self.schema.name}: rows with {exc.widths} columns do not match its schema of"
+                f" {self.width} columns",
+                hint="the stored schema is out of date; resync the table",
+                table_id=self.table_id,
+            ) from None
+
+    def _decode(self, texts: list[pa.Array]) -> list[pa.Array]:
         try:
             return [
-                decode_text_column(column, pa.array(values, pa.string()))
-                for column, values in zip(self.schema.columns, texts, strict=True)
+                decode_text_column(column, values) for column, values in zip(self.schema.columns, texts, strict=True)
             ]
         except TableError as exc:
             message = f"table {self.schema.name}: {exc.message}"
             raise TableError(message, hint=exc.hint, table_id=self.table_id) from None
 
-    def _old_struct(self, olds: list[tuple[str | None, ...] | None], n: int) -> pa.Array:
+    def _recover_unchanged(self, new: TupleColumns) -> tuple[list[pa.Array], list[list[str] | None]]:
+        """Fill unchanged TOAST values of updates from the old row where Postgres sent them; name the rest.
+
+        An update's old row holds every column under REPLICA IDENTITY FULL (``O``), else the key
+        columns only (``K``, when the key changed). Values found in neither stay null and are listed
+        in ``_etl_missing``.
+        """
+        columns = self.schema.columns
+        masks = [mask if mask is not None else np.zeros(len(self.rows), np.bool_) for mask in new.unchanged]
+        missing: list[list[str] | None] = [None] * len(self.rows)
+        replacements: list[list[str | None]] = [[] for _ in columns]
+        for i in np.flatnonzero(np.logical_or.reduce(masks)).tolist():
+            old, old_kind = self.extras.get(i, (None, None))
+            old_values = _plain(old) if old is not None and self.ops[i] == "U" else None
+            for c, column in enumerate(columns):
+                if not masks[c][i]:
+                    continue
+                if old_values is not None and (old_kind == "O" or column.primary_key):
+                    replacements[c].append(old_values[c])  # sent in the old row
+                    continue
+                replacements[c].append(None)
+                if self.ops[i] == "U":
+                    missing[i] = [*(missing[i] or []), column.name]
+        texts = [
+            text if mask is None else pc.replace_with_mask(text, mask, pa.array(values, pa.string()))
+            for text, mask, values in zip(new.text, new.unchanged, replacements, strict=True)
+        ]
+        return texts, missing
+
+    def _old_struct(self, olds: list[TupleData | None]) -> pa.Array:
         fields = [arrow_field(c) for c in self.schema.columns]
         if all(o is None for o in olds):
-            return pa.nulls(n, pa.struct(fields))
-        blank = (None,) * self.width
-        columns = self._decode([blank if o is None else o for o in olds], n)
+            return pa.nulls(len(olds), pa.struct(fields))
+        columns = self._decode(self._parse(olds).text)  # unchanged TOAST in an old row reads as null
         mask = pa.array([o is None for o in olds], pa.bool_())
         return pa.StructArray.from_arrays(columns, fields=fields, mask=mask)
 
@@ -221,41 +265,35 @@ class ChangeBuilder:
         self._changes += 1
         self._log.append(("R", start_lsn, self._commit_lsn, self._ordinal, schema))
 
-    def insert(self, table_id: TableId, new: TupleData, start_lsn: Lsn) -> None:
+    def insert(self, table_id: TableId, new: Sequence[Value], start_lsn: Lsn) -> None:
         segment = self._open.get(table_id) or self._start(table_id)
-        index = self._add(segment, "I", new, start_lsn)  # type: ignore[arg-type]  # an insert has no unchanged TOAST
-        if not index & 31:
-            segment.row_size = _estimate(new) + _VALUE_OVERHEAD * segment.width + _ROW_OVERHEAD  # type: ignore[arg-type]
-        self._size += segment.row_size
+        row = _raw(new)
+        self._add(segment, "I", row, start_lsn)
+        self._size += len(row.data) + _ROW_OVERHEAD
 
     def update(
-        self, table_id: TableId, old_kind: OldKind | None, old: TupleData | None, new: TupleData, start_lsn: Lsn
+        self,
+        table_id: TableId,
+        old_kind: OldKind | None,
+        old: Sequence[Value] | None,
+        new: Sequence[Value],
+        start_lsn: Lsn,
     ) -> None:
         segment = self._open.get(table_id) or self._start(table_id)
-        old_row = None if old is None else _plain(old)
-        row: list[str | None] = []
-        missing: list[str] | None = None
-        for i, value in enumerate(new):
-            if value is UNCHANGED_TOAST:
-                column = segment.schema.columns[i] if i < segment.width else None
-                if old_row is not None and (old_kind == "O" or (column is not None and column.primary_key)):
-                    row.append(old_row[i])  # sent in the old row
-                    continue
-                row.append(None)
-                missing = missing or []
-                missing.append(column.name if column is not None else str(i))
-            else:
-                row.append(value)  # type: ignore[arg-type]
-        index = self._add(segment, "U", tuple(row), start_lsn)
-        segment.extras[index] = (missing, old_row, old_kind == "K")
-        self._size += _estimate(row) + _estimate(old_row or ()) + _VALUE_OVERHEAD * segment.width + _ROW_OVERHEAD
+        row = _raw(new)
+        index = self._add(segment, "U", row, start_lsn)
+        old_row = None if old is None else _raw(old)
+        segment.extras[index] = (old_row, old_kind)
+        self._size += len(row.data) + _ROW_OVERHEAD  # the old row, when sent, shares the new row's payload
+        if old_row is not None and old_row.data is not row.data:
+            self._size += len(old_row.data)
 
-    def delete(self, table_id: TableId, old_kind: OldKind, old: TupleData, start_lsn: Lsn) -> None:
+    def delete(self, table_id: TableId, old_kind: OldKind, old: Sequence[Value], start_lsn: Lsn) -> None:
         segment = self._open.get(table_id) or self._start(table_id)
-        row = _plain(old)
+        row = _raw(old)
         index = self._add(segment, "D", row, start_lsn)
-        segment.extras[index] = (None, None, old_kind == "K")
-        self._size += _estimate(row) + _VALUE_OVERHEAD * segment.width + _ROW_OVERHEAD
+        segment.extras[index] = (None, old_kind)
+        self._size += len(row.data) + _ROW_OVERHEAD
 
     def truncate(self, table_ids: Iterable[TableId], cascade: bool, restart_identity: bool, start_lsn: Lsn) -> None:
         """One ``T`` row (row columns null) in each table's segment, one ``TruncateEvent`` in the events."""
@@ -263,7 +301,7 @@ class ChangeBuilder:
         ordinal = self._next_ordinal()
         for table_id in ids:
             segment = self._open.get(table_id) or self._start(table_id)
-            segment.rows.append((None,) * segment.width)
+            segment.rows.append(None)
             segment.ops.append("T")
             segment.lsns.append(self._commit_lsn)
             segment.ordinals.append(ordinal)
@@ -323,7 +361,7 @@ class ChangeBuilder:
         self._ordinal += 1
         return ordinal
 
-    def _add(self, segment: _Segment, op: str, row: tuple[str | None, ...], start_lsn: Lsn) -> int:
+    def _add(self, segment: _Segment, op: str, row: TupleData, start_lsn: Lsn) -> int:
         if not self._in_transaction:
             raise EtlError("a change outside a transaction: the stream is out of order")
         index = len(segment.rows)
@@ -337,13 +375,13 @@ class ChangeBuilder:
         return index
 
 
+def _raw(values: Sequence[Value]) -> TupleData:
+    return values if isinstance(values, TupleData) else TupleData.of(values)
+
+
 def _plain(values: TupleData) -> tuple[str | None, ...]:
     """A tuple's values with an unchanged TOAST marker (never expected in old rows) read as unknown (null)."""
     return tuple(None if v is UNCHANGED_TOAST else v for v in values)  # type: ignore[misc]
-
-
-def _estimate(values: Iterable[str | None]) -> int:
-    return sum(map(len, filter(None, values)))
 
 
 def _events(log: list[tuple[Any, ...]], tables: dict[_Segment, pa.Table]) -> Iterator[Event]:
