@@ -84,10 +84,6 @@ def limit(src: benchlib.Source, rows: int, end_lsn: str) -> Line:
     sampler = CpuSampler(src, LIMIT_SLOT)
     seconds = benchlib.timed(command)
     walsender = sampler.stop()
-    import os
-
-    print("BYTES", os.path.getsize("/dev/shm/bench-recvlogical.out"))
-    os.unlink("/dev/shm/bench-recvlogical.out")
     return Line("pg_recvlogical > /dev/null", rows, seconds, note=f"walsender CPU {walsender:.1f} s")
 
 
