@@ -49,6 +49,8 @@ def schema_to_obj(schema: TableSchema) -> dict[str, Any]:
                 "nullable": c.nullable,
                 "primary_key": c.primary_key,
                 "type_name": c.type_name,
+                "attnum": c.attnum,
+                "default": c.default,
             }
             for c in schema.columns
         ],
@@ -73,6 +75,8 @@ def schema_from_obj(data: Any) -> TableSchema:
                     nullable=bool(c["nullable"]),
                     primary_key=bool(c["primary_key"]),
                     type_name=c["type_name"],
+                    attnum=c.get("attnum"),  # absent in versions stored before these keys existed
+                    default=c.get("default"),
                 )
                 for c in data["columns"]
             ),

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from etl.config import PipelineConfig
-from etl.destination.memory import MemoryDestination
 from etl.pipeline import Pipeline
 from etl.schema import TableName
 from etl.store.base import TableStateKind
@@ -50,7 +49,13 @@ def all_ready(pipeline: Pipeline, count: int) -> bool:
     return len(kinds) == count and all(k is TableStateKind.READY for k in kinds.values())
 
 
-def destination_matches(db: TestDatabase, destination: MemoryDestination, *tables: str) -> bool:
+class ReadableDestination(Protocol):
+    """A destination that can give back a table's rows (as ``MemoryDestination.rows`` does)."""
+
+    def rows(self, name: TableName) -> list[dict[str, Any]]: ...
+
+
+def destination_matches(db: TestDatabase, destination: ReadableDestination, *tables: str) -> bool:
     """True when every named table holds the same rows in the destination as in the source."""
     with db.connect() as conn:
         for table in tables:

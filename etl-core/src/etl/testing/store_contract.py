@@ -65,9 +65,29 @@ T1, T2, T3 = 16384, 16390, 4_294_967_295  # table ids (relation OIDs; the last i
 
 def make_schema(table_id: int, lsn: int, *, columns: int = 2, name: str = "items") -> TableSchema:
     """A schema version whose every field differs from its default."""
-    cols = [ColumnSchema("id", 20, -1, nullable=False, primary_key=True, type_name="bigint")]
+    cols = [
+        ColumnSchema(
+            "id",
+            20,
+            -1,
+            nullable=False,
+            primary_key=True,
+            type_name="bigint",
+            attnum=1,
+            default="nextval('s'::regclass)",
+        )
+    ]
     cols += [
-        ColumnSchema(f"c{i}", 1043, 68, nullable=bool(i % 2), primary_key=False, type_name="character varying(64)")
+        ColumnSchema(
+            f"c{i}",
+            1043,
+            68,
+            nullable=bool(i % 2),
+            primary_key=False,
+            type_name="character varying(64)",
+            attnum=i + 2,
+            default=f"'d{i}'::character varying" if i % 2 else None,
+        )
         for i in range(1, columns)
     ]
     return TableSchema(table_id, TableName("sales", f"{name}_{table_id}"), tuple(cols), ReplicaIdentity.FULL, Lsn(lsn))
