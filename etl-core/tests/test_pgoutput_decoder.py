@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import random
 import struct
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from etl.postgres.pgoutput import (
     TupleWidthError,
     Type,
     Update,
+    Value,
     stream_xid,
     tuple_columns,
 )
@@ -353,8 +355,11 @@ def test_decoding_rate(pg_database: Any, record_property: Callable[[str, object]
     decoder = PgOutputDecoder(1)
     started = time.perf_counter()
     decoded = [decoder.decode(p) for p in payloads]
+    columns = tuple_columns([m.new for m in decoded], 10)  # type: ignore[union-attr]
     elapsed = time.perf_counter() - started
     record_property("pgoutput_insert_rows_per_second", round(rows / elapsed))
+    assert columns.text[0].to_pylist() == [m.new[0] for m in decoded]  # type: ignore[union-attr]
+    assert columns.text[6].null_count == rows and columns.unchanged == [None] * 10
     assert all(isinstance(m, Insert) and len(m.new) == 10 and m.new[6] is None for m in decoded)
     assert sorted(int(m.new[0]) for m in decoded) == list(range(1, rows + 1))  # type: ignore[union-attr, arg-type]
 
@@ -365,3 +370,36 @@ def test_timestamps_are_microseconds_since_2000() -> None:
     commit = PgOutputDecoder(1).decode(payload)
     expected_ts = datetime(2000, 1, 2, 0, 0, 0, 1, UTC)
     assert commit == Commit(0, Lsn.parse("16/B374D848"), Lsn.parse("16/B374D878"), expected_ts)
+
+
+def test_tuple_columns_match_values_read_one_by_one() -> None:
+    """Many tuples parsed column-wise give the values each tuple gives alone, wherever it sits in its payload."""
+    rng = random.Random(7)
+    texts = ["", "a", "héllo ☃", "x" * 300, "line\nbreak", "t\x00\x00\x00"]
+    width = 6
+
+    def value() -> Value:
+        pick = rng.random()
+        if pick < 0.15:
+            return None
+        if pick < 0.25:
+            return UNCHANGED_TOAST
+        return rng.choice(texts) + str(rng.randrange(1000))
+
+    rows: list[TupleData | None] = []
+    for i in range(500):
+        if i % 9 == 4:
+            rows.append(None)  # an absent row (a truncate's row in the builder)
+            continue
+        encoded = TupleData.of(value() for _ in range(width))
+        header = bytes(rng.randrange(20))  # the message header before the tuple
+        rows.append(TupleData(header + encoded.data + bytes(rng.randrange(3)), len(header)))
+
+    columns = tuple_columns(rows, width)
+    for c in range(width):
+        expected = [None if row is None else row[c] for row in rows]
+        assert columns.text[c].to_pylist() == [None if v is UNCHANGED_TOAST else v for v in expected]
+        mask = columns.unchanged[c]
+        assert mask is not None and mask.tolist() == [v is UNCHANGED_TOAST for v in expected]
+    assert tuple_columns([None, None], 2).text[1].to_pylist() == [None, None]
+    assert tuple_columns([TupleData.of(["1"])], 1).unchanged == [None]

@@ -22,6 +22,7 @@ from functools import lru_cache
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -61,9 +62,6 @@ from etl.schema import TableId, TableSchema
 _ROW_OVERHEAD: Final = 96
 """Estimated bytes per buffered row besides its payload (metadata columns, Python objects)."""
 
-_Extra = tuple[TupleData | None, OldKind | None]
-"""Per update/delete row: the old row of an update (when sent), and its kind."""
-
 
 @lru_cache(maxsize=256)
 def change_schema(schema: TableSchema) -> pa.Schema:
@@ -85,7 +83,7 @@ def change_schema(schema: TableSchema) -> pa.Schema:
 class _Segment:
     """Changes of one table under one schema version, as appended (raw tuples, row-wise)."""
 
-    __slots__ = ("extras", "lsns", "ops", "ordinals", "rows", "schema", "table_id", "width")
+    __slots__ = ("lsns", "old_kinds", "old_rows", "ops", "ordinals", "rows", "schema", "table_id", "width")
 
     def __init__(self, table_id: TableId, schema: TableSchema) -> None:
         self.table_id = table_id
@@ -96,7 +94,10 @@ class _Segment:
         self.ops: list[str] = []
         self.lsns: list[int] = []
         self.ordinals: list[int] = []
-        self.extras: dict[int, _Extra] = {}
+        self.old_kinds: dict[int, OldKind | None] = {}
+        """Row index -> old row kind, for every update and delete."""
+        self.old_rows: dict[int, TupleData] = {}
+        """Row index -> the old row of an update, when Postgres sent one."""
 
     def build(self) -> pa.Table:
         schema, n = self.schema, len(self.rows)
@@ -105,24 +106,21 @@ class _Segment:
         if any(mask is not None for mask in new.unchanged):
             texts, missing_names = self._recover_unchanged(new)
         columns = self._decode(texts)
-        extras = self.extras
-        if extras:
-            missing = (
-                pa.array(missing_names, pa.list_(pa.string())) if missing_names else pa.nulls(n, pa.list_(pa.string()))
-            )
-            old_is_key = pa.array([e[1] == "K" if (e := extras.get(i)) else None for i in range(n)], pa.bool_())
-            old = self._old_struct([e[0] if (e := extras.get(i)) else None for i in range(n)])
-        else:
-            missing = pa.nulls(n, pa.list_(pa.string()))
-            old_is_key = pa.nulls(n, pa.bool_())
-            old = pa.nulls(n, change_schema(schema).field(OLD_COLUMN).type)
+        missing = (
+            pa.array(missing_names, pa.list_(pa.string())) if missing_names else pa.nulls(n, pa.list_(pa.string()))
+        )
+        old_is_key = pa.nulls(n, pa.bool_())
+        if self.old_kinds:
+            is_key = np.zeros(n, np.bool_)
+            is_key[list(self.old_kinds)] = [kind == "K" for kind in self.old_kinds.values()]
+            old_is_key = pa.array(is_key, mask=_absent(n, self.old_kinds))
         arrays = [
             *columns,
             pa.array(self.ops, pa.string()),
             pa.array(self.lsns, pa.uint64()),
             pa.array(self.ordinals, pa.int64()),
             missing,
-            old,
+            self._old_struct(n),
             old_is_key,
         ]
         return pa.Table.from_arrays(arrays, schema=change_schema(schema))
@@ -159,8 +157,8 @@ class _Segment:
         missing: list[list[str] | None] = [None] * len(self.rows)
         replacements: list[list[str | None]] = [[] for _ in columns]
         for i in np.flatnonzero(np.logical_or.reduce(masks)).tolist():
-            old, old_kind = self.extras.get(i, (None, None))
-            old_values = _plain(old) if old is not None and self.ops[i] == "U" else None
+            old, old_kind = self.old_rows.get(i), self.old_kinds.get(i)
+            old_values = _plain(old) if old is not None else None
             for c, column in enumerate(columns):
                 if not masks[c][i]:
                     continue
@@ -176,13 +174,15 @@ class _Segment:
         ]
         return texts, missing
 
-    def _old_struct(self, olds: list[TupleData | None]) -> pa.Array:
+    def _old_struct(self, n: int) -> pa.Array:
         fields = [arrow_field(c) for c in self.schema.columns]
-        if all(o is None for o in olds):
-            return pa.nulls(len(olds), pa.struct(fields))
+        if not self.old_rows:
+            return pa.nulls(n, pa.struct(fields))
+        olds: list[TupleData | None] = [None] * n
+        for i, row in self.old_rows.items():
+            olds[i] = row
         columns = self._decode(self._parse(olds).text)  # unchanged TOAST in an old row reads as null
-        mask = pa.array([o is None for o in olds], pa.bool_())
-        return pa.StructArray.from_arrays(columns, fields=fields, mask=mask)
+        return pa.StructArray.from_arrays(columns, fields=fields, mask=pa.array(_absent(n, self.old_rows)))
 
 
 class ChangeBuilder:
@@ -282,17 +282,18 @@ class ChangeBuilder:
         segment = self._open.get(table_id) or self._start(table_id)
         row = _raw(new)
         index = self._add(segment, "U", row, start_lsn)
-        old_row = None if old is None else _raw(old)
-        segment.extras[index] = (old_row, old_kind)
-        self._size += len(row.data) + _ROW_OVERHEAD  # the old row, when sent, shares the new row's payload
-        if old_row is not None and old_row.data is not row.data:
-            self._size += len(old_row.data)
+        segment.old_kinds[index] = old_kind
+        self._size += len(row.data) + _ROW_OVERHEAD
+        if old is not None:
+            old_row = segment.old_rows[index] = _raw(old)
+            if old_row.data is not row.data:  # as decoded, both share one payload
+                self._size += len(old_row.data)
 
     def delete(self, table_id: TableId, old_kind: OldKind, old: Sequence[Value], start_lsn: Lsn) -> None:
         segment = self._open.get(table_id) or self._start(table_id)
         row = _raw(old)
         index = self._add(segment, "D", row, start_lsn)
-        segment.extras[index] = (None, old_kind)
+        segment.old_kinds[index] = old_kind
         self._size += len(row.data) + _ROW_OVERHEAD
 
     def truncate(self, table_ids: Iterable[TableId], cascade: bool, restart_identity: bool, start_lsn: Lsn) -> None:
@@ -373,6 +374,13 @@ class ChangeBuilder:
         self._log.append((segment, index, start_lsn))
         self._changes += 1
         return index
+
+
+def _absent(n: int, present: Iterable[int]) -> npt.NDArray[np.bool_]:
+    """A mask of ``n`` rows, true except at the ``present`` indices."""
+    mask = np.ones(n, np.bool_)
+    mask[list(present)] = False
+    return mask
 
 
 def _raw(values: Sequence[Value]) -> TupleData:
