@@ -141,15 +141,16 @@ class StreamedTransactions:
             transaction = max(self._transactions.values(), key=lambda t: t.memory_bytes)
             if transaction.path is None:
                 transaction.path = self._directory() / f"xid-{transaction.xid}.pgoutput"
-            frames = b"".join(_LENGTH.pack(len(p)) + p for p in transaction.memory)
             with _spill_file(transaction, "write") as file:
-                file.write(frames)
+                for payload in transaction.memory:  # frame by frame: no second copy of the buffer in memory
+                    file.write(_LENGTH.pack(len(payload)))
+                    file.write(payload)
                 file.flush()
             log.debug(
                 "spilled streamed transaction",
                 xid=transaction.xid,
                 payloads=len(transaction.memory),
-                bytes=len(frames),
+                bytes=transaction.memory_bytes,
                 path=str(transaction.path),
             )
             self._memory -= transaction.memory_bytes
