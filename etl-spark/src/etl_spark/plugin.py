@@ -10,6 +10,7 @@ from etl.plugins import hookimpl
 
 @hookimpl
 def etl_destinations() -> Iterable[type[Any]]:
+    from etl_spark.bigquery.destination import BigQueryDestination
     from etl_spark.ducklake.destination import DuckLakeDestination
 
-    return [DuckLakeDestination]
+    return [DuckLakeDestination, BigQueryDestination]

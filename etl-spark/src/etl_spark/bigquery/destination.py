@@ -1,0 +1,379 @@
+"""The ``bigquery`` destination: Spark stages Parquet, load jobs fill staging tables, SQL applies them.
+
+A copy chunk is staged and appended to the target. A batch of changes is collapsed per table with
+Spark (``etl_spark.collapse``: the last change per key; a key-changing update is a delete of the old
+key and an upsert of the new one), staged, loaded into the table's staging table, and applied by one
+multi-statement transaction that runs the MERGE and advances the table's watermark
+``(commit_lsn, tx_ordinal)`` in ``_etl_watermarks``. Changes at or below the watermark are dropped
+before anything is written, so replays after a crash are idempotent. Schema changes (add, drop,
+rename column) run as ``ALTER TABLE`` before the transaction (BigQuery runs no DDL inside one) and
+are idempotent by construction. See docs/destinations/bigquery.md.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pyarrow as pa
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from etl.config import validate
+from etl.destination.base import DestinationContext, WriteResult
+from etl.errors import ConfigError, DestinationError, TableError
+from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
+from etl.schema import TableSchema
+from etl_spark.bigquery.names import STAGING_PREFIX, column_name, table_id
+from etl_spark.bigquery.schema_change import alter_statements
+from etl_spark.bigquery.types import bq_type, staged, table_ddl
+from etl_spark.collapse import (
+    ACTION,
+    DELETE,
+    PRIOR_KEY,
+    Position,
+    after,
+    after_last_truncate,
+    last_change_per_key,
+    last_position,
+    missing_columns,
+)
+from etl_spark.session import SparkSettings, get_spark
+
+if TYPE_CHECKING:
+    from google.cloud import bigquery
+    from pyspark.sql import DataFrame, SparkSession
+
+log = structlog.get_logger(__name__)
+
+WATERMARKS = "_etl_watermarks"
+MISSING_TEXT = "_etl_missing_text"
+"""Unchanged TOAST column names as ``,a,b,`` (staged without Parquet lists)."""
+SPARK_CONF = {"spark.sql.parquet.compression.codec": "zstd"}
+
+
+class BigQueryConfig(BaseModel):
+    """``[destination]`` keys of ``type = "bigquery"``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    project: str = Field(min_length=1)
+    dataset: str = Field(pattern=r"^[A-Za-z0-9_]{1,1024}$")
+    location: str = Field("US", min_length=1)
+    credentials_file: str | None = Field(None, description="service-account JSON key; default: application default")
+    staging_uri: str = Field(description="gs://bucket/prefix where Spark stages Parquet for load jobs")
+    staging_local_dir: str | None = Field(
+        None, description="a local directory serving as the staging bucket (the emulator's); Spark writes there"
+    )
+    endpoint: str | None = Field(None, description="BigQuery API endpoint override (a local emulator)")
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+
+    @field_validator("staging_uri")
+    @classmethod
+    def _staging(cls, value: str) -> str:
+        if not value.startswith("gs://") or len(value) <= len("gs://"):
+            raise ValueError("staging_uri must be gs://bucket[/prefix]")
+        return value.rstrip("/")
+
+
+class BigQueryDestination:
+    """Writes a pipeline's tables into one BigQuery dataset (see the module docstring)."""
+
+    name: ClassVar[str] = "bigquery"
+    Config: ClassVar[type[BaseModel]] = BigQueryConfig
+
+    def __init__(self, config: BigQueryConfig, pipeline_id: int) -> None:
+        self.config = config
+        self.pipeline_id = pipeline_id
+        self._client: bigquery.Client | None = None
+        self._spark: SparkSession | None = None
+
+    @classmethod
+    def from_config(cls, config: Any, context: DestinationContext) -> BigQueryDestination:
+        if not isinstance(config, BigQueryConfig):
+            config = validate(BigQueryConfig, config, "destination", "destination")
+        return cls(config, context.pipeline_id)
+
+    def __repr__(self) -> str:
+        return f"BigQueryDestination({self.config.project}.{self.config.dataset})"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def startup(self) -> None:
+        from google.api_core import exceptions
+        from google.cloud import bigquery
+
+        self._client = _client(self.config)
+        dataset = bigquery.Dataset(f"{self.config.project}.{self.config.dataset}")
+        dataset.location = self.config.location
+        try:
+            self.client.create_dataset(dataset, exists_ok=True)
+            self._query(
+                f"CREATE TABLE IF NOT EXISTS {self._ref(WATERMARKS)} (pipeline_id INT64, table_oid INT64,"
+                " commit_lsn INT64, tx_ordinal INT64)"
+            )
+        except exceptions.GoogleAPICallError as exc:
+            raise DestinationError(
+                f"BigQuery dataset {self.config.project}.{self.config.dataset} is not usable: {exc.message}",
+                hint="check the project, dataset, location and that the credentials may create tables and run jobs",
+            ) from None
+
+    def shutdown(self) -> None:
+        if self._client is not None:
+            self._client.close()  # type: ignore[no-untyped-call]
+            self._client = None
+
+    @property
+    def client(self) -> bigquery.Client:
+        if self._client is None:
+            raise DestinationError("the bigquery destination is not started", hint="call startup() first")
+        return self._client
+
+    @property
+    def spark(self) -> SparkSession:
+        if self._spark is None:
+            self._spark = get_spark(self.config.spark, SPARK_CONF)
+        return self._spark
+
+    # -- writes ----------------------------------------------------------------------------------
+    def drop_table_for_copy(self, schema: TableSchema) -> None:
+        self._query(f"DROP TABLE IF EXISTS {self._ref(table_id(schema.name))}")
+        self._query(f"DELETE FROM {self._ref(WATERMARKS)} WHERE {self._watermark_row(schema)}")
+
+    def write_table_rows(self, schema: TableSchema, rows: pa.Table) -> WriteResult:
+        self._require_key(schema)
+        target = self._ensure_table(schema)
+        if rows.num_rows:
+            frame = self._frame(schema, rows, [])
+            staging = self._stage(schema, frame, rows.nbytes)
+            names = [column_name(c.name) for c in schema.columns]
+            self._query(
+                f"INSERT INTO {target} ({', '.join(names)}) SELECT {self._converted(schema)} FROM {staging} AS S",
+                schema,
+            )
+        return WriteResult.DURABLE
+
+    def write_events(self, batch: EventBatch) -> WriteResult:
+        for segments in batch.changes.values():
+            for segment in segments:
+                try:
+                    self._apply(segment)
+                except TableError as exc:
+                    if exc.table_id is None:
+                        exc.table_id = segment.schema.id
+                    raise
+        return WriteResult.DURABLE
+
+    def flush(self) -> None:
+        """Every write is durable when it returns."""
+
+    # -- change batches --------------------------------------------------------------------------
+    def _apply(self, segment: TableChanges) -> None:
+        schema = segment.schema
+        self._require_key(schema)
+        target = self._ensure_table(schema)
+        changes = after(segment.table, self._watermark(schema))
+        position = last_position(changes)
+        if position is None:
+            return
+        for statement in alter_statements(self.client.get_table(self._path(table_id(schema.name))), schema):
+            self._query(f"ALTER TABLE {target} {statement}")
+        truncate, changes = after_last_truncate(changes)
+        # The emulator rejects this script inside BEGIN/COMMIT TRANSACTION (see the guide): the MERGE is
+        # idempotent and the watermark follows it, so a crash between them replays the same MERGE.
+        statements = []
+        if truncate:
+            statements.append(f"DELETE FROM {target} WHERE TRUE")
+        if changes.num_rows:
+            key = [c.name for c in schema.key_columns]
+            toast = missing_columns(changes)
+            collapsed = last_change_per_key(self._frame(schema, changes, key), schema.column_names, key, toast)
+            staging = self._stage(schema, self._flatten(collapsed, key), changes.nbytes)
+            statements.append(self._merge(schema, target, staging, toast))
+        statements.append(self._advance(schema, position))
+        self._query(";\n".join(statements), schema)
+
+    def _merge(self, schema: TableSchema, target: str, staging: str, toast: list[str]) -> str:
+        key = [column_name(c.name) for c in schema.key_columns]
+        names = [column_name(c.name) for c in schema.columns]
+        source = f"SELECT {self._converted(schema)}, S.{ACTION} FROM {staging} AS S"
+        if toast:
+            # Unchanged TOAST values still missing come from the stored row of the prior key.
+            prior = " AND ".join(f"P.{k} = S.`_etl_prior_{k.strip('`')}`" for k in key)
+            fills = {column_name(t): t for t in toast}
+            values = [
+                f"IF(STRPOS(S.{MISSING_TEXT}, ',{fills[n]},') > 0, P.{n}, {self._conversion(schema, n)}) AS {n}"
+                if n in fills
+                else f"{self._conversion(schema, n)} AS {n}"
+                for n in names
+            ]
+            source = f"SELECT {', '.join(values)}, S.{ACTION} FROM {staging} AS S LEFT JOIN {target} AS P ON {prior}"
+        on = " AND ".join(f"T.{k} = U.{k}" for k in key)
+        return (
+            f"MERGE {target} AS T USING ({source}) AS U ON {on}\n"
+            f"WHEN MATCHED AND U.{ACTION} = '{DELETE}' THEN DELETE\n"
+            f"WHEN MATCHED THEN UPDATE SET {', '.join(f'{n} = U.{n}' for n in names)}\n"
+            f"WHEN NOT MATCHED AND U.{ACTION} != '{DELETE}' THEN INSERT ({', '.join(names)})"
+            f" VALUES ({', '.join(f'U.{n}' for n in names)})"
+        )
+
+    def _advance(self, schema: TableSchema, position: Position) -> str:
+        lsn, ordinal = position
+        return (
+            f"MERGE {self._ref(WATERMARKS)} AS W USING (SELECT {self.pipeline_id} AS p, {schema.id} AS t) AS N"
+            " ON W.pipeline_id = N.p AND W.table_oid = N.t"
+            f" WHEN MATCHED THEN UPDATE SET commit_lsn = {lsn}, tx_ordinal = {ordinal}"
+            f" WHEN NOT MATCHED THEN INSERT (pipeline_id, table_oid, commit_lsn, tx_ordinal)"
+            f" VALUES (N.p, N.t, {lsn}, {ordinal})"
+        )
+
+    def _watermark(self, schema: TableSchema) -> Position:
+        rows = list(
+            self._query(
+                f"SELECT commit_lsn, tx_ordinal FROM {self._ref(WATERMARKS)} WHERE {self._watermark_row(schema)}"
+            )
+        )
+        return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+
+    def _watermark_row(self, schema: TableSchema) -> str:
+        return f"pipeline_id = {int(self.pipeline_id)} AND table_oid = {int(schema.id)}"
+
+    # -- staging ---------------------------------------------------------------------------------
+    def _frame(self, schema: TableSchema, rows: pa.Table, key: list[str]) -> DataFrame:
+        """Arrow rows or changes -> a Spark frame with row columns in their staging form (checked)."""
+        columns = {c.name: c for c in schema.columns}
+        arrays: list[pa.ChunkedArray] = []
+        for name in rows.column_names:
+            values = rows[name]
+            if name in columns:
+                values = staged(schema, columns[name], values)
+            elif name in (COMMIT_LSN_COLUMN, TX_ORDINAL_COLUMN):
+                values = values.cast(pa.int64())  # Spark has no unsigned types
+            arrays.append(values)
+        table = pa.table(arrays, names=rows.column_names)
+        if not key:
+            return self.spark.createDataFrame(table.select(schema.column_names))
+        return self.spark.createDataFrame(_with_staged_old(schema, table))
+
+    def _flatten(self, collapsed: DataFrame, key: list[str]) -> DataFrame:
+        from pyspark.sql import functions as sf
+
+        return collapsed.select(
+            *[sf.col(c) for c in collapsed.columns if c not in (PRIOR_KEY, "_etl_missing")],
+            *[sf.col(PRIOR_KEY)[k].alias(f"_etl_prior_{k}") for k in key],
+            sf.concat(sf.lit(","), sf.array_join(sf.col("_etl_missing"), ","), sf.lit(",")).alias(MISSING_TEXT),
+        )
+
+    def _stage(self, schema: TableSchema, frame: DataFrame, nbytes: int) -> str:
+        """Write ``frame`` as Parquet to the staging location, load it into the table's staging table."""
+        from google.cloud import bigquery
+
+        run = f"{table_id(schema.name)}/{uuid.uuid4().hex}"
+        local = self.config.staging_local_dir
+        bucket, _, prefix = self.config.staging_uri.removeprefix("gs://").partition("/")
+        relative = f"{prefix}/{run}" if prefix else run
+        written = f"{local.rstrip('/')}/{relative}" if local else f"{self.config.staging_uri}/{run}"
+        files = max(1, nbytes // (256 * 1024 * 1024))
+        frame.coalesce(files).write.mode("overwrite").parquet(written)
+        staging = STAGING_PREFIX + table_id(schema.name)
+        job_config = bigquery.LoadJobConfig(
+            source_format=bigquery.SourceFormat.PARQUET,
+            write_disposition=bigquery.WriteDisposition.WRITE_TRUNCATE,
+        )
+        job_config.parquet_options = bigquery.ParquetOptions()  # type: ignore[no-untyped-call]
+        job_config.parquet_options.enable_list_inference = True
+        try:
+            job = self.client.load_table_from_uri(
+                f"gs://{bucket}/{relative}/*.parquet", self._path(staging), job_config=job_config
+            )
+            job.result()
+        finally:
+            if local:
+                shutil.rmtree(Path(written), ignore_errors=True)
+        return self._ref(staging)
+
+    def _converted(self, schema: TableSchema) -> str:
+        return ", ".join(
+            f"{self._conversion(schema, column_name(c.name))} AS {column_name(c.name)}" for c in schema.columns
+        )
+
+    @staticmethod
+    def _conversion(schema: TableSchema, quoted: str) -> str:
+        column = next(c for c in schema.columns if column_name(c.name) == quoted)
+        return bq_type(column).load.format(f"S.{quoted}")
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _ensure_table(self, schema: TableSchema) -> str:
+        target = self._ref(table_id(schema.name))
+        self._query(f"CREATE TABLE IF NOT EXISTS {target} ({table_ddl(schema)})")
+        return target
+
+    @staticmethod
+    def _require_key(schema: TableSchema) -> None:
+        if not schema.key_columns:
+            raise TableError(
+                f"{schema.name} has no primary key; the bigquery destination applies changes by key",
+                hint="add a primary key (or REPLICA IDENTITY USING INDEX on a unique index) to the table",
+                table_id=schema.id,
+            )
+
+    def _path(self, name: str) -> str:
+        return f"{self.config.project}.{self.config.dataset}.{name}"
+
+    def _ref(self, name: str) -> str:
+        return f"`{self._path(name)}`"
+
+    def _query(self, sql: str, table: TableSchema | None = None) -> Any:
+        """Run ``sql``; a statement rejected while writing ``table`` errors that table only."""
+        from google.api_core import exceptions
+
+        try:
+            return self.client.query_and_wait(sql, location=self.config.location)
+        except exceptions.BadRequest as exc:
+            log.warning("bigquery rejected a statement", sql=sql, error=exc.message)
+            if table is not None:
+                raise TableError(
+                    f"{table.name}: BigQuery rejected its data: {exc.message}",
+                    hint="a value BigQuery cannot hold; fix it at the source, then resync the table",
+                    table_id=table.id,
+                ) from None
+            raise DestinationError(f"BigQuery rejected a statement: {exc.message}", hint="see the log") from None
+
+
+def _with_staged_old(schema: TableSchema, table: pa.Table) -> pa.Table:
+    """The ``_etl_old`` struct with its fields in staging form too."""
+    old = table[OLD_COLUMN].combine_chunks()
+    columns = {c.name: c for c in schema.columns}
+    children = [staged(schema, columns[f.name], old.field(i)).combine_chunks() for i, f in enumerate(old.type)]
+    mask = pa.compute.invert(old.is_valid()) if old.null_count else None
+    struct = pa.StructArray.from_arrays(children, names=[f.name for f in old.type], mask=mask)
+    return table.set_column(table.column_names.index(OLD_COLUMN), OLD_COLUMN, struct)
+
+
+def _client(config: BigQueryConfig) -> bigquery.Client:
+    from google.api_core.client_options import ClientOptions
+    from google.cloud import bigquery
+
+    options = ClientOptions(api_endpoint=config.endpoint) if config.endpoint else None
+    if config.credentials_file:
+        from google.oauth2 import service_account
+
+        try:
+            credentials: Any = service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]
+                config.credentials_file
+            )
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"cannot read the service-account key {config.credentials_file}: {type(exc).__name__}",
+                hint="point credentials_file at a service-account JSON key, or leave it out for application default",
+            ) from None
+    elif config.endpoint:
+        from google.auth.credentials import AnonymousCredentials
+
+        credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    else:
+        credentials = None  # application default credentials
+    return bigquery.Client(
+        project=config.project, credentials=credentials, location=config.location, client_options=options
+    )

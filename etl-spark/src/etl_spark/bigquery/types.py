@@ -1,0 +1,157 @@
+"""Postgres -> BigQuery column types, the Arrow form values are staged in, and the checks that keep values exact.
+
+Values travel Arrow -> Spark -> Parquet -> a staging table (load job) -> the target (SQL). Each type
+has a staging form Spark writes as Parquet, and the SQL expression that turns the staged column into
+the target type. Values BigQuery cannot hold (dates and timestamps outside years 1-9999, including
+Postgres ``infinity``; arrays with NULL elements) raise ``TableError``: the table goes Errored, nothing
+is changed silently. See docs/destinations/bigquery.md; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etl.errors import TableError
+from etl.schema import ColumnSchema, TableSchema
+from etl_spark.bigquery.names import column_name
+from etl_spark.ducklake.types import LakeType, numeric_precision_scale, to_lake_arrow
+
+
+@dataclass(frozen=True)
+class BqType:
+    ddl: str
+    """The BigQuery column type."""
+    staged: pa.DataType
+    """The Arrow type handed to Spark (and so the Parquet type of the staging table)."""
+    load: str = "{}"
+    """SQL turning the staged column (``{}``) into ``ddl``."""
+
+
+_EXACT_JSON: Final = "PARSE_JSON({})"
+"""BigQuery's default wide_number_mode ('round'): integers beyond 64 bits become FLOAT64 (see the guide)."""
+_STRING: Final = BqType("STRING", pa.string())
+_SCALARS: Final[dict[int, BqType]] = {
+    16: BqType("BOOL", pa.bool_()),
+    21: BqType("INT64", pa.int64()),
+    23: BqType("INT64", pa.int64()),
+    20: BqType("INT64", pa.int64()),
+    26: BqType("INT64", pa.int64()),  # oid
+    700: BqType("FLOAT64", pa.float64()),  # NaN and infinities exist in FLOAT64
+    701: BqType("FLOAT64", pa.float64()),
+    1082: BqType("DATE", pa.date32()),
+    1083: BqType("TIME", pa.string(), "CAST({} AS TIME)"),
+    1114: BqType("DATETIME", pa.timestamp("us", tz="UTC"), "DATETIME({}, 'UTC')"),
+    1184: BqType("TIMESTAMP", pa.timestamp("us", tz="UTC")),
+    17: BqType("BYTES", pa.binary()),
+    114: BqType("JSON", pa.string(), _EXACT_JSON),
+    3802: BqType("JSON", pa.string(), _EXACT_JSON),
+    2950: _STRING,  # uuid
+    1186: _STRING,  # interval, as '<m> months <d> days <us> microseconds'
+}
+_NUMERIC_OID: Final = 1700
+_ARRAY_ELEMENTS: Final[dict[str, str]] = {
+    "boolean[]": "BOOL",
+    "smallint[]": "INT64",
+    "integer[]": "INT64",
+    "bigint[]": "INT64",
+    "real[]": "FLOAT64",
+    "double precision[]": "FLOAT64",
+    "text[]": "STRING",
+    "character varying[]": "STRING",
+}
+_ARRAY_OIDS: Final[dict[int, str]] = {
+    1000: "BOOL",
+    1005: "INT64",
+    1007: "INT64",
+    1016: "INT64",
+    1021: "FLOAT64",
+    1022: "FLOAT64",
+    1009: "STRING",
+    1015: "STRING",
+}
+_ARROW_ELEMENT: Final = {"BOOL": pa.bool_(), "INT64": pa.int64(), "FLOAT64": pa.float64(), "STRING": pa.string()}
+
+# Days and microseconds since 1970-01-01 of 0001-01-01 and of the end of 9999-12-31.
+_MIN_DAYS: Final = (dt.date(1, 1, 1) - dt.date(1970, 1, 1)).days
+_MAX_DAYS: Final = (dt.date(9999, 12, 31) - dt.date(1970, 1, 1)).days
+_MIN_MICROS: Final = _MIN_DAYS * 86_400_000_000
+_MAX_MICROS: Final = (_MAX_DAYS + 1) * 86_400_000_000 - 1
+
+
+def bq_type(column: ColumnSchema) -> BqType:
+    """The BigQuery type of a source column (see the module docstring and the guide)."""
+    if column.type_oid == _NUMERIC_OID:
+        precision, scale = numeric_precision_scale(column.type_modifier)
+        if precision is None or scale < 0:
+            return _STRING  # unconstrained: exact text, NaN and infinities included
+        if scale <= 9 and precision - scale <= 29:
+            return BqType("NUMERIC", pa.string(), "CAST({} AS NUMERIC)")
+        if scale <= 38 and precision - scale <= 38:
+            return BqType("BIGNUMERIC", pa.string(), "CAST({} AS BIGNUMERIC)")
+        return _STRING
+    if column.type_oid in _SCALARS:
+        return _SCALARS[column.type_oid]
+    element = _ARRAY_OIDS.get(column.type_oid) or _ARRAY_ELEMENTS.get(column.type_name)
+    if element is not None:
+        return BqType(f"ARRAY<{element}>", pa.list_(_ARROW_ELEMENT[element]))
+    return _STRING
+
+
+def table_ddl(schema: TableSchema) -> str:
+    """Column definitions and primary key of the target table (all columns nullable, see the guide)."""
+    columns = [f"{column_name(c.name)} {bq_type(c).ddl}" for c in schema.columns]
+    key = [column_name(c.name) for c in schema.key_columns]
+    if key:
+        columns.append(f"PRIMARY KEY ({', '.join(key)}) NOT ENFORCED")
+    return ", ".join(columns)
+
+
+def staged(schema: TableSchema, column: ColumnSchema, values: pa.Array | pa.ChunkedArray) -> pa.ChunkedArray:
+    """A source column's values in their staging form, after checking BigQuery can hold each of them."""
+    target = bq_type(column)
+    chunked = values if isinstance(values, pa.ChunkedArray) else pa.chunked_array([values], values.type)
+    kind = chunked.type
+    if pa.types.is_date32(kind):
+        _check_range(schema, column, pc.cast(chunked, pa.int32()), _MIN_DAYS, _MAX_DAYS)
+    elif pa.types.is_timestamp(kind):
+        _check_range(schema, column, pc.cast(chunked, pa.int64()), _MIN_MICROS, _MAX_MICROS)
+    elif pa.types.is_list(kind) and pa.types.is_list(target.staged):
+        _check_elements(schema, column, chunked)
+    if kind == target.staged:
+        return chunked
+    if kind == pa.month_day_nano_interval():
+        return pa.chunked_array([to_lake_arrow(chunked, LakeType("interval", pa.string(), None))], pa.string())
+    if pa.types.is_time(kind):
+        return pc.cast(pc.cast(chunked, pa.time64("us")), pa.string())
+    if pa.types.is_binary(kind) and target.staged == pa.string():
+        raise _error(schema, column, "binary values cannot be staged as text")
+    return pc.cast(chunked, target.staged)
+
+
+def _check_range(schema: TableSchema, column: ColumnSchema, values: pa.ChunkedArray, low: int, high: int) -> None:
+    outside = pc.or_(pc.less(values, low), pc.greater(values, high))
+    if pc.any(outside).as_py():
+        raise _error(
+            schema,
+            column,
+            "holds a value outside BigQuery's range for dates and times (years 1 to 9999; Postgres infinity and"
+            " BC dates do not fit)",
+        )
+
+
+def _check_elements(schema: TableSchema, column: ColumnSchema, values: pa.ChunkedArray) -> None:
+    if any(pc.list_flatten(chunk).null_count for chunk in values.chunks):
+        raise _error(schema, column, "holds an array with a NULL element, which BigQuery arrays cannot hold")
+
+
+def _error(schema: TableSchema, column: ColumnSchema, what: str) -> TableError:
+    return TableError(
+        f"{schema.name}: column {column.name} {what}",
+        hint="replace the value at the source (or change the column's type to text), then resync the table",
+        table_id=schema.id,
+    )
