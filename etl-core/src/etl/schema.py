@@ -89,3 +89,18 @@ class TableSchema:
             other.columns,
             other.replica_identity,
         )
+
+
+def match_columns(old: TableSchema, new: TableSchema) -> list[tuple[int | None, ColumnSchema]]:
+    """For each column of ``new``, the position of the same column in ``old`` (None for an added column).
+
+    A column is the same when its attribute number is (a rename keeps it); without attribute numbers
+    on both sides, when its name is. The engine carries attribute numbers across renames, so
+    destinations need no guessing of their own.
+    """
+    by_attnum = {c.attnum: i for i, c in enumerate(old.columns) if c.attnum is not None}
+    by_name = {c.name: i for i, c in enumerate(old.columns)}
+    return [
+        (by_attnum.get(c.attnum) if c.attnum is not None and by_attnum else by_name.get(c.name), c)
+        for c in new.columns
+    ]
