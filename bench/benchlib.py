@@ -211,7 +211,14 @@ class Engine:
     """The engine in a child process (``run_engine.py``); its JSON lines are read with ``expect``."""
 
     def __init__(self, src: Source, *args: str, profile: str | None = None) -> None:
-        command = [sys.executable, str(BENCH_DIR / "run_engine.py"), "--port", str(src.port), "--database", DATABASE]
+        command = [
+            sys.executable,
+            os.environ.get("BENCH_ENGINE", str(BENCH_DIR / "run_engine.py")),
+            "--port",
+            str(src.port),
+            "--database",
+            DATABASE,
+        ]
         command += ["--publication", PUBLICATION, *args]
         if profile is not None and src.profile is not None:
             src.profile.mkdir(parents=True, exist_ok=True)
@@ -288,5 +295,6 @@ def report(title: str, figure: Line, limit: Line, target: float) -> bool:
             + (f"  {line.note}" if line.note else "")
         )
     verdict = "meets" if ratio >= target else "BELOW"
-    print(f"  ratio {ratio:.2f} ({verdict} the target >= {target})")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"  ratio {ratio:.2f} ({verdict} the target >= {target}); load average now {load}")
     return ratio >= target

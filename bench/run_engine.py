@@ -96,7 +96,6 @@ def main() -> None:
     parser.add_argument("--pipeline-id", type=int, default=1)
     parser.add_argument("--rows", type=int, default=0, help="rows the null destination must count")
     parser.add_argument("--store", type=Path, help="SQLite store file (default: the memory store)")
-    parser.add_argument("--max-fill-ms", type=int, default=100)
     args = parser.parse_args()
     configure_logging(level="warning")
 
@@ -104,7 +103,6 @@ def main() -> None:
         {
             "pipeline": {"id": args.pipeline_id, "publication": args.publication},
             "source": {"host": "127.0.0.1", "port": args.port, "database": args.database, "sslmode": "disable"},
-            "batch": {"max_fill_ms": args.max_fill_ms},
         }
     )
     store: Store = SqliteStore(args.store, args.pipeline_id) if args.store else MemoryStore(args.pipeline_id)

@@ -57,6 +57,31 @@ def test_spills_past_the_threshold_and_keeps_order(tmp_path: Path) -> None:
     assert spill_files(tmp_path) == [] and buffers.memory_bytes == 0 and len(buffers) == 0
 
 
+def test_spill_files_replay_across_read_blocks(tmp_path: Path) -> None:
+    """Spill files are read back in blocks of 1 MiB: frames that straddle blocks or exceed one come back whole."""
+    buffers = StreamedTransactions(tmp_path, spill_threshold_bytes=64 * 1024)
+    sizes = [1 + (n * 7919) % 40_000 for n in range(200)]
+    sizes[77] = 3 * 1024 * 1024  # one payload larger than a read block
+    expected = [n.to_bytes(4, "big") + bytes([n % 251]) * size for n, size in enumerate(sizes)]
+    for data in expected:
+        buffers.append(1, 1, data)
+    (spilled,) = spill_files(tmp_path)
+    assert spilled.stat().st_size > 4 * 1024 * 1024
+    assert list(buffers.commit(1)) == expected
+
+
+def test_a_truncated_spill_file_is_an_error(tmp_path: Path) -> None:
+    buffers = StreamedTransactions(tmp_path, spill_threshold_bytes=1000)
+    for n in range(30):
+        buffers.append(1, 1, payload(n))
+    (spilled,) = spill_files(tmp_path)
+    with spilled.open("r+b") as file:
+        file.truncate(spilled.stat().st_size - 10)
+    replay = buffers.commit(1)
+    with pytest.raises(EtlError, match="truncated"):
+        list(replay)
+
+
 def test_the_largest_transaction_spills_first(tmp_path: Path) -> None:
     buffers = StreamedTransactions(tmp_path, spill_threshold_bytes=1000)
     for n in range(3):

@@ -19,7 +19,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Final, Literal, TypeVar, overload
+from typing import Any, Final, Literal, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -340,8 +340,8 @@ class PgOutputDecoder:
 
         Such payloads carry an xid whatever the decoder's current state; the state is not changed.
         """
-        data = bytes(payload)
-        if data[:1] and data[0] in _STREAM_CONTROL:
+        data = payload if type(payload) is bytes else bytes(payload)
+        if data and data[0] in _STREAM_CONTROL:
             raise PgOutputError(f"stream control message {chr(data[0])!r} cannot be replayed as a streamed change")
         return self._decode(data, True)
 
@@ -471,7 +471,8 @@ def stream_xid(payload: bytes | memoryview) -> int:
     if len(payload) < 5 or payload[0] not in _CARRIES_XID:
         first = bytes(payload[:1])
         raise PgOutputError(f"not a streamed change: a {len(payload)}-byte payload starting with {first!r}")
-    return int(_U32.unpack_from(payload, 1)[0])
+    xid: int = _U32.unpack_from(payload, 1)[0]
+    return xid
 
 
 def _string(data: bytes, pos: int) -> tuple[str, int]:
@@ -546,6 +547,7 @@ _Scalar = TypeVar("_Scalar", bound=np.generic)
 _TEXT_KIND: Final = ord("t")
 _NULL_KIND: Final = ord("n")
 _TOAST_KIND: Final = ord("u")
+_KNOWN_KIND: Final = np.isin(np.arange(256), [_TEXT_KIND, _NULL_KIND, _TOAST_KIND])
 _PADDING: Final = bytes(8)
 
 
@@ -568,10 +570,11 @@ def tuple_columns(rows: Sequence[TupleData | None], width: int) -> TupleColumns:
     ends = np.cumsum(sizes)
     buffer = b"".join([*payloads, _PADDING])  # reads of a length just past a payload stay inside the buffer
     data = np.frombuffer(buffer, np.uint8)
+    u16, u32 = _big_endian(buffer, ">u2"), _big_endian(buffer, ">u4")
     pos = ends - sizes + np.fromiter([t.start for t in tuples], np.int64, len(tuples))
 
     broken = pos + 2 > ends
-    counts = np.where(broken, width, _be16(data, np.minimum(pos, ends)))
+    counts = np.where(broken, width, u16[np.minimum(pos, ends)])
     if (counts != width).any():
         raise TupleWidthError(sorted(set(counts.tolist())))
     pos += 2
@@ -584,13 +587,13 @@ def tuple_columns(rows: Sequence[TupleData | None], width: int) -> TupleColumns:
         pos = np.minimum(pos, ends)
         kind = kinds[c] = data[pos]
         text = kind == _TEXT_KIND
-        bad = ~(text | (kind == _NULL_KIND) | (kind == _TOAST_KIND)) & ~broken
+        bad = ~_KNOWN_KIND[kind] & ~broken
         if bad.any():
             raise _bad_kind(int(kind[bad][0]))
         value = pos + 1 + 4 * text
         bounds[:, 2 * c] = pos
         bounds[:, 2 * c + 1] = value
-        pos = value + np.where(text, _be32(data, pos + 1), 0)
+        pos = value + np.where(text, u32[pos + 1], 0)
     broken |= pos > ends
     if broken.any():
         row = int(np.argmax(broken))
@@ -621,12 +624,10 @@ def tuple_columns(rows: Sequence[TupleData | None], width: int) -> TupleColumns:
     return TupleColumns(text_columns, unchanged)
 
 
-def _be16(data: npt.NDArray[np.uint8], pos: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    return (data[pos].astype(np.int64) << 8) | data[pos + 1]
-
-
-def _be32(data: npt.NDArray[np.uint8], pos: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    return (_be16(data, pos) << 16) | _be16(data, pos + 2)
+def _big_endian(buffer: bytes, dtype: str) -> npt.NDArray[np.unsignedinteger[Any]]:
+    """``buffer`` as big-endian integers starting at every byte: element ``i`` is the one at offset ``i``."""
+    size = np.dtype(dtype).itemsize
+    return np.ndarray((len(buffer) - size + 1,), dtype, buffer, strides=(1,))
 
 
 def _spread(values: npt.NDArray[_Scalar], present: npt.NDArray[np.intp], n: int) -> npt.NDArray[_Scalar]:

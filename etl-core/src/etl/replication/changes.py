@@ -267,7 +267,7 @@ class ChangeBuilder:
 
     def insert(self, table_id: TableId, new: Sequence[Value], start_lsn: Lsn) -> None:
         segment = self._open.get(table_id) or self._start(table_id)
-        row = _raw(new)
+        row = new if isinstance(new, TupleData) else TupleData.of(new)
         self._add(segment, "I", row, start_lsn)
         self._size += len(row.data) + _ROW_OVERHEAD
 

@@ -29,6 +29,7 @@ from etl.errors import EtlError
 log = structlog.get_logger(__name__)
 
 _LENGTH: Final = struct.Struct("!I")
+_READ_BLOCK: Final = 1 << 20
 
 
 class _Transaction:
@@ -172,16 +173,15 @@ class StreamedTransactions:
                 with _spill_file(transaction, "read") as file:
                     file.flush()
                     file.seek(0)
-                    for _ in range(transaction.file_count):
-                        header = file.read(_LENGTH.size)
-                        length = _LENGTH.unpack(header)[0] if len(header) == _LENGTH.size else -1
-                        payload = file.read(max(length, 0))
-                        if len(payload) != length:
-                            raise EtlError(
-                                f"spill file {transaction.path} of transaction {transaction.xid} is truncated",
-                                hint="the spill directory was changed by something else; restart the pipeline",
-                            )
+                    read = 0
+                    for payload in _frames(file, transaction.file_count):
+                        read += 1
                         yield payload
+                    if read != transaction.file_count:
+                        raise EtlError(
+                            f"spill file {transaction.path} of transaction {transaction.xid} is truncated",
+                            hint="the spill directory was changed by something else; restart the pipeline",
+                        )
             yield from transaction.memory
         finally:
             _remove(transaction)
@@ -201,6 +201,24 @@ def _spill_file(transaction: _Transaction, action: str) -> Iterator[BinaryIO]:
             f" {transaction.xid}: {exc.strerror or exc}",
             hint="check the free space and permissions of the spill directory",
         ) from exc
+
+
+def _frames(file: BinaryIO, count: int) -> Iterator[bytes]:
+    """Up to ``count`` length-prefixed payloads from ``file``, read in blocks (fewer if the file ends first)."""
+    block, pos = b"", 0
+    for _ in range(count):
+        if len(block) - pos < _LENGTH.size:
+            block, pos = block[pos:] + file.read(_READ_BLOCK), 0
+            if len(block) < _LENGTH.size:
+                return
+        start = pos + _LENGTH.size
+        end = start + _LENGTH.unpack_from(block, pos)[0]
+        if end > len(block):  # the payload goes on past this block
+            block, start, end = block[pos:] + file.read(max(_READ_BLOCK, end - len(block))), start - pos, end - pos
+            if end > len(block):
+                return
+        yield block[start:end]
+        pos = end
 
 
 def _remove(transaction: _Transaction) -> None:
