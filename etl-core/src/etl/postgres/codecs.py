@@ -302,6 +302,9 @@ def _decode_bytea(chunk: pa.Array) -> pa.Array:
     )
 
 
+_NUMERIC_SPECIALS: Final = pa.array(["NaN", "Infinity", "-Infinity"])
+
+
 def _numeric_codec(typmod: int) -> _Codec:
     if typmod < 4:
         return _TEXT  # unconstrained: the exact text, including NaN and +-Infinity
@@ -316,7 +319,7 @@ def _numeric_codec(typmod: int) -> _Codec:
     cast = _cast(target)
 
     def decode(chunk: pa.Array) -> pa.Array:
-        special = pc.is_in(chunk, value_set=pa.array(["NaN", "Infinity", "-Infinity"]))
+        special = pc.is_in(chunk, value_set=_NUMERIC_SPECIALS)
         if pc.any(special).as_py():
             value = pc.filter(chunk, special)[0].as_py()
             raise _BadValue(

@@ -263,17 +263,16 @@ class _CopySession:
                 raise _copy_error(error_from_result(result), self.config, doing)
             get_copy_data = pgconn.get_copy_data
             buffer = bytearray()
-            rows = size = 0
+            rows = 0
             while True:  # the per-row loop: keep it lean
                 nbytes, data = get_copy_data(1)
                 if nbytes > 0:
                     buffer += data
                     rows += 1
-                    size += nbytes
-                    if rows == batch_rows or size >= MAX_BATCH_BYTES:
+                    if rows == batch_rows or len(buffer) >= MAX_BATCH_BYTES:
                         yield buffer
                         buffer = bytearray()
-                        rows = size = 0
+                        rows = 0
                 elif nbytes == 0:
                     self._wait(selectors.EVENT_READ, halt)
                     pgconn.consume_input()
