@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ from etl.lsn import Lsn
 from etl.schema import ColumnSchema, TableSchema
 from etl.store.memory import MemoryStore
 from etl_spark.ducklake.destination import SPARK_CONF, DuckLakeConfig, DuckLakeDestination
+from etl_spark.ducklake.reader import connect_duckdb
 from etl_spark.ducklake.types import numeric_precision_scale
 from etl_spark.session import SparkSettings, get_spark, stop_spark
 
@@ -54,21 +53,7 @@ class Lake:
 
     def duckdb_bare(self) -> duckdb.DuckDBPyConnection:
         """DuckDB with the ducklake, sqlite and postgres extensions loaded, nothing attached."""
-        extensions = tempfile.mkdtemp(prefix="duckdb-ext-")
-        con = duckdb.connect(
-            config={
-                "autoinstall_known_extensions": False,
-                "autoload_known_extensions": False,
-                "extension_directory": extensions,
-            }
-        )
-        for package in ("ducklake", "sqlite", "postgres"):
-            module = importlib.import_module(f"duckdb_extension_{package}")
-            path = next(Path(module.__path__[0]).rglob("*.duckdb_extension"))
-            con.execute(f"INSTALL '{path}'")
-        for name in ("ducklake", "sqlite_scanner", "postgres_scanner"):
-            con.execute(f"LOAD {name}")
-        return con
+        return connect_duckdb("sqlite", "postgres")
 
     def query(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
         con = self.duckdb()

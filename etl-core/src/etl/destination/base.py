@@ -16,7 +16,7 @@ import pyarrow as pa
 from pydantic import BaseModel
 
 from etl.events import EventBatch
-from etl.schema import TableSchema
+from etl.schema import TableName, TableSchema
 from etl.store.base import Store
 
 
@@ -55,6 +55,26 @@ class Destination(Protocol):
 
     def flush(self) -> None:
         """Make every accepted write durable."""
+
+
+@dataclass(frozen=True)
+class TablePreview:
+    """A destination table read back through the destination's own reader."""
+
+    total: int
+    """Rows in the table."""
+    rows: list[dict[str, Any]]
+    """Its first rows (at most the ``limit`` asked for), ordered by their columns, as the reader returns them."""
+    reader: str
+    """Who read them, for people: ``"the memory destination"``, ``"DuckDB 1.5.5"``."""
+
+
+@runtime_checkable
+class PreviewableDestination(Protocol):
+    """Optional for destinations: read a table back the way its users would (``etl demo`` prints it)."""
+
+    def preview(self, table: TableName, limit: int) -> TablePreview:
+        """The table's row count and first ``limit`` rows; ``KeyError`` when the table is not there (yet)."""
 
 
 class DestinationFactory(Protocol):

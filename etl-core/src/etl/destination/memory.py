@@ -8,6 +8,7 @@ applied to a table, so replays after a restart are idempotent.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import Counter
 from typing import Any, ClassVar
@@ -15,7 +16,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 
-from etl.destination.base import DestinationContext, WriteResult
+from etl.destination.base import DestinationContext, TablePreview, WriteResult
 from etl.events import (
     MISSING,
     DeleteEvent,
@@ -27,7 +28,7 @@ from etl.events import (
     UpdateEvent,
 )
 from etl.postgres.codecs import python_values
-from etl.schema import TableId, TableName, TableSchema
+from etl.schema import TableId, TableName, TableSchema, match_columns
 
 
 def row_sort_key(row: dict[str, Any]) -> list[str]:
@@ -89,15 +90,9 @@ class _Table:
         return [*self.keyed.values(), *self.unkeyed.elements()]
 
     def migrate(self, schema: TableSchema) -> None:
-        """Reshape stored rows to a new schema version, matching columns by name (new ones are null)."""
+        """Reshape stored rows to a new schema version (added columns are null)."""
         if schema.columns != self.schema.columns:
-            # Match columns by attribute number when both versions know it (a rename keeps it), else by name.
-            by_attnum = {c.attnum: i for i, c in enumerate(self.schema.columns) if c.attnum is not None}
-            by_name = {c.name: i for i, c in enumerate(self.schema.columns)}
-            picks = [
-                by_attnum.get(c.attnum) if c.attnum is not None and by_attnum else by_name.get(c.name)
-                for c in schema.columns
-            ]
+            picks = [position for position, _ in match_columns(self.schema, schema)]
             rows = self.rows()
             self.keyed.clear()
             self.unkeyed.clear()
@@ -209,6 +204,13 @@ class MemoryDestination:
                 (dict(zip(names, row, strict=False)) for row in table.rows()),
                 key=row_sort_key,
             )
+
+    def preview(self, table: TableName, limit: int) -> TablePreview:
+        """The table's row count and first ``limit`` rows in column order (``PreviewableDestination``)."""
+        rows = self.rows(table)
+        with contextlib.suppress(TypeError):  # a column whose values do not order: keep the comparison order
+            rows.sort(key=lambda row: [(v is None, 0 if v is None else v) for v in row.values()])
+        return TablePreview(len(rows), rows[:limit], "the memory destination")
 
     def _find(self, name: TableName | str) -> _Table:
         wanted = TableName.parse(name) if isinstance(name, str) else name

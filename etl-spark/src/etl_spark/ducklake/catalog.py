@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -24,7 +25,7 @@ import structlog
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from etl.errors import ConfigError, DestinationError
-from etl_spark.ducklake.catalog_schema import SPEC_VERSION, STATE_DDL, STATE_TABLE, create_statements
+from etl_spark.ducklake.catalog_schema import COLUMNS_TABLE, SPEC_VERSION, STATE_DDL, STATE_TABLE, create_statements
 from etl_spark.ducklake.stats import ColumnStats, stats_kind, widen
 from etl_spark.ducklake.types import LakeType, Stats
 
@@ -46,6 +47,8 @@ class LakeColumn:
     name: str
     type: str
     nullable: bool
+    attnum: int | None = None
+    """The Postgres attribute it holds, when this writer recorded it (not for columns DuckDB added)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,15 @@ def redacted(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
         return "<unparsable catalog URL>"
+
+
+def _masked(message: str, url: str) -> str:
+    """A driver message with the URL's password, should it appear, masked."""
+    try:
+        password = make_url(url).password
+    except Exception:
+        return message
+    return message.replace(str(password), "***") if password else message
 
 
 def engine_for(url: str) -> Engine:
@@ -182,16 +194,19 @@ class Catalog:
         if self._engine is not None:
             return
         engine = engine_for(self._url)
+        if engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+            Path(engine.url.database).parent.mkdir(parents=True, exist_ok=True)
         try:
             with engine.begin() as conn:
                 if not sa.inspect(conn).has_table("ducklake_metadata"):
                     self._bootstrap(conn)
                 self.data_path = self._check(conn)
-                conn.exec_driver_sql(STATE_DDL)
+                for statement in STATE_DDL:
+                    conn.exec_driver_sql(statement)
         except sa.exc.OperationalError as exc:
             engine.dispose()
             raise DestinationError(
-                f"cannot open the DuckLake catalog {redacted(self._url)}: {type(exc.orig).__name__}",
+                f"cannot open the DuckLake catalog {redacted(self._url)}: {_masked(str(exc.orig), self._url)}",
                 hint="check that the catalog database exists and is reachable with these credentials",
             ) from None
         self._engine = engine
@@ -290,8 +305,9 @@ class Catalog:
             return None
         columns = conn.execute(
             sa.text(
-                "SELECT column_id, column_name, column_type, nulls_allowed FROM ducklake_column"
-                " WHERE table_id = :t AND end_snapshot IS NULL AND parent_column IS NULL ORDER BY column_order"
+                "SELECT c.column_id, c.column_name, c.column_type, c.nulls_allowed, a.attnum FROM ducklake_column c"
+                f" LEFT JOIN {COLUMNS_TABLE} a ON a.table_id = c.table_id AND a.column_id = c.column_id"
+                " WHERE c.table_id = :t AND c.end_snapshot IS NULL AND c.parent_column IS NULL ORDER BY c.column_order"
             ),
             {"t": table_id},
         ).all()
@@ -303,7 +319,9 @@ class Catalog:
             name=row.table_name,
             directory=directory,
             relative_directory=relative,
-            columns=tuple(LakeColumn(int(c[0]), c[1], c[2], bool(c[3])) for c in columns),
+            columns=tuple(
+                LakeColumn(int(c[0]), c[1], c[2], bool(c[3]), None if c[4] is None else int(c[4])) for c in columns
+            ),
         )
 
     def max_column_id(self, table_id: int) -> int:
@@ -480,6 +498,15 @@ class Transaction:
         if not updated.rowcount:
             self._run(f"INSERT INTO {STATE_TABLE} VALUES (:p, :s, :t, :l, :o)", params)
 
+    def set_attnums(self, table_id: int, attnums: dict[int, int]) -> None:
+        """Record which Postgres attribute each column (by id) of a lake table holds, replacing what was recorded."""
+        self._run(f"DELETE FROM {COLUMNS_TABLE} WHERE table_id = :t", {"t": table_id})
+        if attnums:
+            self._run(
+                f"INSERT INTO {COLUMNS_TABLE} VALUES (:t, :c, :a)",
+                [{"t": table_id, "c": c, "a": a} for c, a in attnums.items()],
+            )
+
     def forget(self, source_table_id: int) -> None:
         self._run(
             f"DELETE FROM {STATE_TABLE} WHERE pipeline_id = :p AND source_table_id = :s",
@@ -545,6 +572,7 @@ class Transaction:
         return self.table(table_id)
 
     def drop_table(self, table_id: int) -> None:
+        self._run(f"DELETE FROM {COLUMNS_TABLE} WHERE table_id = :t", {"t": table_id})
         for table in ("ducklake_table", "ducklake_column", "ducklake_data_file", "ducklake_delete_file"):
             self._run(
                 f"UPDATE {table} SET end_snapshot = :s WHERE table_id = :t AND end_snapshot IS NULL",

@@ -72,11 +72,17 @@ TABLES: Final[dict[str, str]] = {
 STATE_TABLE: Final = "etl_ducklake_tables"
 """This writer's own table: which lake table holds a pipeline's source table, and the replication watermark."""
 
+COLUMNS_TABLE: Final = "etl_ducklake_columns"
+"""Which Postgres attribute (``attnum``) each column of a lake table holds: a column's identity across renames."""
+
 STATE_DDL: Final = (
     f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (pipeline_id BIGINT NOT NULL, source_table_id BIGINT NOT NULL,"
     " table_id BIGINT NOT NULL, commit_lsn BIGINT NOT NULL, tx_ordinal BIGINT NOT NULL,"
-    " PRIMARY KEY (pipeline_id, source_table_id))"
+    " PRIMARY KEY (pipeline_id, source_table_id))",
+    f"CREATE TABLE IF NOT EXISTS {COLUMNS_TABLE} (table_id BIGINT NOT NULL, column_id BIGINT NOT NULL,"
+    " attnum BIGINT NOT NULL, PRIMARY KEY (table_id, column_id))",
 )
+"""This writer's tables, created when missing (also in lakes it opens for the first time)."""
 
 _SQLITE_TYPES: Final = {"BOOLEAN": "BIGINT", "UUID": "VARCHAR", "TIMESTAMPTZ": "VARCHAR"}
 _QUOTED: Final = {"key", "value", "scope", "sql", "type", "transform"}
@@ -93,4 +99,4 @@ def create_statements(dialect: str) -> list[str]:
                 kind = _SQLITE_TYPES.get(kind, kind)
             columns.append(" ".join([f'"{name}"' if name in _QUOTED else name, kind, *rest]))
         statements.append(f"CREATE TABLE {table} ({', '.join(columns)})")
-    return [*statements, STATE_DDL]
+    return [*statements, *STATE_DDL]

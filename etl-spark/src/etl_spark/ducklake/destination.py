@@ -21,13 +21,14 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from etl.config import validate
-from etl.destination.base import DestinationContext, WriteResult
+from etl.destination.base import DestinationContext, TablePreview, WriteResult
 from etl.errors import ConfigError, DestinationError
 from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN, EventBatch
-from etl.schema import TableSchema
+from etl.schema import TableName, TableSchema
 from etl_spark.ducklake.catalog import Catalog, CommitConflict, Transaction, engine_for, redacted
 from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.plan import TablePlan, plan_changes, plan_copy
+from etl_spark.ducklake.reader import open_lake
 from etl_spark.ducklake.types import lake_type, to_lake_arrow
 from etl_spark.session import SparkSettings, get_spark
 
@@ -140,6 +141,24 @@ class DuckLakeDestination:
 
     def flush(self) -> None:
         """Every write is durable when it returns."""
+
+    # -- reading back ----------------------------------------------------------------------------
+    def preview(self, table: TableName, limit: int) -> TablePreview:
+        """The table as DuckDB reads it (``pip install 'etl-spark[duckdb]'``): row count and first rows."""
+        import duckdb  # optional extra: open_lake says how to get it
+
+        con = open_lake(self.config.catalog.get_secret_value())
+        try:
+            name = f"lake.{table.quoted()}"
+            try:
+                total = con.execute(f"SELECT count(*) FROM {name}").fetchone()
+            except duckdb.CatalogException:
+                raise KeyError(f"no table {table} in the lake") from None
+            # Through Arrow: timestamps with time zones need no pytz.
+            rows = con.execute(f"SELECT * FROM {name} ORDER BY ALL LIMIT {int(limit)}").to_arrow_table().to_pylist()
+        finally:
+            con.close()
+        return TablePreview(int(total[0]) if total else 0, rows, f"DuckDB {duckdb.__version__}")
 
     # -- helpers ---------------------------------------------------------------------------------
     def _commit_plans(self, make: Any) -> None:

@@ -48,6 +48,8 @@ class TablePlan:
     directory: str
     schema_diff: SchemaDiff
     new_column_ids: list[int]
+    attnums: dict[int, int] = field(default_factory=dict)
+    """Column id -> the Postgres attribute it holds, recorded when it differs from what the lake has."""
     truncate: bool = False
     files: list[NewFile] = field(default_factory=list)
     deletes: dict[int, tuple[DataFile, pa.Array]] = field(default_factory=dict)
@@ -55,6 +57,7 @@ class TablePlan:
 
     def apply(self, txn: Transaction, storage: LakeStorage) -> None:
         table = self._table(txn)
+        self._record_attnums(txn, table)
         if self.truncate:
             txn.end_data_files(table)
         for file in self.files:
@@ -82,6 +85,10 @@ class TablePlan:
                 txn.add_column(table, column, column_id)
             table = txn.table(table.table_id)
         return table
+
+    def _record_attnums(self, txn: Transaction, table: LakeTable) -> None:
+        if {c.column_id: c.attnum for c in table.columns if c.attnum is not None} != self.attnums:
+            txn.set_attnums(table.table_id, self.attnums)
 
     def _delete(
         self, txn: Transaction, storage: LakeStorage, table: LakeTable, data_file: DataFile, positions: pa.Array
@@ -113,21 +120,35 @@ class TablePlan:
 def _target_columns(
     dest: DuckLakeDestination, schema: TableSchema, handle: Handle | None
 ) -> tuple[SchemaDiff, list[int], list[LakeColumn]]:
-    """The schema change to make and the lake columns (with ids) the new files must carry."""
+    """The schema change to make and the lake columns (ids, and the source's attnums) the new files carry."""
     if handle is None:
-        columns = [LakeColumn(i, c.name, lake_type(c).name, c.nullable) for i, c in enumerate(schema.columns, start=1)]
+        columns = [
+            LakeColumn(i, c.name, lake_type(c).name, c.nullable, c.attnum)
+            for i, c in enumerate(schema.columns, start=1)
+        ]
         return SchemaDiff(), [], columns
     change = diff(handle.table.columns, schema)
     next_id = dest.catalog.max_column_id(handle.table.table_id) + 1 if change.adds else 0
     new_ids = list(range(next_id, next_id + len(change.adds)))
-    by_name = {c.name: c for c in handle.table.columns}
-    for old, new_name in change.renames:
-        by_name[new_name] = LakeColumn(old.column_id, new_name, old.type, old.nullable)
-    for old, new_type in change.retypes:
-        by_name[old.name] = LakeColumn(old.column_id, old.name, new_type, old.nullable)
+    renamed = {old.column_id: name for old, name in change.renames}
+    retyped = {old.column_id: new_type for old, new_type in change.retypes}
+    dropped = {c.column_id for c in change.drops}
+    by_name: dict[str, tuple[int, str, bool]] = {}
+    for old in handle.table.columns:
+        if old.column_id not in dropped:
+            name = renamed.get(old.column_id, old.name)
+            by_name[name] = (old.column_id, retyped.get(old.column_id, old.type), old.nullable)
     for column, column_id in zip(change.adds, new_ids, strict=True):
-        by_name[column.name] = LakeColumn(column_id, column.name, column.type.name, column.nullable)
-    return change, new_ids, [by_name[c.name] for c in schema.columns]
+        by_name[column.name] = (column_id, column.type.name, column.nullable)
+    columns = []
+    for c in schema.columns:
+        column_id, type_name, nullable = by_name[c.name]
+        columns.append(LakeColumn(column_id, c.name, type_name, nullable, c.attnum))
+    return change, new_ids, columns
+
+
+def _attnums(columns: list[LakeColumn]) -> dict[int, int]:
+    return {c.column_id: c.attnum for c in columns if c.attnum is not None}
 
 
 def _directory(dest: DuckLakeDestination, schema: TableSchema, handle: Handle | None) -> str:
@@ -139,7 +160,7 @@ def _directory(dest: DuckLakeDestination, schema: TableSchema, handle: Handle | 
 def plan_copy(dest: DuckLakeDestination, schema: TableSchema, rows: DataFrame | None, files: int) -> TablePlan:
     handle = dest.catalog.handle(schema.id)
     change, new_ids, columns = _target_columns(dest, schema, handle)
-    plan = TablePlan(schema, handle, _directory(dest, schema, handle), change, new_ids)
+    plan = TablePlan(schema, handle, _directory(dest, schema, handle), change, new_ids, _attnums(columns))
     if rows is not None:
         plan.files = dest.storage.write_data(rows, plan.directory, columns, files)
     return plan
@@ -157,7 +178,9 @@ def plan_changes(dest: DuckLakeDestination, segment: TableChanges) -> TablePlan 
     if watermark is None:
         return None
     change, new_ids, columns = _target_columns(dest, schema, handle)
-    plan = TablePlan(schema, handle, _directory(dest, schema, handle), change, new_ids, watermark=watermark)
+    plan = TablePlan(
+        schema, handle, _directory(dest, schema, handle), change, new_ids, _attnums(columns), watermark=watermark
+    )
     plan.truncate, changes = after_last_truncate(changes)
     if changes.num_rows == 0:
         return plan

@@ -1,0 +1,132 @@
+"""Reading a lake with real DuckDB and its ``ducklake`` extension, loaded offline from the PyPI wheels.
+
+``pip install 'etl-spark[duckdb]'`` brings ``duckdb==1.5.5`` and the ``duckdb-extension-*`` wheels of
+the same version; they are installed into a private extension directory from the wheel files, so
+nothing is downloaded and autoloading stays off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sqlalchemy.engine import make_url
+
+from etl.errors import ConfigError, DestinationError
+
+if TYPE_CHECKING:
+    import duckdb
+
+# PyPI package suffix -> the name DuckDB loads it under.
+_EXTENSIONS = {"ducklake": "ducklake", "sqlite": "sqlite_scanner", "postgres": "postgres_scanner"}
+_INSTALL_HINT = "pip install 'etl-spark[duckdb]' (duckdb and its ducklake, sqlite and postgres extensions, 1.5.5)"
+
+_lock = threading.Lock()
+_extension_directory: str | None = None
+_installed: set[str] = set()
+
+
+def duckdb_target(catalog_url: str) -> tuple[str, str]:
+    """The ``ducklake:`` attach target for a catalog URL, and the extension its metadata database needs."""
+    try:
+        url = make_url(catalog_url)
+    except Exception:
+        raise ConfigError("the DuckLake catalog is not a valid URL", hint="see docs/destinations/ducklake.md") from None
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        if not url.database:
+            raise ConfigError("a SQLite DuckLake catalog needs a file path", hint="sqlite:///path/catalog.sqlite")
+        return f"ducklake:sqlite:{url.database}", "sqlite"
+    if backend == "postgresql":
+        parts = {
+            "host": url.host,
+            "port": url.port,
+            "dbname": url.database,
+            "user": url.username,
+            "password": url.password,
+            **url.query,
+        }
+        libpq = " ".join(f"{k}={_libpq_value(str(v))}" for k, v in parts.items() if v is not None)
+        return f"ducklake:postgres:{libpq}", "postgres"
+    raise ConfigError(f"DuckDB cannot open a DuckLake catalog in {backend!r}", hint="use a sqlite or postgresql URL")
+
+
+def _libpq_value(value: str) -> str:
+    if value and not any(c in value for c in " '\\"):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def connect_duckdb(*extensions: str) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with ``ducklake`` and the named metadata extensions (``sqlite``, ``postgres``) loaded."""
+    try:
+        import duckdb  # optional extra
+    except ImportError:
+        raise DestinationError("reading a DuckLake lake needs DuckDB", hint=_INSTALL_HINT) from None
+    con = duckdb.connect(
+        config={
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+            "extension_directory": _extensions_dir(),
+        }
+    )
+    try:
+        for package in ("ducklake", *extensions):
+            with _lock:
+                if package not in _installed:  # into this process's extension directory, once
+                    con.execute(f"INSTALL '{_extension_file(package)}'")
+                    _installed.add(package)
+            con.execute(f"LOAD {_EXTENSIONS[package]}")
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def open_lake(catalog_url: str, alias: str = "lake", *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
+    """DuckDB with the lake attached as ``alias`` (read-only unless asked otherwise)."""
+    target, extension = duckdb_target(catalog_url)
+    con = connect_duckdb(extension)
+    try:
+        con.execute(f"ATTACH '{_sql_string(target)}' AS {alias}" + (" (READ_ONLY)" if read_only else ""))
+    except Exception as exc:
+        con.close()
+        message = str(exc)
+        password = make_url(catalog_url).password
+        if password:
+            message = message.replace(str(password), "***")
+        raise DestinationError(
+            f"DuckDB could not attach the lake: {message}",
+            hint="check that the catalog exists and is reachable with these credentials",
+        ) from None
+    return con
+
+
+def _sql_string(value: str) -> str:
+    return value.replace("'", "''")
+
+
+def _extensions_dir() -> str:
+    """One private extension directory per process, removed at exit."""
+    global _extension_directory
+    with _lock:
+        if _extension_directory is None:
+            _extension_directory = tempfile.mkdtemp(prefix="etl-duckdb-ext-")
+            atexit.register(shutil.rmtree, _extension_directory, ignore_errors=True)
+        return _extension_directory
+
+
+def _extension_file(package: str) -> str:
+    try:
+        module = importlib.import_module(f"duckdb_extension_{package}")
+    except ImportError:
+        raise DestinationError(f"the DuckDB {package} extension is not installed", hint=_INSTALL_HINT) from None
+    found = next(Path(module.__path__[0]).rglob("*.duckdb_extension"), None)
+    if found is None:
+        raise DestinationError(f"the duckdb-extension-{package} package holds no extension file", hint=_INSTALL_HINT)
+    return _sql_string(str(found))

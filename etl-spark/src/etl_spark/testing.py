@@ -1,0 +1,53 @@
+"""Helpers for tests of pipelines into DuckLake: read a lake's tables with real DuckDB, compare with the source.
+
+Rows come back as dicts sorted like ``etl.testing.compare.source_rows``, with timestamps with a time
+zone in UTC on both sides, so a lake table and its source table compare with ``==``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING, Any
+
+from etl.destination.memory import row_sort_key
+from etl.schema import TableName
+from etl.testing.compare import source_rows
+
+if TYPE_CHECKING:
+    import duckdb
+    import psycopg
+
+
+def comparable(value: Any) -> Any:
+    """``value`` in the form both sides agree on: aware datetimes in UTC."""
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value.astimezone(dt.UTC)
+    return value
+
+
+def sorted_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(({c: comparable(v) for c, v in row.items()} for row in rows), key=row_sort_key)
+
+
+def duckdb_rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
+    """A query's rows as dicts, through Arrow (Python's own time zones, no pytz), sorted for comparison."""
+    return sorted_rows(con.execute(sql).to_arrow_table().to_pylist())
+
+
+def lake_rows(
+    con: duckdb.DuckDBPyConnection, table: TableName | str, *, version: int | None = None, alias: str = "lake"
+) -> list[dict[str, Any]]:
+    """Every row of a lake table as DuckDB reads it (at snapshot ``version`` when given)."""
+    name = TableName.parse(table) if isinstance(table, str) else table
+    at = f" AT (VERSION => {int(version)})" if version is not None else ""
+    return duckdb_rows(con, f"SELECT * FROM {alias}.{name.quoted()}{at}")
+
+
+def comparable_source_rows(conn: psycopg.Connection[Any], table: TableName | str) -> list[dict[str, Any]]:
+    """``source_rows`` with values in ``comparable`` form."""
+    return sorted_rows(source_rows(conn, table))
+
+
+def latest_snapshot(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> int:
+    row = con.execute(f"SELECT max(snapshot_id) FROM ducklake_snapshots('{alias}')").fetchone()
+    return int(row[0]) if row else 0

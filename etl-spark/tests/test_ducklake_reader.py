@@ -1,0 +1,49 @@
+"""Reading a lake back with DuckDB: attach targets from catalog URLs, preview, errors without secrets."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+
+from etl.errors import DestinationError
+from etl.schema import ColumnSchema, TableName, TableSchema
+from etl_spark.ducklake.reader import duckdb_target, open_lake
+
+ITEMS = TableSchema(
+    16700,
+    TableName("sales", "items"),
+    (ColumnSchema("id", 23, nullable=False, primary_key=True), ColumnSchema("label", 25)),
+)
+
+
+def test_attach_targets_from_catalog_urls() -> None:
+    assert duckdb_target("sqlite:////var/lake/catalog.sqlite") == ("ducklake:sqlite:/var/lake/catalog.sqlite", "sqlite")
+    target, extension = duckdb_target("postgresql://etl:it's secret@db.internal:6543/lake?sslmode=require")
+    assert extension == "postgres"
+    assert target == (
+        "ducklake:postgres:host=db.internal port=6543 dbname=lake user=etl password='it\\'s secret' sslmode=require"
+    )
+
+
+def test_attach_failure_names_the_problem_not_the_password() -> None:
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(DestinationError) as failure:
+        open_lake(f"postgresql://etl:hunter2secret@127.0.0.1:{port}/lake")
+    assert "could not attach" in failure.value.message
+    assert "hunter2secret" not in failure.value.message + (failure.value.hint or "")
+
+
+def test_preview_reads_the_table_with_duckdb(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake)
+    rows = [{"id": i, "label": f"label {i}"} for i in range(12, 0, -1)]
+    destination.write_table_rows(ITEMS, kit.rows_table(ITEMS, rows))
+    preview = destination.preview(ITEMS.name, 3)
+    assert preview.total == 12
+    assert preview.rows == [{"id": 1, "label": "label 1"}, {"id": 2, "label": "label 2"}, {"id": 3, "label": "label 3"}]
+    assert preview.reader.startswith("DuckDB 1.5")
+    with pytest.raises(KeyError):
+        destination.preview(TableName("sales", "missing"), 3)
