@@ -7,6 +7,7 @@ import json
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
 import structlog
@@ -44,8 +45,16 @@ def _parser() -> argparse.ArgumentParser:
     resync = with_config("resync", "copy one table again while the others keep streaming")
     resync.add_argument("--table", required=True, metavar="SCHEMA.NAME", help="the published table to copy again")
     commands.add_parser("plugins", help="list installed destinations and stores")
-    demo = commands.add_parser("demo", help="stream a throwaway Postgres into a destination and print the result")
+    demo = commands.add_parser(
+        "demo",
+        help="stream a throwaway Postgres into a destination and print the tables as it reads them",
+        description="Stream a throwaway Postgres into a local DuckLake lake (SQLite store) when etl-spark and"
+        " etl-store-sqlite are installed, else into memory, and print the tables as the destination reads them.",
+    )
     demo.add_argument("--rows", type=int, default=1000, help="rows in the sample orders table")
+    demo.add_argument(
+        "--dir", type=Path, metavar="DIR", help="keep the lake and the store in DIR (default: a temporary directory)"
+    )
     return parser
 
 
@@ -58,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from etl.demo import run_demo
 
-            return run_demo(rows=args.rows, out=echo)
+            return run_demo(rows=args.rows, out=echo, directory=args.dir)
         config = load_config(args.config)
         if args.command == "run":
             return cmd_run(config, args.config)
