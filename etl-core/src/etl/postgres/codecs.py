@@ -319,14 +319,17 @@ def _numeric_codec(typmod: int) -> _Codec:
     cast = _cast(target)
 
     def decode(chunk: pa.Array) -> pa.Array:
-        special = pc.is_in(chunk, value_set=_NUMERIC_SPECIALS)
-        if pc.any(special).as_py():
-            value = pc.filter(chunk, special)[0].as_py()
-            raise _BadValue(
-                f"{value} in a numeric({precision},{scale}) column cannot be stored as {target}",
-                hint="change the column to unconstrained numeric (kept as exact text) or replace the value",
-            )
-        return cast(chunk)
+        try:
+            return cast(chunk)
+        except _BadValue:  # say why when it is one of the special values Arrow's decimals cannot hold
+            special = pc.is_in(chunk, value_set=_NUMERIC_SPECIALS)
+            if pc.any(special).as_py():
+                value = pc.filter(chunk, special)[0].as_py()
+                raise _BadValue(
+                    f"{value} in a numeric({precision},{scale}) column cannot be stored as {target}",
+                    hint="change the column to unconstrained numeric (kept as exact text) or replace the value",
+                ) from None
+            raise
 
     return _Codec(target, decode)
 
@@ -336,8 +339,9 @@ def _with_slow_path(
 ) -> Decode:
     """Cast the regular values vectorised; parse the rest (``irregular`` marks them) one by one.
 
-    When the vectorised cast rejects a value that looked regular, every value takes the slow path,
-    which either understands it or names it.
+    The whole chunk is cast first: Arrow rejects every irregular form (infinities, BC, years past
+    9999), so a chunk without one needs no mask. When the vectorised cast rejects a value that
+    looked regular, every value takes the slow path, which either understands it or names it.
     """
     fast = _cast(target)
 
@@ -345,10 +349,12 @@ def _with_slow_path(
         return pa.array([None if v is None else parse(v) for v in values], type=target)
 
     def decode(chunk: pa.Array) -> pa.Array:
+        try:
+            return fast(chunk)
+        except _BadValue:
+            pass
         mask = pc.fill_null(irregular(chunk), False)
         try:
-            if not pc.any(mask).as_py():
-                return fast(chunk)
             regular = fast(pc.if_else(mask, pa.scalar(None, pa.string()), chunk))
         except _BadValue:
             return slow(chunk.to_pylist())
