@@ -309,6 +309,7 @@ class PgOutputDecoder:
             )
         self.protocol_version = protocol_version
         self._in_stream = False
+        self._last_ts: tuple[int, datetime] = (0, PG_EPOCH)
         self._handlers: dict[int, Callable[[bytes, int, int | None], Message]] = {
             ord("B"): self._begin,
             ord("C"): self._commit,
@@ -365,11 +366,17 @@ class PgOutputDecoder:
     # -- transaction control ------------------------------------------------------------------------
     def _begin(self, data: bytes, pos: int, xid: int | None) -> Begin:
         final_lsn, ts, txid = _BEGIN.unpack_from(data, 1)
-        return Begin(Lsn(final_lsn), pg_timestamp(ts), txid)
+        return Begin(Lsn(final_lsn), self._timestamp(ts), txid)
 
     def _commit(self, data: bytes, pos: int, xid: int | None) -> Commit:
         flags, commit_lsn, end_lsn, ts = _COMMIT.unpack_from(data, 1)
-        return Commit(flags, Lsn(commit_lsn), Lsn(end_lsn), pg_timestamp(ts))
+        return Commit(flags, Lsn(commit_lsn), Lsn(end_lsn), self._timestamp(ts))
+
+    def _timestamp(self, microseconds: int) -> datetime:
+        """``pg_timestamp``, remembering the last one: a transaction's BEGIN and COMMIT carry the same time."""
+        if self._last_ts[0] != microseconds:
+            self._last_ts = (microseconds, pg_timestamp(microseconds))
+        return self._last_ts[1]
 
     def _origin(self, data: bytes, pos: int, xid: int | None) -> Origin:
         (lsn,) = _U64.unpack_from(data, 1)
