@@ -101,6 +101,5 @@ def match_columns(old: TableSchema, new: TableSchema) -> list[tuple[int | None, 
     by_attnum = {c.attnum: i for i, c in enumerate(old.columns) if c.attnum is not None}
     by_name = {c.name: i for i, c in enumerate(old.columns)}
     return [
-        (by_attnum.get(c.attnum) if c.attnum is not None and by_attnum else by_name.get(c.name), c)
-        for c in new.columns
+        (by_attnum.get(c.attnum) if c.attnum is not None and by_attnum else by_name.get(c.name), c) for c in new.columns
     ]
