@@ -33,6 +33,7 @@ from etl.postgres.pgoutput import (
     StreamStart,
     StreamStop,
     Truncate,
+    TupleColumns,
     TupleData,
     TupleWidthError,
     Type,
@@ -71,6 +72,12 @@ def scalar(conn: Conn, sql: str, params: Any = None) -> Any:
     row = conn.execute(sql, params).fetchone()
     assert row is not None
     return row[0]
+
+
+def parse(rows: list[TupleData | None], width: int) -> TupleColumns:
+    """``tuple_columns`` over tuples given as ``TupleData`` (``None``: an absent row)."""
+    payloads = [None if row is None else row.data for row in rows]
+    return tuple_columns(payloads, [0 if row is None else row.start for row in rows], width)
 
 
 def oid(conn: Conn, regclass: str) -> int:
@@ -312,7 +319,7 @@ def test_errors_name_the_problem(pg_database: Any) -> None:
         decoder.decode(b"")
 
     # Tuples are parsed when their values are read: one by one, or a batch column-wise (as the builder does).
-    readers: list[Callable[[TupleData], object]] = [tuple, lambda row: tuple_columns([row], 2)]
+    readers: list[Callable[[TupleData], object]] = [tuple, lambda row: parse([row], 2)]
     # The first value of the captured insert is ('t', length, '1'): mark it binary instead.
     first_value = insert.index(b"t\x00\x00\x00\x011")
     binary = decoder.decode(insert[:first_value] + b"b" + insert[first_value + 1 :])
@@ -328,7 +335,7 @@ def test_errors_name_the_problem(pg_database: Any) -> None:
         with pytest.raises(PgOutputError, match=r"unknown tuple value kind 'x'"):
             read(unknown.new)
     with pytest.raises(TupleWidthError):
-        tuple_columns([decoder.decode(insert).new], 3)  # type: ignore[union-attr]
+        parse([decoder.decode(insert).new], 3)  # type: ignore[union-attr]
     with pytest.raises(PgOutputError, match="malformed pgoutput 'B' message"):
         decoder.decode(b"B\x00\x01")
     with pytest.raises(PgOutputError, match="protocol version 9"):
@@ -355,7 +362,7 @@ def test_decoding_rate(pg_database: Any, record_property: Callable[[str, object]
     decoder = PgOutputDecoder(1)
     started = time.perf_counter()
     decoded = [decoder.decode(p) for p in payloads]
-    columns = tuple_columns([m.new for m in decoded], 10)  # type: ignore[union-attr]
+    columns = parse([m.new for m in decoded], 10)  # type: ignore[union-attr]
     elapsed = time.perf_counter() - started
     record_property("pgoutput_insert_rows_per_second", round(rows / elapsed))
     assert columns.text[0].to_pylist() == [m.new[0] for m in decoded]  # type: ignore[union-attr]
@@ -395,11 +402,11 @@ def test_tuple_columns_match_values_read_one_by_one() -> None:
         header = bytes(rng.randrange(20))  # the message header before the tuple
         rows.append(TupleData(header + encoded.data + bytes(rng.randrange(3)), len(header)))
 
-    columns = tuple_columns(rows, width)
+    columns = parse(rows, width)
     for c in range(width):
         expected = [None if row is None else row[c] for row in rows]
         assert columns.text[c].to_pylist() == [None if v is UNCHANGED_TOAST else v for v in expected]
         mask = columns.unchanged[c]
         assert mask is not None and mask.tolist() == [v is UNCHANGED_TOAST for v in expected]
-    assert tuple_columns([None, None], 2).text[1].to_pylist() == [None, None]
-    assert tuple_columns([TupleData.of(["1"])], 1).unchanged == [None]
+    assert parse([None, None], 2).text[1].to_pylist() == [None, None]
+    assert parse([TupleData.of(["1"])], 1).unchanged == [None]

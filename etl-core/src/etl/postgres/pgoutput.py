@@ -19,7 +19,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Literal, TypeVar, overload
+from typing import Any, Final, Literal, TypeVar, cast, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -558,8 +558,10 @@ _KNOWN_KIND: Final = np.isin(np.arange(256), [_TEXT_KIND, _NULL_KIND, _TOAST_KIN
 _PADDING: Final = bytes(8)
 
 
-def tuple_columns(rows: Sequence[TupleData | None], width: int) -> TupleColumns:
-    """Parse tuples of ``width`` columns (``None``: an absent row, all null) into one array per column.
+def tuple_columns(payloads: Sequence[bytes | None], starts: Sequence[int], width: int) -> TupleColumns:
+    """Parse the tuples of ``width`` columns at ``payloads[i][starts[i]:]`` into one array per column.
+
+    A ``None`` payload is an absent row: null in every column. (A ``TupleData`` is ``data`` and ``start``.)
 
     The tuples' payloads are joined into one buffer and parsed column by column, each step over every
     row at once: the position of column ``c`` in every row gives the kinds and lengths of all values of
@@ -567,18 +569,22 @@ def tuple_columns(rows: Sequence[TupleData | None], width: int) -> TupleColumns:
     the buffer. Raises ``TupleWidthError`` for tuples of another width and ``PgOutputError`` for
     malformed ones (checked as strictly as ``TupleData`` reading them one by one).
     """
-    n = len(rows)
-    tuples = [row for row in rows if row is not None]
-    if not tuples:
-        return TupleColumns([pa.nulls(n, pa.string()) for _ in range(width)], [None] * width)
-    present = None if len(tuples) == n else np.flatnonzero([row is not None for row in rows])
-    payloads = [t.data for t in tuples]
-    sizes = np.fromiter(map(len, payloads), np.int64, len(payloads))
+    n = len(payloads)
+    present = None
+    found = cast(Sequence[bytes], payloads)
+    if None in payloads:  # absent rows: parse the others, spread the result at the end
+        present = np.flatnonzero([p is not None for p in payloads])
+        found = [p for p in payloads if p is not None]
+        starts = [starts[i] for i in present.tolist()]
+        if not found:
+            return TupleColumns([pa.nulls(n, pa.string()) for _ in range(width)], [None] * width)
+    rows = len(found)
+    sizes = np.fromiter(map(len, found), np.int64, rows)
     ends = np.cumsum(sizes)
-    buffer = b"".join([*payloads, _PADDING])  # reads of a length just past a payload stay inside the buffer
+    buffer = b"".join([*found, _PADDING])  # reads of a length just past a payload stay inside the buffer
     data = np.frombuffer(buffer, np.uint8)
     u16, u32 = _big_endian(buffer, ">u2"), _big_endian(buffer, ">u4")
-    pos = ends - sizes + np.fromiter([t.start for t in tuples], np.int64, len(tuples))
+    pos = ends - sizes + np.fromiter(starts, np.int64, rows)
 
     broken = pos + 2 > ends
     counts = np.where(broken, width, u16[np.minimum(pos, ends)])
@@ -586,9 +592,9 @@ def tuple_columns(rows: Sequence[TupleData | None], width: int) -> TupleColumns:
         raise TupleWidthError(sorted(set(counts.tolist())))
     pos += 2
     stride = 2 * width + 1
-    bounds = np.empty((len(tuples), stride), np.int64)
+    bounds = np.empty((rows, stride), np.int64)
     """Per row: where each value's header and text start, then where the tuple ends (Arrow binary offsets)."""
-    kinds = np.empty((width, len(tuples)), np.uint8)
+    kinds = np.empty((width, rows), np.uint8)
     for c in range(width):
         broken |= pos >= ends
         pos = np.minimum(pos, ends)
@@ -610,7 +616,7 @@ def tuple_columns(rows: Sequence[TupleData | None], width: int) -> TupleColumns:
     segments = pa.Array.from_buffers(
         pa.large_binary(), bounds.size - 1, [None, pa.py_buffer(bounds), pa.py_buffer(buffer)]
     )
-    first = np.arange(len(tuples), dtype=np.int64) * stride
+    first = np.arange(rows, dtype=np.int64) * stride
     text_columns: list[pa.Array] = []
     unchanged: list[npt.NDArray[np.bool_] | None] = []
     for c in range(width):
