@@ -409,4 +409,5 @@ def test_tuple_columns_match_values_read_one_by_one() -> None:
         mask = columns.unchanged[c]
         assert mask is not None and mask.tolist() == [v is UNCHANGED_TOAST for v in expected]
     assert parse([None, None], 2).text[1].to_pylist() == [None, None]
+    assert [len(column) for column in parse([], 2).text] == [0, 0]
     assert parse([TupleData.of(["1"])], 1).unchanged == [None]

@@ -576,8 +576,8 @@ def tuple_columns(payloads: Sequence[bytes | None], starts: Sequence[int], width
         present = np.flatnonzero([p is not None for p in payloads])
         found = [p for p in payloads if p is not None]
         starts = [starts[i] for i in present.tolist()]
-        if not found:
-            return TupleColumns([pa.nulls(n, pa.string()) for _ in range(width)], [None] * width)
+    if not found:
+        return TupleColumns([pa.nulls(n, pa.string()) for _ in range(width)], [None] * width)
     rows = len(found)
     sizes = np.fromiter(map(len, found), np.int64, rows)
     ends = np.cumsum(sizes)
