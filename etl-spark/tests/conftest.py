@@ -104,9 +104,9 @@ def lake(request: pytest.FixtureRequest, tmp_path: Path, spark: Any, pg_major: i
 
 
 def make_destination(lake: Lake, pipeline_id: int = 1, **options: Any) -> DuckLakeDestination:
-    config = DuckLakeConfig.model_validate(
-        {"catalog": lake.url, "data_path": lake.data_path, "spark": SPARK.model_dump(), **options}
-    )
+    # Unless a test asks for gathering, every copied batch is written at once (as if flushed).
+    base = {"catalog": lake.url, "data_path": lake.data_path, "spark": SPARK.model_dump(), "copy_chunk_bytes": 0}
+    config = DuckLakeConfig.model_validate({**base, **options})
     destination = DuckLakeDestination.from_config(config, DestinationContext(pipeline_id, MemoryStore(pipeline_id)))
     destination.startup()
     return destination

@@ -6,8 +6,11 @@ import datetime as dt
 from decimal import Decimal
 from typing import Any
 
+import duckdb
 import pyarrow as pa
+import pytest
 
+from etl.destination.base import WriteResult
 from etl.schema import ColumnSchema, TableName, TableSchema
 
 NUMERIC_10_2 = ((10 << 16) | 2) + 4
@@ -180,3 +183,27 @@ def test_infinite_timestamps_keep_their_meaning(lake: Any, kit: Any) -> None:
         (3, False, False),
     ]
     assert lake.query("SELECT id FROM lake.public.events WHERE ts = 'infinity'::TIMESTAMPTZ") == [(1,)]
+
+
+def test_copied_batches_are_gathered_into_chunks_until_flush(lake: Any, kit: Any) -> None:
+    schema = TableSchema(
+        16402, TableName("public", "gathered"), (ColumnSchema("id", 23, primary_key=True), ColumnSchema("name", 25))
+    )
+    empty = TableSchema(16403, TableName("public", "empty"), (ColumnSchema("id", 23, primary_key=True),))
+
+    def batch(start: int) -> pa.Table:
+        return kit.rows_table(schema, [{"id": i, "name": f"n{i}"} for i in range(start, start + 100)])
+
+    destination = kit.make_destination(lake, copy_chunk_bytes=3 * batch(0).nbytes)
+    assert destination.write_table_rows(schema, batch(0)) is WriteResult.ACCEPTED
+    assert destination.write_table_rows(schema, batch(100)) is WriteResult.ACCEPTED
+    assert destination.write_table_rows(empty, kit.rows_table(empty, [])) is WriteResult.ACCEPTED
+    with pytest.raises(duckdb.CatalogException):  # nothing written yet
+        lake.query("SELECT count(*) FROM lake.public.gathered")
+    assert destination.write_table_rows(schema, batch(200)) is WriteResult.DURABLE  # a full chunk: one Spark job
+    assert lake.query("SELECT count(*), count(DISTINCT id) FROM lake.public.gathered") == [(300, 300)]
+    destination.write_table_rows(schema, batch(300))
+    destination.flush()
+    assert lake.query("SELECT count(*), count(DISTINCT id) FROM lake.public.gathered") == [(400, 400)]
+    assert lake.query("SELECT count(*) FROM ducklake_list_files('lake', 'gathered', schema => 'public')") == [(2,)]
+    assert lake.query("SELECT count(*) FROM lake.public.empty") == [(0,)]

@@ -1,9 +1,10 @@
 """The ``ducklake`` destination: a DuckLake 1.0 lake, data written by Spark, catalog in SQLite or Postgres.
 
-Each committed write is one DuckLake snapshot. A copy chunk becomes new data files. A batch of
-changes is collapsed per table (``etl_spark.collapse``): upserted rows become new data files, and
-the stored rows they replace or that were deleted become positional delete files, found by a Spark
-scan of the table's live rows (``_metadata.row_index``). A truncate ends the table's data files.
+Each committed write is one DuckLake snapshot. Copied rows are gathered per table into chunks
+(``copy_buffer``), and each chunk becomes new data files. A batch of changes is collapsed per table
+(``etl_spark.collapse``): upserted rows become new data files, and the stored rows they replace or
+that were deleted become positional delete files, found by a Spark scan of the table's live rows
+(``_metadata.row_index``). A truncate ends the table's data files.
 Schema changes become DuckLake schema versions in the same snapshot. Each table's replication
 watermark ``(commit_lsn, tx_ordinal)`` is committed with the snapshot, so a replayed change is
 skipped exactly. See docs/destinations/ducklake.md.
@@ -26,6 +27,7 @@ from etl.errors import ConfigError, DestinationError
 from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN, EventBatch
 from etl.schema import TableName, TableSchema
 from etl_spark.ducklake.catalog import Catalog, CommitConflict, Transaction, engine_for, redacted
+from etl_spark.ducklake.copy_buffer import CopyBuffers
 from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.plan import TablePlan, plan_changes, plan_copy
 from etl_spark.ducklake.reader import open_lake
@@ -53,6 +55,11 @@ class DuckLakeConfig(BaseModel):
     data_path: str = Field(min_length=1, description="where data files live: a local path or any URI Spark writes")
     spark: SparkSettings = Field(default_factory=SparkSettings)
     target_file_size_bytes: int = Field(512 * 1024 * 1024, ge=1024 * 1024, description="copy data file size")
+    copy_chunk_bytes: int = Field(
+        128 * 1024 * 1024,
+        ge=0,
+        description="copied rows gathered per table (Arrow bytes, in memory) before one Spark job writes them",
+    )
     commit_attempts: int = Field(10, ge=1, description="retries when another writer commits a conflicting change")
     author: str = Field("etl", description="recorded in ducklake_snapshot_changes.author")
 
@@ -84,6 +91,7 @@ class DuckLakeDestination:
         self.catalog = Catalog(config.catalog.get_secret_value(), config.data_path, pipeline_id, config.author)
         self._storage: LakeStorage | None = None
         self._spark: SparkSession | None = None
+        self._copies = CopyBuffers(config.copy_chunk_bytes)
 
     @classmethod
     def from_config(cls, config: Any, context: DestinationContext) -> DuckLakeDestination:
@@ -122,15 +130,29 @@ class DuckLakeDestination:
                 txn.drop_table(handle.table.table_id)
             txn.forget(schema.id)
 
+        self._copies.discard(schema.id)
         if self.catalog.handle(schema.id) is not None:
             self.catalog.commit(drop)
             log.info("dropped ducklake table for copy", table=str(schema.name))
 
     def write_table_rows(self, schema: TableSchema, rows: pa.Table) -> WriteResult:
-        frame = self.to_spark(schema, rows) if rows.num_rows else None
-        files = max(1, math.ceil(rows.nbytes / self.config.target_file_size_bytes))
-        self._commit_plans(lambda: [plan_copy(self, schema, frame, files)])
+        """Gather copied rows into chunks of ``copy_chunk_bytes``: a full chunk is written now, the rest at flush."""
+        chunk = self._copies.add(schema, rows)
+        if chunk is None:
+            return WriteResult.ACCEPTED
+        self._write_copy(*chunk)
         return WriteResult.DURABLE
+
+    def flush(self) -> None:
+        """Write every table's gathered copy rows (streamed changes are durable when ``write_events`` returns)."""
+        for schema, rows in self._copies.take_all():
+            self._write_copy(schema, rows)
+
+    def _write_copy(self, schema: TableSchema, rows: pa.Table) -> None:
+        with self._copies.writing(schema.id):
+            frame = self.to_spark(schema, rows) if rows.num_rows else None
+            files = max(1, math.ceil(rows.nbytes / self.config.target_file_size_bytes))
+            self._commit_plans(lambda: [plan_copy(self, schema, frame, files)])
 
     def write_events(self, batch: EventBatch) -> WriteResult:
         rounds = max((len(segments) for segments in batch.changes.values()), default=0)
@@ -138,9 +160,6 @@ class DuckLakeDestination:
             segments = [segs[index] for segs in batch.changes.values() if index < len(segs)]
             self._commit_plans(lambda segments=segments: [p for s in segments if (p := plan_changes(self, s))])
         return WriteResult.DURABLE
-
-    def flush(self) -> None:
-        """Every write is durable when it returns."""
 
     # -- reading back ----------------------------------------------------------------------------
     def preview(self, table: TableName, limit: int) -> TablePreview:

@@ -146,17 +146,14 @@ class LakeStorage:
         return NewFile(name, metadata.num_rows, size, footer_size, file_stats(metadata, kinds))
 
 
-def read_live(
-    spark: SparkSession, columns: Sequence[LakeColumn], data_paths: Sequence[str], delete_paths: Sequence[str]
-) -> DataFrame:
-    """The live rows of data files, with ``_etl_file`` (file name) and ``_etl_pos`` (row position).
+def read_rows(spark: SparkSession, columns: Sequence[LakeColumn], data_paths: Sequence[str]) -> DataFrame:
+    """Every row of data files (deleted ones too), with ``_etl_file`` (file name) and ``_etl_pos`` (row position).
 
-    Columns are matched by field id, so files written before a rename read correctly. Positions in
-    the active delete files are excluded.
+    Columns are matched by field id, so files written before a rename read correctly.
     """
     from pyspark.sql import functions as sf
 
-    rows = (
+    return (
         spark.read.schema(lake_schema(columns))
         .parquet(*data_paths)
         .select(
@@ -165,10 +162,23 @@ def read_live(
             sf.col("_metadata.row_index").alias("_etl_pos"),
         )
     )
+
+
+def read_live(
+    spark: SparkSession, columns: Sequence[LakeColumn], data_paths: Sequence[str], delete_paths: Sequence[str]
+) -> DataFrame:
+    """``read_rows`` without the positions in the active delete files."""
+    from pyspark.sql import functions as sf
+    from pyspark.sql import types as st
+
+    rows = read_rows(spark, columns, data_paths)
     if not delete_paths:
         return rows
-    deleted = spark.read.parquet(*delete_paths).select(
-        _file_name(sf.col("file_path")).alias("_etl_file"), sf.col("pos").alias("_etl_pos")
+    schema = st.StructType([st.StructField("file_path", st.StringType()), st.StructField("pos", st.LongType())])
+    deleted = (
+        spark.read.schema(schema)
+        .parquet(*delete_paths)
+        .select(_file_name(sf.col("file_path")).alias("_etl_file"), sf.col("pos").alias("_etl_pos"))
     )
     return rows.join(deleted, ["_etl_file", "_etl_pos"], "left_anti")
 

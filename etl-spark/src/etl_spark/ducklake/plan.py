@@ -24,12 +24,13 @@ from etl_spark.collapse import (
     after,
     after_last_truncate,
     last_change_per_key,
+    last_change_per_key_arrow,
     last_position,
     missing_columns,
     net_changes_without_key,
 )
 from etl_spark.ducklake.catalog import DataFile, Handle, LakeColumn, LakeTable, NewColumn, NewFile, Transaction
-from etl_spark.ducklake.files import LakeStorage, file_name, read_live
+from etl_spark.ducklake.files import LakeStorage, file_name, read_live, read_rows
 from etl_spark.ducklake.schema_diff import SchemaDiff, diff
 from etl_spark.ducklake.types import lake_type
 
@@ -184,29 +185,48 @@ def plan_changes(dest: DuckLakeDestination, segment: TableChanges) -> TablePlan 
     plan.truncate, changes = after_last_truncate(changes)
     if changes.num_rows == 0:
         return plan
-    frame = dest.to_spark(schema, changes)
+    from pyspark.sql import functions as sf
+
     names = schema.column_names
     key = [c.name for c in schema.key_columns]
     data_files = [] if handle is None or plan.truncate else dest.catalog.data_files(handle.table)
     only_inserts = bool(pc.all(pc.equal(changes[OP_COLUMN], "I")).as_py())
-    key_toast = [*key, *missing_columns(changes)] if key else names
-    needed = [c for c in columns if c.name in key_toast]
-    live = _live(dest, needed, data_files) if data_files and not only_inserts else None
+    toast = missing_columns(changes)
+    needed = [c for c in columns if c.name in [*key, *toast]] if key else columns
+    scan = bool(data_files) and not only_inserts
+    if key and not toast:
+        # The common case. The batch is collapsed on the driver, in Arrow; one Spark job finds the
+        # stored rows of its keys (few next to the table's, so broadcast into the scan), the
+        # positions already deleted are dropped on the driver, and one Spark job writes the upserts.
+        collapsed = last_change_per_key_arrow(changes, names, key)
+        if scan:
+            touched = sf.broadcast(dest.to_spark(schema, collapsed.select(key)))
+            stored = read_rows(dest.spark, needed, [f.path for f in data_files]).join(touched, key, "inner")
+            plan.deletes = _positions(stored, data_files, dest.storage)
+        upserts = collapsed.filter(pc.equal(collapsed[ACTION], UPSERT)).select(names)
+        if upserts.num_rows:
+            plan.files = dest.storage.write_data(dest.to_spark(schema, upserts), plan.directory, columns, 1)
+        return plan
+    # Unchanged TOAST values to fill, or no key: collapsed in Spark, kept in memory for its two uses.
+    live = _live(dest, needed, data_files) if scan else None
+    frame = dest.to_spark(schema, changes)
     if key:
-        toast = missing_columns(changes)
-        collapsed = last_change_per_key(frame, names, key, toast)
+        collapsed = last_change_per_key(frame, names, key, toast).cache()
         upserts = collapsed.filter(collapsed[ACTION] == UPSERT)
         if live is not None:
             upserts = _fill_from_lake(upserts, live, key, toast)
-            touched = collapsed.select(*key)
-            plan.deletes = _positions(live.join(touched, key, "inner"), data_files)
+            touched = sf.broadcast(collapsed.select(*key))
+            plan.deletes = _positions(live.join(touched, key, "inner"), data_files, dest.storage)
         rows = upserts.select(*names)
     else:
-        net = net_changes_without_key(frame, names)
+        collapsed = net_changes_without_key(frame, names).cache()
         if live is not None:
-            plan.deletes = _positions(_occurrences(live, net, names), data_files)
-        rows = _copies(net, names)
-    plan.files = dest.storage.write_data(rows, plan.directory, columns, 1)
+            plan.deletes = _positions(_occurrences(live, collapsed, names), data_files, dest.storage)
+        rows = _copies(collapsed, names)
+    try:
+        plan.files = dest.storage.write_data(rows, plan.directory, columns, 1)
+    finally:
+        collapsed.unpersist()
     return plan
 
 
@@ -249,7 +269,7 @@ def _occurrences(live: DataFrame, net: DataFrame, names: list[str]) -> DataFrame
     for n in names:
         term = live[n].eqNullSafe(deleted[f"_etl_d_{n}"])
         condition = term if condition is None else condition & term
-    matched = live.join(deleted, condition, "inner")
+    matched = live.join(sf.broadcast(deleted), condition, "inner")
     order = Window.partitionBy(*[f"_etl_d_{n}" for n in names]).orderBy("_etl_file", "_etl_pos")
     return matched.withColumn("_etl_n", sf.row_number().over(order)).filter(sf.col("_etl_n") <= sf.col("_etl_count"))
 
@@ -264,8 +284,11 @@ def _copies(net: DataFrame, names: list[str]) -> DataFrame:
     )
 
 
-def _positions(matches: DataFrame, data_files: list[DataFile]) -> dict[int, tuple[DataFile, pa.Array]]:
-    """Collect ``(file, position)`` pairs (small: one per changed row) grouped by data file."""
+def _positions(
+    matches: DataFrame, data_files: list[DataFile], storage: LakeStorage
+) -> dict[int, tuple[DataFile, pa.Array]]:
+    """Collect ``(file, position)`` pairs (small: one per changed row) grouped by data file, without the
+    positions the file's delete file already holds."""
     found = matches.select("_etl_file", "_etl_pos").toArrow()
     if found.num_rows == 0:
         return {}
@@ -274,5 +297,10 @@ def _positions(matches: DataFrame, data_files: list[DataFile]) -> dict[int, tupl
     grouped = found.group_by("_etl_file").aggregate([("_etl_pos", "list")])
     for name, positions in zip(grouped["_etl_file"].to_pylist(), grouped["_etl_pos_list"], strict=True):
         data_file = by_name[name]
-        result[data_file.data_file_id] = (data_file, pc.unique(positions.values))
+        wanted = pc.unique(positions.values)
+        if data_file.delete is not None:
+            deleted = storage.read_delete(data_file.delete.path, data_file.delete.begin_snapshot)["pos"]
+            wanted = wanted.filter(pc.invert(pc.is_in(wanted, deleted)))
+        if len(wanted):
+            result[data_file.data_file_id] = (data_file, wanted)
     return result
