@@ -1,0 +1,242 @@
+"""Initial copy into DuckLake, beside the engine's copy into the null destination in the same run.
+
+Fills the workload table (default 2M rows), then:
+
+1. engine -> null destination: ``run_engine.py copy`` (a child process, memory store, default copy
+   settings), timed from ``Pipeline.start()`` until the null destination counted every row: what the
+   engine reads and decodes per second with no destination cost;
+2. engine -> DuckLake: the same pipeline into the ``ducklake`` destination, in this process (memory
+   store; catalog in SQLite, or ``--catalog postgres`` for a database on the same server; Parquet under
+   a temporary directory; Spark ``local[*]``), timed from ``Pipeline.start()`` until every row is in a
+   committed DuckLake snapshot. Spark starts before the clock (its start-up is printed on its own:
+   a process pays it once).
+
+Then DuckDB 1.5.5 reads the lake's row count back: it must equal the table's. Both sides alternate
+``--repeat`` times; the best run of each is reported.
+
+    .venv/bin/python bench/ducklake_copy.py [--rows 2000000] [--catalog sqlite|postgres] [--repeat 1]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import benchlib
+import pyarrow as pa
+from benchlib import PUBLICATION, TABLE, Engine, Line
+
+from etl.config import PipelineConfig
+from etl.destination.base import WriteResult
+from etl.events import EventBatch
+from etl.pipeline import Pipeline
+from etl.store.base import Store, TableStateKind
+from etl.store.memory import MemoryStore
+from etl_spark.ducklake.destination import SPARK_CONF, DuckLakeConfig, DuckLakeDestination
+from etl_spark.ducklake.reader import open_lake
+from etl_spark.session import SparkSettings, get_spark
+
+
+@dataclass
+class WriteStats:
+    """What a counting destination saw of streamed changes: rows, writes and the seconds spent in them."""
+
+    changed_rows: int = 0
+    writes: int = 0
+    write_seconds: float = 0.0
+    reached: threading.Event = field(default_factory=threading.Event)
+
+
+class CountingDuckLake(DuckLakeDestination):
+    """The ducklake destination, counting streamed changes and timing their writes; ``stats.reached`` is set
+    once ``target`` changes were written."""
+
+    def __init__(self, config: DuckLakeConfig, pipeline_id: int, target: int) -> None:
+        super().__init__(config, pipeline_id)
+        self.target = target
+        self.stats = WriteStats()
+        self._lock = threading.Lock()
+
+    def write_events(self, batch: EventBatch) -> WriteResult:
+        started = time.perf_counter()
+        result = super().write_events(batch)
+        self._count(started, changed=batch.row_count())
+        return result
+
+    def _count(self, started: float, changed: int) -> None:
+        with self._lock:
+            stats = self.stats
+            stats.changed_rows += changed
+            stats.writes += 1
+            stats.write_seconds += time.perf_counter() - started
+            if stats.changed_rows >= self.target:
+                stats.reached.set()
+
+
+SPARK = SparkSettings(master="local[*]")
+
+
+@contextlib.contextmanager
+def lake(src: benchlib.Source, kind: str, name: str) -> Iterator[DuckLakeConfig]:
+    """A new, empty lake: SQLite catalog in a temporary directory, or a new database on the source server."""
+    with tempfile.TemporaryDirectory(prefix="etl-bench-lake-") as directory:
+        if kind == "sqlite":
+            catalog = f"sqlite:///{directory}/catalog.sqlite"
+        else:
+            with src.connect("postgres") as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+                conn.execute(f"CREATE DATABASE {name}")
+            catalog = f"postgresql://postgres@127.0.0.1:{src.port}/{name}"
+        try:
+            yield DuckLakeConfig.model_validate(
+                {"catalog": catalog, "data_path": f"{directory}/data/", "spark": SPARK.model_dump()}
+            )
+        finally:
+            if kind != "sqlite":
+                with src.connect("postgres") as conn:
+                    conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def pipeline_config(src: benchlib.Source, pipeline_id: int, **batch: Any) -> PipelineConfig:
+    return PipelineConfig.model_validate(
+        {
+            "pipeline": {"id": pipeline_id, "publication": PUBLICATION},
+            "source": src.connection().model_dump(),
+            "batch": batch,
+        }
+    )
+
+
+def start_spark() -> float:
+    """Start the session and run one small Arrow -> Parquet job (the first job loads Spark's classes)."""
+    started = time.perf_counter()
+    spark = get_spark(SPARK, SPARK_CONF)
+    with tempfile.TemporaryDirectory(prefix="etl-bench-warm-") as directory:
+        spark.createDataFrame(pa.table({"x": list(range(1000))})).write.parquet(f"{directory}/warm")
+    return time.perf_counter() - started
+
+
+def lake_count(config: DuckLakeConfig) -> tuple[int, int]:
+    """Rows of the lake's table as DuckDB reads them, and its data files."""
+    con = open_lake(config.catalog.get_secret_value())
+    try:
+        rows = con.execute(f"SELECT count(*) FROM lake.public.{TABLE}").fetchone()
+        files = con.execute(f"SELECT count(*) FROM ducklake_list_files('lake', '{TABLE}', schema => 'public')")
+        found = files.fetchone()
+        return (int(rows[0]) if rows else 0), (int(found[0]) if found else 0)
+    finally:
+        con.close()
+
+
+def run_ducklake(
+    config: PipelineConfig, lake_config: DuckLakeConfig, target: int, store: Store, stop_when: str
+) -> tuple[float, WriteStats]:
+    """Run a pipeline into DuckLake until its copy is durable (``stop_when="copied"``: every table past
+    its copy, whose last rows the engine's flush wrote) or ``target`` streamed changes were written."""
+    destination = CountingDuckLake(lake_config, config.pipeline.id, target)
+    pipeline = Pipeline(config, store, destination)
+    started = time.perf_counter()
+    pipeline.start()
+    try:
+
+        def done() -> bool:
+            return states_past(pipeline, COPYING) if stop_when == "copied" else destination.stats.reached.is_set()
+
+        while not done():
+            if pipeline.wait(timeout=0.01):
+                raise RuntimeError("the pipeline stopped before the benchmark finished")
+        seconds = time.perf_counter() - started
+        while stop_when == "copied" and not states_past(pipeline, NOT_READY):  # its sync slot gone before the next run
+            if pipeline.wait(timeout=0.1):
+                raise RuntimeError("the pipeline stopped before its table was ready")
+    finally:
+        pipeline.shutdown(timeout=120)
+    return seconds, destination.stats
+
+
+COPYING = {TableStateKind.INIT, TableStateKind.DATA_SYNC}
+NOT_READY = set(TableStateKind) - {TableStateKind.READY}
+
+
+def states_past(pipeline: Pipeline, kinds: set[TableStateKind]) -> bool:
+    """True once the pipeline knows its tables and none is in one of ``kinds``."""
+    states = pipeline.states.snapshot() if pipeline.states is not None else {}
+    return bool(states) and all(s.kind not in kinds for s in states.values())
+
+
+def show(title: str, baseline: Line, *lines: Line) -> None:
+    """Each line's rate beside the null destination's (the engine's own rate, measured in the same run)."""
+    print(f"\n{title}")
+    print(f"  {'':<44} {'rows':>10} {'seconds':>8} {'rows/s':>10} {'ratio':>6}")
+    for line in (baseline, *lines):
+        ratio = line.rate / baseline.rate
+        print(
+            f"  {line.name:<44} {line.rows:>10,} {line.seconds:>8.2f} {line.rate:>10,.0f} {ratio:>6.2f}"
+            + (f"  {line.note}" if line.note else "")
+        )
+
+
+def fill(src: benchlib.Source, rows: int) -> float:
+    started = time.perf_counter()
+    src.execute(f"INSERT INTO {TABLE} SELECT {benchlib.row_values('g')} FROM generate_series(1, {rows}) g")
+    src.execute(f"VACUUM (FREEZE, ANALYZE) {TABLE}")
+    src.execute("CHECKPOINT")
+    return time.perf_counter() - started
+
+
+def null_copy(src: benchlib.Source, rows: int, pipeline_id: int) -> Line:
+    child = Engine(src, "copy", "--rows", str(rows), "--pipeline-id", str(pipeline_id))
+    try:
+        done = child.expect("done")
+        child.wait()
+    finally:
+        child.kill()
+    src.drop_slots()
+    return Line("engine -> null destination", done["rows"], done["seconds"], done["peak_rss_mb"], done["cpu_seconds"])
+
+
+def ducklake_copy(src: benchlib.Source, rows: int, pipeline_id: int, catalog: str) -> Line:
+    with lake(src, catalog, f"bench_lake_{pipeline_id}") as lake_config:
+        seconds, _ = run_ducklake(
+            pipeline_config(src, pipeline_id), lake_config, rows, MemoryStore(pipeline_id), "copied"
+        )
+        counted, files = lake_count(lake_config)
+    src.drop_slots()
+    if counted != rows:
+        raise RuntimeError(f"DuckDB reads {counted} rows in the lake, the table has {rows}")
+    note = f"DuckDB reads {counted:,} rows in {files} data files"
+    return Line(f"engine -> DuckLake ({catalog} catalog)", counted, seconds, note=note)
+
+
+def main() -> int:
+    parser = benchlib.arguments(__doc__ or "")
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each side; the best is reported")
+    parser.add_argument("--catalog", choices=["sqlite", "postgres"], default="sqlite")
+    args = parser.parse_args()
+    with benchlib.source(args) as src:
+        print(f"machine: {benchlib.machine()}")
+        print(f"server:  {src.server_version()} ({src.install.bindir})")
+        seconds = fill(src, args.rows)
+        size = src.scalar(f"SELECT pg_size_pretty(pg_table_size('{TABLE}'))")
+        print(f"table:   {args.rows:,} rows, 9 columns of mixed types, {size} (filled in {seconds:.1f} s)")
+        print(f"spark:   session started and warmed up in {start_spark():.1f} s (once per process; not timed below)")
+        nulls, lakes = [], []
+        for run in range(args.repeat):
+            nulls.append(null_copy(src, args.rows, 2 * run + 1))
+            lakes.append(ducklake_copy(src, args.rows, 2 * run + 2, args.catalog))
+            print(f"  run {run + 1}: null {nulls[-1].seconds:.2f} s, DuckLake {lakes[-1].seconds:.2f} s", flush=True)
+        best_null = min(nulls, key=lambda line: line.seconds)
+        best = min(lakes, key=lambda line: line.seconds)
+        show(f"copy of {args.rows:,} rows into DuckLake (best of {args.repeat})", best_null, best)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

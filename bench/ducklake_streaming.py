@@ -1,0 +1,138 @@
+"""Sustained streaming into DuckLake, beside the engine's streaming into the null destination in the same run.
+
+The workload table starts with ``--base`` rows. Four pipelines (SQLite stores) copy it and reach Ready,
+then stop, so their slots wait at the same position: the null destination (``run_engine.py``) and
+three DuckLake lakes (SQLite catalogs, Spark ``local[*]`` in this process). A workload of ``--rows``
+row changes then runs in transactions of 10: 7 inserts, 2 updates (a new row and a copied one) and
+1 delete (of a copied row), so most batches both add data files and write positional delete files
+found by a Spark scan of the table's live rows. Each pipeline then drains the same backlog, one after
+the other, timed from ``Pipeline.start()`` until its destination wrote every change:
+
+- null destination, engine defaults: the engine's own rate, the reference for the ratios;
+- DuckLake, engine defaults (a batch is cut at 8 MiB or after 1 s);
+- DuckLake, large batches (64 MiB or 10 s): Spark's fixed cost per job spread over more rows;
+- DuckLake, 1 s batches (cut by time only): each Spark job gets what the engine read in a second.
+
+Afterwards DuckDB 1.5.5 reads every lake's row count back; it must equal the source table's.
+
+    .venv/bin/python bench/ducklake_streaming.py [--rows 500000] [--base 200000]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import benchlib
+from benchlib import TABLE, Engine, Line
+from ducklake_copy import lake, lake_count, pipeline_config, run_ducklake, show, start_spark
+
+from etl_store_sqlite.store import SqliteStore
+
+CHANGES_PER_TRANSACTION = 10
+
+WORKLOAD = f"""
+CREATE OR REPLACE PROCEDURE bench_ducklake(transactions int, first_id bigint, base bigint) LANGUAGE plpgsql AS $$
+DECLARE b bigint;
+BEGIN
+    FOR i IN 0 .. transactions - 1 LOOP
+        b := first_id + i::bigint * 7;
+        INSERT INTO {TABLE} SELECT {benchlib.row_values("g")} FROM generate_series(b, b + 6) g;
+        UPDATE {TABLE} SET score = score + 1, name = 'updated ' || id WHERE id IN (b, 1 + (2 * i::bigint) % base);
+        DELETE FROM {TABLE} WHERE id = 2 + (2 * i::bigint) % base;
+        COMMIT;
+    END LOOP;
+END $$;
+"""
+
+# name, batch settings of the pipeline (None: the engine's defaults)
+LAKES: list[tuple[str, dict[str, Any]]] = [
+    ("engine defaults (8 MiB or 1 s)", {}),
+    ("large batches (64 MiB or 10 s)", {"max_fill_ms": 10_000, "max_bytes": 64 * 2**20}),
+    ("1 s batches (by time only)", {"max_fill_ms": 1000, "max_bytes": 2**40}),
+]
+
+
+def null_run(src: benchlib.Source, mode: str, pipeline_id: int, store: Path, rows: int = 0) -> Line | None:
+    child = Engine(src, mode, "--rows", str(rows), "--pipeline-id", str(pipeline_id), "--store", str(store))
+    try:
+        done = child.expect("done")
+        child.wait()
+    finally:
+        child.kill()
+    if mode != "stream":
+        return None
+    return Line(
+        "engine -> null destination (defaults)",
+        done["rows"],
+        done["seconds"],
+        done["peak_rss_mb"],
+        done["cpu_seconds"],
+        note=f"{done['batches']} batches",
+    )
+
+
+def main() -> int:
+    parser = benchlib.arguments(__doc__ or "")
+    parser.add_argument("--rows", type=int, default=500_000, help="row changes (a multiple of 10)")
+    parser.add_argument("--base", type=int, default=200_000, help="rows in the table before the workload")
+    args = parser.parse_args()
+    transactions = args.rows // CHANGES_PER_TRANSACTION
+    if args.rows % CHANGES_PER_TRANSACTION or args.base < 2 * transactions + 2:
+        parser.error("--rows must be a multiple of 10, and --base at least --rows / 5 + 2 (deletes hit copied rows)")
+    with (
+        benchlib.source(args) as src,
+        tempfile.TemporaryDirectory(prefix="etl-bench-") as workdir,
+        contextlib.ExitStack() as lakes,
+    ):
+        print(f"machine: {benchlib.machine()}")
+        print(f"server:  {src.server_version()} ({src.install.bindir})")
+        src.execute(f"INSERT INTO {TABLE} SELECT {benchlib.row_values('g')} FROM generate_series(1, {args.base}) g")
+        src.execute(f"VACUUM (FREEZE, ANALYZE) {TABLE}")
+        print(f"table:   {args.base:,} rows before the workload")
+        print(f"spark:   session started and warmed up in {start_spark():.1f} s (once per process; not timed below)")
+        stores = [Path(workdir) / f"store-{i}.sqlite" for i in range(1 + len(LAKES))]
+        null_run(src, "ready", 1, stores[0])
+        configs = []
+        for index, (_, batch) in enumerate(LAKES, start=2):
+            lake_config = lakes.enter_context(lake(src, "sqlite", f"bench_lake_{index}"))
+            config = pipeline_config(src, index, **batch)
+            started = time.perf_counter()
+            run_ducklake(config, lake_config, args.base, SqliteStore(stores[index - 1], index), "copied")
+            print(f"  DuckLake pipeline {index}: copied and ready in {time.perf_counter() - started:.1f} s", flush=True)
+            configs.append((config, lake_config))
+
+        started = time.perf_counter()
+        with src.connect() as conn:
+            conn.execute(WORKLOAD)
+            conn.execute(f"CALL bench_ducklake({transactions}, {10 * args.base}, {args.base})")
+        expected = src.scalar(f"SELECT count(*) FROM {TABLE}")
+        print(
+            f"workload: {args.rows:,} changes in {transactions:,} transactions, {time.perf_counter() - started:.1f} s"
+        )
+
+        baseline = null_run(src, "stream", 1, stores[0], args.rows)
+        assert baseline is not None
+        lines = []
+        for (name, _), (config, lake_config) in zip(LAKES, configs, strict=True):
+            pipeline_id = config.pipeline.id
+            store = SqliteStore(stores[pipeline_id - 1], pipeline_id)
+            seconds, stats = run_ducklake(config, lake_config, args.rows, store, "changed")
+            counted, _ = lake_count(lake_config)
+            if counted != expected:
+                raise RuntimeError(f"DuckDB reads {counted} rows in lake {pipeline_id}, the table has {expected}")
+            writes = max(stats.writes, 1)
+            size, each = stats.changed_rows / writes, stats.write_seconds / writes
+            note = f"{stats.writes} writes of {size:,.0f} rows, {each:.2f} s each"
+            lines.append(Line(f"engine -> DuckLake, {name}", stats.changed_rows, seconds, note=note))
+            print(f"  {name}: {seconds:.1f} s; DuckDB reads {counted:,} rows", flush=True)
+        show(f"streaming {args.rows:,} changes (transactions of 10) into DuckLake", baseline, *lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
