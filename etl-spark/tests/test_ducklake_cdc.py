@@ -8,8 +8,12 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+import pytest
+
 from etl.destination.memory import MemoryDestination, row_sort_key
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
+from etl_spark.ducklake import plan as plan_module
+from etl_spark.ducklake.files import read_rows
 
 NUMERIC_10_2 = ((10 << 16) | 2) + 4
 ORDERS = TableSchema(
@@ -121,3 +125,33 @@ def test_mixed_workload_matches_source(lake: Any, kit: Any) -> None:
     )
     updated = [("delete", 2), ("insert", 2), ("delete", 3), ("insert", 30), ("delete", 5), ("insert", 5)]
     assert sorted(feed) == sorted([*updated, ("delete", 4), ("insert", 6), ("insert", 7)])
+
+
+def test_files_whose_key_bounds_hold_no_touched_key_are_not_scanned(
+    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    destination = kit.make_destination(lake)
+    for start in (1, 101, 201):  # three data files: ids 1-100, 101-200, 201-300
+        rows = [{"id": i, "note": f"n{i}", "qty": i, "amount": Decimal("1.00")} for i in range(start, start + 100)]
+        destination.write_table_rows(ORDERS, kit.rows_table(ORDERS, rows))
+    files = {
+        p for (p,) in lake.query("SELECT data_file FROM ducklake_list_files('lake', 'orders', schema => 'public')")
+    }
+    scanned: list[str] = []
+
+    def spy(spark: Any, columns: Any, data_paths: list[str]) -> Any:  # records the scan, then runs it
+        scanned.extend(data_paths)
+        return read_rows(spark, columns, data_paths)
+
+    monkeypatch.setattr(plan_module, "read_rows", spy)
+    b = kit.BatchBuilder()
+    batch = b.commit().update(ORDERS, {"id": 150, "note": "x", "qty": 0, "amount": Decimal("2.00")}).build()
+    destination.write_events(batch)
+    batch = b.commit().update(ORDERS, {"id": 1000, "note": "moved", "qty": 0}, old={"id": 250}).build()
+    destination.write_events(batch)
+    assert len(scanned) == 2 and set(scanned) < files  # one file per batch: the one whose bounds hold the key
+    assert lake.query("SELECT id, note FROM lake.public.orders WHERE id IN (150, 250, 1000) ORDER BY id") == [
+        (150, "x"),
+        (1000, "moved"),
+    ]
+    assert lake.query("SELECT count(*), count(DISTINCT id) FROM lake.public.orders") == [(300, 300)]

@@ -352,6 +352,20 @@ class Catalog:
         with self.engine.connect() as conn:
             return self._data_files(conn, table)
 
+    def integer_bounds(self, table: LakeTable, column_id: int) -> dict[int, tuple[int, int]]:
+        """``data_file_id -> (min, max)`` of an integer column, for the active files whose statistics hold both."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT s.data_file_id, s.min_value, s.max_value FROM ducklake_file_column_stats s"
+                    " JOIN ducklake_data_file d ON d.data_file_id = s.data_file_id AND d.end_snapshot IS NULL"
+                    " WHERE s.table_id = :t AND s.column_id = :c"
+                    " AND s.min_value IS NOT NULL AND s.max_value IS NOT NULL"
+                ),
+                {"t": table.table_id, "c": column_id},
+            ).all()
+        return {int(r[0]): (int(r[1]), int(r[2])) for r in rows if _is_integer(r[1]) and _is_integer(r[2])}
+
     def _data_files(self, conn: Connection, table: LakeTable) -> list[DataFile]:
         rows = conn.execute(
             sa.text(
@@ -873,3 +887,8 @@ class Transaction:
             "INSERT INTO ducklake_snapshot_changes VALUES (:s, :c, :a, NULL, NULL)",
             {"s": self.snapshot_id, "c": ",".join(self.changes), "a": self.catalog.author},
         )
+
+
+def _is_integer(text: str) -> bool:
+    """Whether a statistics value reads as an integer (files written before a type change may hold others)."""
+    return text.lstrip("-").isdigit()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -199,10 +200,14 @@ def plan_changes(dest: DuckLakeDestination, segment: TableChanges) -> TablePlan 
         # stored rows of its keys (few next to the table's, so broadcast into the scan), the
         # positions already deleted are dropped on the driver, and one Spark job writes the upserts.
         collapsed = last_change_per_key_arrow(changes, names, key)
-        if scan:
+        if scan and handle is not None and len(key) == 1:  # files whose key bounds hold no touched key: skipped
+            column = next(c for c in columns if c.name == key[0])
+            data_files = _may_hold(dest, handle.table, column, collapsed[key[0]], data_files)
+        candidates = data_files if scan else []
+        if candidates:
             touched = sf.broadcast(dest.to_spark(schema, collapsed.select(key)))
-            stored = read_rows(dest.spark, needed, [f.path for f in data_files]).join(touched, key, "inner")
-            plan.deletes = _positions(stored, data_files, dest.storage)
+            stored = read_rows(dest.spark, needed, [f.path for f in candidates]).join(touched, key, "inner")
+            plan.deletes = _positions(stored, candidates, dest.storage)
         upserts = collapsed.filter(pc.equal(collapsed[ACTION], UPSERT)).select(names)
         if upserts.num_rows:
             plan.files = dest.storage.write_data(dest.to_spark(schema, upserts), plan.directory, columns, 1)
@@ -228,6 +233,25 @@ def plan_changes(dest: DuckLakeDestination, segment: TableChanges) -> TablePlan 
     finally:
         collapsed.unpersist()
     return plan
+
+
+def _may_hold(
+    dest: DuckLakeDestination, table: LakeTable, column: LakeColumn, keys: pa.ChunkedArray, data_files: list[DataFile]
+) -> list[DataFile]:
+    """The data files that may hold one of ``keys`` (values of a one-column key): for an integer key, those
+    whose bounds (file column statistics) contain one; otherwise, or for files without bounds, all of them."""
+    if not column.type.startswith("int"):
+        return data_files
+    bounds = dest.catalog.integer_bounds(table, column.column_id)
+    wanted = np.sort(keys.drop_null().to_numpy())
+
+    def may_hold(data_file: DataFile) -> bool:
+        if data_file.data_file_id not in bounds:
+            return True
+        low, high = bounds[data_file.data_file_id]
+        return bool(np.searchsorted(wanted, low) < np.searchsorted(wanted, high, side="right"))
+
+    return [f for f in data_files if may_hold(f)]
 
 
 def _live(dest: DuckLakeDestination, columns: list[LakeColumn], data_files: list[DataFile]) -> DataFrame:
