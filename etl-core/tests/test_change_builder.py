@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -30,19 +28,9 @@ from etl.postgres import pgoutput as pg
 from etl.postgres.codecs import INT32_MAX
 from etl.replication.changes import ChangeBuilder, change_schema
 from etl.schema import ColumnSchema, TableName, TableSchema
+from etl.testing.pgoutput_capture import capture
 from etl.testing.pytest_plugin import TestDatabase
 
-
-def _load_capture() -> Callable[..., list[bytes]]:
-    path = Path(__file__).parent / "data" / "pgoutput" / "capture.py"
-    spec = importlib.util.spec_from_file_location("pgoutput_capture", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.capture  # type: ignore[no-any-return]
-
-
-capture = _load_capture()
 Conn = psycopg.Connection[Any]
 
 

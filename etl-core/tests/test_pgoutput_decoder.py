@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import struct
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -43,18 +41,7 @@ from etl.postgres.pgoutput import (
     tuple_columns,
 )
 from etl.schema import ReplicaIdentity
-
-
-def _load_capture() -> Callable[..., list[bytes]]:
-    path = Path(__file__).parent / "data" / "pgoutput" / "capture.py"
-    spec = importlib.util.spec_from_file_location("pgoutput_capture", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.capture  # type: ignore[no-any-return]
-
-
-capture = _load_capture()
+from etl.testing.pgoutput_capture import capture
 
 Conn = psycopg.Connection[Any]
 

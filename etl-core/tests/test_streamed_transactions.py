@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +15,8 @@ from etl.postgres import pgoutput as pg
 from etl.replication.changes import ChangeBuilder
 from etl.replication.streamed import StreamedTransactions
 from etl.schema import ColumnSchema, TableName, TableSchema
+from etl.testing.pgoutput_capture import capture
 from etl.testing.pytest_plugin import TestDatabase
-
-
-def _load_capture() -> Callable[..., list[bytes]]:
-    path = Path(__file__).parent / "data" / "pgoutput" / "capture.py"
-    spec = importlib.util.spec_from_file_location("pgoutput_capture", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.capture  # type: ignore[no-any-return]
-
-
-capture = _load_capture()
 
 
 def payload(n: int, size: int = 100) -> bytes:

@@ -1,8 +1,4 @@
-"""Capture real pgoutput payloads for tests, through the SQL decoding functions (test-only; the engine never polls).
-
-Loaded by the pgoutput tests with ``load_capture()`` (test modules are not importable under
-``--import-mode=importlib``).
-"""
+"""Capture real pgoutput payloads for tests through the SQL decoding functions (test-only; the engine never polls)."""
 
 from __future__ import annotations
 
@@ -12,15 +8,17 @@ from typing import Any
 
 import psycopg
 
+from etl.testing.pytest_plugin import TestDatabase
+
 _counter = itertools.count()
 
-Workload = Callable[[psycopg.Connection[Any]], None]
+Workload = Callable[[psycopg.Connection[Any]], object]  # what it returns is ignored
 
 
 def capture(
-    database: Any, workload: Workload, *, proto_version: int = 1, streaming: bool = False, setup: str = ""
+    database: TestDatabase, workload: Workload, *, proto_version: int = 1, streaming: bool = False, setup: str = ""
 ) -> list[bytes]:
-    """Run ``workload`` on a fresh slot of ``database`` (a ``pg_database`` fixture) and return the payloads.
+    """Run ``workload`` on a fresh slot of ``database`` (the ``pg_database`` fixture) and return the payloads.
 
     ``setup`` runs before the slot exists (DDL, publication ``p`` must be created there or here by default).
     With ``streaming``, large transactions are streamed: ``logical_decoding_work_mem`` is 64kB, and on
