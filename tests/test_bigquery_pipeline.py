@@ -1,0 +1,282 @@
+"""Pipelines from Postgres into BigQuery, read back from a local BigQuery server with google-cloud-bigquery.
+
+Each case runs a real ``Pipeline`` (SQLite store, the ``bigquery`` destination built from config through
+the plugin registry) against ``local-bigquery`` 0.4.0 (one server per test session, a dataset per test), and
+compares what BigQuery returns with the source, typed value by typed value. Spark runs once per process.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.api_core import exceptions
+
+from etl.cli import cmd_status
+from etl.config import PipelineConfig
+from etl.factory import build_destination, build_store
+from etl.pipeline import Pipeline
+from etl.schema import TableName
+from etl.store.base import TableStateKind
+from etl.testing.pipelines import all_ready, pipeline_config, wait_until
+from etl.testing.pytest_plugin import TestDatabase
+from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator
+from etl_spark.bigquery.names import table_id
+from etl_spark.testing import comparable_source_rows, sorted_rows
+
+SPARK = {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "2"}}
+
+
+def bigquery_destination(emulator: BigQueryEmulator, dataset: str) -> dict[str, Any]:
+    """The ``[destination]`` section of a pipeline writing into ``dataset`` on the emulator."""
+    return {
+        "type": "bigquery",
+        "project": PROJECT,
+        "dataset": dataset,
+        "staging_uri": "gs://staging/etl",
+        "staging_local_dir": str(emulator.bucket_dir("staging")),
+        "endpoint": emulator.endpoint,
+        "spark": SPARK,
+    }
+
+
+def start_pipeline(config: PipelineConfig) -> Pipeline:
+    """A pipeline built from config like ``etl run`` builds it."""
+    store = build_store(config, "test")
+    pipeline = Pipeline(config, store, build_destination(config, store, "test"))
+    pipeline.start()
+    return pipeline
+
+
+def bigquery_rows(emulator: BigQueryEmulator, dataset: str, table: str) -> tuple[list[dict[str, Any]], Any]:
+    """A table's rows as google-cloud-bigquery returns them (Python values), and the table's schema."""
+    client = emulator.client()
+    try:
+        path = f"{PROJECT}.{dataset}.{table_id(TableName.parse(table))}"
+        rows = client.query_and_wait(f"SELECT * FROM `{path}`")
+        return [dict(r.items()) for r in rows], rows.schema
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+
+
+def as_stored(value: Any, field: Any) -> Any:
+    """A source value in the form the bigquery destination stores it (documented in docs/destinations/bigquery.md).
+
+    JSON columns hold the parsed document and a NULL array reads back as ``[]``; everything else compares as
+    psycopg returns it (numerics stored as exact text are compared by value, see ``read_both``).
+    """
+    if field.mode == "REPEATED" and value is None:
+        return []
+    if value is None:
+        return None
+    if field.field_type == "JSON":
+        return json.loads(value)
+    return value
+
+
+def stored_decimal(value: Any) -> Any:
+    """Exact decimal text read back as a Decimal, so ``1.50`` and ``1.5`` compare by value, not spelling."""
+    return Decimal(value) if isinstance(value, str) else value
+
+
+def read_both(db: TestDatabase, emulator: BigQueryEmulator, dataset: str, table: str) -> tuple[Any, Any]:
+    """(source rows, BigQuery rows) of one table, both typed and sorted for ``==``."""
+    stored, schema = bigquery_rows(emulator, dataset, table)
+    fields = {f.name: f for f in schema}
+    with db.connect() as conn:
+        source = comparable_source_rows(conn, table)
+    expected = [{k: as_stored(v, fields[k]) if k in fields else v for k, v in row.items()} for row in source]
+    decimals = {k for row in source for k, v in row.items() if isinstance(v, Decimal)}
+
+    def typed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return sorted_rows([{k: stored_decimal(v) if k in decimals else v for k, v in r.items()} for r in rows])
+
+    return typed(expected), typed(stored)
+
+
+def wait_equal(
+    db: TestDatabase, emulator: BigQueryEmulator, dataset: str, tables: tuple[str, ...], pipeline: Pipeline
+) -> None:
+    """Wait until BigQuery returns every table equal to the source, row for row."""
+    deadline = time.monotonic() + 240
+    last: Any = None
+    while True:
+        try:
+            pairs = {t: read_both(db, emulator, dataset, t) for t in tables}
+            last = {t: stored for t, (expected, stored) in pairs.items() if expected != stored}
+            if not last:
+                return
+            last = {t: (pairs[t][0][:5], pairs[t][1][:5]) for t in last}
+        except exceptions.NotFound as exc:  # a table not created yet
+            last = exc
+        assert not pipeline.wait(timeout=0), "the pipeline stopped"
+        assert time.monotonic() < deadline, f"BigQuery never returned the source's rows; last (source, bq): {last}"
+        time.sleep(0.5)
+
+
+def dataset_for(db: TestDatabase, test: str) -> str:
+    return f"{test}_pg{db.major}"
+
+
+# -- copy and a mixed workload ----------------------------------------------------------------------------
+
+TABLES = ("public.accounts", "public.ledger")
+
+
+def test_copy_and_mixed_workload_equal_source(
+    pg_database: TestDatabase, bigquery_emulator: BigQueryEmulator, tmp_path: Path
+) -> None:
+    db, emulator = pg_database, bigquery_emulator
+    db.execute(
+        """
+        CREATE TABLE accounts (id int PRIMARY KEY, name text NOT NULL, balance numeric(12,2), big numeric(30,15),
+                               exact numeric, updated timestamptz, local timestamp, opened date, doc jsonb,
+                               blob bytea, ref uuid, tags text[], active boolean, score double precision);
+        CREATE TABLE ledger (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account int, delta bigint, note text);
+        INSERT INTO accounts
+            SELECT g, 'acct ' || g, g * 1.25, g * 1000000.000000000000001, g / 8.0,
+                   timestamptz '2026-01-01 00:00+00' + g * interval '1 minute 1.5 s',
+                   timestamp '0001-01-01 00:00' + g * interval '100 days', DATE '9999-12-31' - g,
+                   jsonb_build_object('n', g, 'tags', jsonb_build_array('x', g % 3 = 0), 'v', g / 4.0),
+                   decode(lpad(to_hex(g), 8, '0'), 'hex'), md5(g::text)::uuid,
+                   CASE WHEN g % 5 = 0 THEN NULL ELSE ARRAY['a' || g, 'b'] END, g % 3 = 0, g / 7.0
+            FROM generate_series(1, 150) g;
+        INSERT INTO accounts (id, name) VALUES (1000, 'all null');
+        INSERT INTO ledger (account, delta, note)
+            SELECT g % 20, g % 11 - 5, CASE WHEN g % 9 = 0 THEN NULL ELSE 'entry ' || g END
+            FROM generate_series(1, 300) g;
+        CREATE PUBLICATION pub FOR TABLE accounts, ledger;
+        """
+    )
+    dataset = dataset_for(db, "mixed")
+    config = pipeline_config(
+        db,
+        store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
+        destination=bigquery_destination(emulator, dataset),
+        batch={"max_fill_ms": 300},
+    )
+    pipeline = start_pipeline(config)
+    try:
+        wait_until(lambda: all_ready(pipeline, 2), "both tables ready", pipeline, timeout=240)
+        wait_equal(db, emulator, dataset, TABLES, pipeline)
+
+        # One transaction over both tables: inserts, updates (also of the key), deletes.
+        db.execute(
+            """
+            BEGIN;
+            INSERT INTO accounts VALUES (2001, 'new', 10.00, 0.000000000000001, 1e-30, now(), '2026-02-03 04:05',
+                                         '2027-02-01', '{"deep": {"list": [1, 2.5, null, "s"]}}', '\\x00ff',
+                                         gen_random_uuid(), ARRAY['with space', '', 'é'], true, 'Infinity'),
+                                        (2002, 'new 2', NULL, NULL, NULL, NULL, NULL, NULL, 'null', '', NULL, '{}',
+                                         NULL, NULL);
+            UPDATE accounts SET balance = balance + 1, updated = updated + interval '1 day',
+                                doc = doc || '{"changed": true}' WHERE id % 10 = 0;
+            UPDATE accounts SET id = id + 100000, name = 'moved ' || id WHERE id % 17 = 0;
+            DELETE FROM accounts WHERE id BETWEEN 40 AND 50;
+            INSERT INTO ledger (account, delta, note) SELECT g, 1, 'late' FROM generate_series(1, 30) g;
+            UPDATE ledger SET note = 'in tx' WHERE id % 7 = 0;
+            COMMIT;
+            """
+        )
+        db.execute("UPDATE ledger SET delta = delta * 100 WHERE id % 3 = 0")
+        db.execute("DELETE FROM ledger WHERE id % 11 = 0")
+        db.execute("UPDATE accounts SET tags = ARRAY['x'], ref = NULL WHERE id = 1")
+        db.execute("UPDATE accounts SET id = 777777, exact = 123456789012345678901234567890.5 WHERE id = 77")
+        db.execute("UPDATE accounts SET name = 'after move' WHERE id = 777777")
+        db.execute("DELETE FROM accounts WHERE id = 1000")
+        wait_equal(db, emulator, dataset, TABLES, pipeline)
+
+        # Truncate, rows after it in the same stream, and a column added at the source.
+        db.execute("TRUNCATE ledger")
+        db.execute("INSERT INTO ledger (account, delta, note) VALUES (1, 1, 'after truncate')")
+        db.execute("ALTER TABLE accounts ADD COLUMN tier text")
+        db.execute("UPDATE accounts SET tier = 'gold' WHERE id < 30")
+        wait_equal(db, emulator, dataset, TABLES, pipeline)
+        ledger, _ = bigquery_rows(emulator, dataset, "public.ledger")
+        assert [r["note"] for r in ledger] == ["after truncate"]
+    finally:
+        pipeline.shutdown()
+
+    # The values themselves, not only their equality with psycopg's reading: BigQuery types and a few spot checks.
+    rows, schema = bigquery_rows(emulator, dataset, "public.accounts")
+    types = {f.name: (f.field_type, f.mode) for f in schema}
+    assert types["balance"] == ("NUMERIC", "NULLABLE")
+    assert types["big"] == ("BIGNUMERIC", "NULLABLE")
+    assert types["exact"] == ("STRING", "NULLABLE")
+    assert types["updated"][0] == "TIMESTAMP" and types["local"][0] == "DATETIME"
+    assert types["doc"][0] == "JSON" and types["blob"][0] == "BYTES" and types["tags"] == ("STRING", "REPEATED")
+    new = next(r for r in rows if r["id"] == 2001)
+    assert new["doc"] == {"deep": {"list": [1, 2.5, None, "s"]}}
+    assert new["blob"] == b"\x00\xff" and new["tags"] == ["with space", "", "é"] and new["score"] == float("inf")
+    assert new["big"] == Decimal("1e-15") and new["local"] == dt.datetime(2026, 2, 3, 4, 5)
+    moved = next(r for r in rows if r["id"] == 777777)
+    assert moved["name"] == "after move" and Decimal(moved["exact"]) == Decimal("123456789012345678901234567890.5")
+
+
+# -- a value BigQuery cannot hold ---------------------------------------------------------------------------
+
+
+def test_value_out_of_range_errors_its_table_only(
+    pg_database: TestDatabase, bigquery_emulator: BigQueryEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db, emulator = pg_database, bigquery_emulator
+    db.execute(
+        """
+        CREATE TABLE good (id int PRIMARY KEY, v text);
+        CREATE TABLE bad_copy (id int PRIMARY KEY, at timestamptz);
+        CREATE TABLE bad_stream (id int PRIMARY KEY, day date);
+        INSERT INTO good VALUES (1, 'x');
+        INSERT INTO bad_copy VALUES (1, now()), (2, 'infinity');
+        INSERT INTO bad_stream VALUES (1, '2026-01-01');
+        CREATE PUBLICATION pub FOR TABLE good, bad_copy, bad_stream;
+        """
+    )
+    dataset = dataset_for(db, "ranges")
+    config = pipeline_config(
+        db,
+        store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
+        destination=bigquery_destination(emulator, dataset),
+    )
+    pipeline = start_pipeline(config)
+    states = pipeline.states
+    assert states is not None
+
+    def oid(table: str) -> int:
+        return int(db.execute("SELECT %s::regclass::oid", (table,))[0][0])
+
+    def kind(table: str) -> TableStateKind | None:
+        state = states.get(oid(table))
+        return state.kind if state is not None else None
+
+    try:
+        wait_until(lambda: kind("bad_copy") is TableStateKind.ERRORED, "bad_copy errored in its copy", pipeline, 240)
+        wait_until(
+            lambda: kind("good") is TableStateKind.READY and kind("bad_stream") is TableStateKind.READY,
+            "good and bad_stream ready",
+            pipeline,
+            240,
+        )
+        db.execute("INSERT INTO bad_stream VALUES (2, '-infinity'); INSERT INTO good VALUES (2, 'y')")
+        wait_until(lambda: kind("bad_stream") is TableStateKind.ERRORED, "bad_stream errored", pipeline, 240)
+        db.execute("INSERT INTO good VALUES (3, 'z'); UPDATE good SET v = 'x2' WHERE id = 1")
+        wait_equal(db, emulator, dataset, ("public.good",), pipeline)
+        assert kind("good") is TableStateKind.READY
+    finally:
+        pipeline.shutdown()
+
+    # Nothing of the refused batch reached bad_stream.
+    stream_rows, _ = bigquery_rows(emulator, dataset, "public.bad_stream")
+    assert stream_rows == [{"id": 1, "day": dt.date(2026, 1, 1)}]
+
+    # What ``etl status`` prints for the pipeline, from its store.
+    cmd_status(config, "test")
+    printed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("public.")}
+    assert "outside BigQuery's range" in printed["public.bad_copy"], printed
+    assert "column at" in printed["public.bad_copy"], printed
+    assert "outside BigQuery's range" in printed["public.bad_stream"] and "column day" in printed["public.bad_stream"]
+    assert printed["public.good"].split()[1] == "ready", printed
