@@ -188,3 +188,16 @@ def test_value_out_of_range_errors_the_table(destination: BigQueryDestination, k
     with pytest.raises(TableError, match="NULL element") as error:
         destination.write_events(b.build())
     assert error.value.table_id == ORDERS.id
+
+
+def test_a_failed_apply_changes_nothing(destination: BigQueryDestination, kit: Any) -> None:
+    """Truncate, changes and watermark commit in one transaction: a statement failing halfway undoes them all."""
+    destination.write_table_rows(ORDERS, kit.rows_table(ORDERS, [order(1), order(2)]))
+    b = kit.BatchBuilder()
+    b.commit().truncate(ORDERS).insert(ORDERS, order(3)).insert(ORDERS, order(4, doc="{not json"))
+    with pytest.raises(TableError, match="BigQuery rejected its data") as error:
+        destination.write_events(b.build())  # the truncate runs, then PARSE_JSON fails on row 4
+    assert error.value.table_id == ORDERS.id
+    assert [r["id"] for r in bq_rows(destination, ORDERS)] == [1, 2]
+    ref = f"`{destination.config.project}.{destination.config.dataset}._etl_watermarks`"
+    assert list(destination.client.query_and_wait(f"SELECT * FROM {ref}")) == []

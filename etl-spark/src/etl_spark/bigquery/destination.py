@@ -3,11 +3,13 @@
 A copy chunk is staged and appended to the target. A batch of changes is collapsed per table with
 Spark (``etl_spark.collapse``: the last change per key; a key-changing update is a delete of the old
 key and an upsert of the new one), staged, loaded into the table's staging table, and applied by one
-multi-statement transaction that runs the MERGE and advances the table's watermark
-``(commit_lsn, tx_ordinal)`` in ``_etl_watermarks``. Changes at or below the watermark are dropped
-before anything is written, so replays after a crash are idempotent. Schema changes (add, drop,
-rename column) run as ``ALTER TABLE`` before the transaction (BigQuery runs no DDL inside one) and
-are idempotent by construction. See docs/destinations/bigquery.md.
+query job, a multi-statement transaction (``BEGIN TRANSACTION; ...; COMMIT TRANSACTION;``): the
+truncate if any, the changes (delete the touched keys, insert the upserts) and the advance of the
+table's watermark ``(commit_lsn, tx_ordinal)`` in ``_etl_watermarks`` commit together or not at all.
+Changes at or below the watermark are dropped before anything is written, so replays after a crash
+are idempotent. Schema changes (add, drop, rename column) run as ``ALTER TABLE`` before the
+transaction (BigQuery runs no DDL on permanent tables inside one) and are idempotent by
+construction. See docs/destinations/bigquery.md.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from etl_spark.bigquery.schema_change import alter_statements
 from etl_spark.bigquery.types import bq_type, staged, table_ddl
 from etl_spark.collapse import (
     ACTION,
-    DELETE,
     PRIOR_KEY,
+    UPSERT,
     Position,
     after,
     after_last_truncate,
@@ -49,6 +51,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 WATERMARKS = "_etl_watermarks"
+CHANGES = "_etl_changes"
+"""The temporary table holding a batch's collapsed changes in target types, inside the apply transaction."""
 MISSING_TEXT = "_etl_missing_text"
 """Unchanged TOAST column names as ``,a,b,`` (staged without Parquet lists)."""
 SPARK_CONF = {"spark.sql.parquet.compression.codec": "zstd"}
@@ -180,9 +184,7 @@ class BigQueryDestination:
         for statement in alter_statements(self.client.get_table(self._path(table_id(schema.name))), schema):
             self._query(f"ALTER TABLE {target} {statement}")
         truncate, changes = after_last_truncate(changes)
-        # The emulator rejects this script inside BEGIN/COMMIT TRANSACTION (see the guide): the MERGE is
-        # idempotent and the watermark follows it, so a crash between them replays the same MERGE.
-        statements = []
+        statements = ["BEGIN TRANSACTION"]
         if truncate:
             statements.append(f"DELETE FROM {target} WHERE TRUE")
         if changes.num_rows:
@@ -190,11 +192,18 @@ class BigQueryDestination:
             toast = missing_columns(changes)
             collapsed = last_change_per_key(self._frame(schema, changes, key), schema.column_names, key, toast)
             staging = self._stage(schema, self._flatten(collapsed, key), changes.nbytes)
-            statements.append(self._merge(schema, target, staging, toast))
-        statements.append(self._advance(schema, position))
-        self._query(";\n".join(statements), schema)
+            statements += self._upsert(schema, target, staging, toast)
+        statements += [*self._advance(schema, position), "COMMIT TRANSACTION"]
+        self._query(";\n".join(statements) + ";", schema)
 
-    def _merge(self, schema: TableSchema, target: str, staging: str, toast: list[str]) -> str:
+    def _upsert(self, schema: TableSchema, target: str, staging: str, toast: list[str]) -> list[str]:
+        """Statements applying the collapsed changes in ``staging``: the keys they touch are deleted, upserts inserted.
+
+        Not a MERGE: local-bigquery runs a MERGE inside its own DuckDB transaction, which cannot nest in
+        the script's (the emulator then aborts the whole script), while DELETE and INSERT work in both.
+        The changes are first converted into a temporary table, so unchanged TOAST values are read
+        from the stored rows before those rows are deleted.
+        """
         key = [column_name(c.name) for c in schema.key_columns]
         names = [column_name(c.name) for c in schema.columns]
         source = f"SELECT {self._converted(schema)}, S.{ACTION} FROM {staging} AS S"
@@ -209,24 +218,22 @@ class BigQueryDestination:
                 for n in names
             ]
             source = f"SELECT {', '.join(values)}, S.{ACTION} FROM {staging} AS S LEFT JOIN {target} AS P ON {prior}"
-        on = " AND ".join(f"T.{k} = U.{k}" for k in key)
-        return (
-            f"MERGE {target} AS T USING ({source}) AS U ON {on}\n"
-            f"WHEN MATCHED AND U.{ACTION} = '{DELETE}' THEN DELETE\n"
-            f"WHEN MATCHED THEN UPDATE SET {', '.join(f'{n} = U.{n}' for n in names)}\n"
-            f"WHEN NOT MATCHED AND U.{ACTION} != '{DELETE}' THEN INSERT ({', '.join(names)})"
-            f" VALUES ({', '.join(f'U.{n}' for n in names)})"
-        )
+        touched = " AND ".join(f"U.{k} = T.{k}" for k in key)
+        return [
+            f"CREATE TEMP TABLE {CHANGES} AS {source}",
+            f"DELETE FROM {target} AS T WHERE EXISTS (SELECT 1 FROM {CHANGES} AS U WHERE {touched})",
+            f"INSERT INTO {target} ({', '.join(names)}) SELECT {', '.join(names)} FROM {CHANGES}"
+            f" WHERE {ACTION} = '{UPSERT}'",
+            f"DROP TABLE {CHANGES}",
+        ]
 
-    def _advance(self, schema: TableSchema, position: Position) -> str:
+    def _advance(self, schema: TableSchema, position: Position) -> list[str]:
         lsn, ordinal = position
-        return (
-            f"MERGE {self._ref(WATERMARKS)} AS W USING (SELECT {self.pipeline_id} AS p, {schema.id} AS t) AS N"
-            " ON W.pipeline_id = N.p AND W.table_oid = N.t"
-            f" WHEN MATCHED THEN UPDATE SET commit_lsn = {lsn}, tx_ordinal = {ordinal}"
-            f" WHEN NOT MATCHED THEN INSERT (pipeline_id, table_oid, commit_lsn, tx_ordinal)"
-            f" VALUES (N.p, N.t, {lsn}, {ordinal})"
-        )
+        return [
+            f"DELETE FROM {self._ref(WATERMARKS)} WHERE {self._watermark_row(schema)}",
+            f"INSERT INTO {self._ref(WATERMARKS)} (pipeline_id, table_oid, commit_lsn, tx_ordinal)"
+            f" VALUES ({int(self.pipeline_id)}, {int(schema.id)}, {int(lsn)}, {int(ordinal)})",
+        ]
 
     def _watermark(self, schema: TableSchema) -> Position:
         rows = list(
