@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
@@ -10,31 +9,19 @@ from pathlib import Path
 
 import pytest
 
+from etl.testing.pipelines import pipeline_config
 from etl.testing.pytest_plugin import TestDatabase
+from etl.testing.runner import PipelineProcess, write_config
 
 
-def write_config(path: Path, db: TestDatabase, store: Path, destination: str = "null") -> Path:
-    path.write_text(
-        f"""
-[pipeline]
-id = 3
-publication = "pub"
-[source]
-host = "127.0.0.1"
-port = {db.cluster.port}
-database = "{db.name}"
-user = "postgres"
-sslmode = "disable"
-[batch]
-max_fill_ms = 100
-[store]
-type = "sqlite"
-path = "{store}"
-[destination]
-type = "{destination}"
-"""
+def write_pipeline(tmp_path: Path, db: TestDatabase) -> Path:
+    config = pipeline_config(
+        db,
+        pipeline_id=3,
+        store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
+        destination={"type": "null"},
     )
-    return path
+    return write_config(tmp_path / "p.toml", config)
 
 
 def etl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -64,14 +51,9 @@ def source(pg_database: TestDatabase) -> TestDatabase:
 
 
 def test_run_status_lock_and_sigterm(source: TestDatabase, tmp_path: Path) -> None:
-    config = write_config(tmp_path / "p.toml", source, tmp_path / "state.sqlite")
-    run = subprocess.Popen(
-        [sys.executable, "-m", "etl.cli", "run", "-c", str(config)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    config = write_pipeline(tmp_path, source)
+    with PipelineProcess(config, log_level="info") as run:
+        run.start()
         out = wait_for_status(config, "ready")
         assert "public.t" in out and "etl_apply_3" in out
 
@@ -81,11 +63,9 @@ def test_run_status_lock_and_sigterm(source: TestDatabase, tmp_path: Path) -> No
 
         source.execute("INSERT INTO t VALUES (101, 'y')")
         time.sleep(1)
-        run.send_signal(signal.SIGTERM)
-        _, stderr = run.communicate(timeout=60)
-        assert run.returncode == 0, stderr
-    finally:
-        run.kill()
+        run.ensure_alive()
+        run.stop()
+    stderr = run.output()
     assert "draining the batch in flight" in stderr and "pipeline stopped" in stderr
 
     status = etl("status", "-c", str(config))
@@ -97,7 +77,7 @@ def test_run_status_lock_and_sigterm(source: TestDatabase, tmp_path: Path) -> No
 
 
 def test_resync_rejects_a_table_outside_the_publication(source: TestDatabase, tmp_path: Path) -> None:
-    config = write_config(tmp_path / "p.toml", source, tmp_path / "state.sqlite")
+    config = write_pipeline(tmp_path, source)
     result = etl("resync", "-c", str(config), "--table", "public.nope")
     assert result.returncode == 1
     assert "not in publication 'pub'" in result.stderr and "public.t" in result.stderr

@@ -6,85 +6,28 @@ store is SQLite or Postgres, so state has to survive the process.
 
 from __future__ import annotations
 
-import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from etl_plugin_example.mirror_reader import MirrorReader
 
 from etl.testing.compare import source_rows
+from etl.testing.pipelines import pipeline_config
 from etl.testing.pytest_plugin import TestDatabase
+from etl.testing.runner import PipelineProcess, write_config
 
 TABLES = ("public.items", "public.ledger")
 
 
-def write_config(path: Path, db: TestDatabase, store: str, tmp_path: Path) -> Path:
-    store_section = (
-        f'type = "sqlite"\npath = "{tmp_path / "state.sqlite"}"'
-        if store == "sqlite"
-        else f'type = "postgres"\nhost = "127.0.0.1"\nport = {db.cluster.port}\ndatabase = "{db.name}"\n'
-        'user = "postgres"\nsslmode = "disable"'
-    )
-    path.write_text(
-        f"""
-[pipeline]
-id = 9
-publication = "pub"
-copy_connections = 2
-[source]
-host = "127.0.0.1"
-port = {db.cluster.port}
-database = "{db.name}"
-user = "postgres"
-sslmode = "disable"
-[batch]
-max_fill_ms = 200
-max_bytes = 65536
-[store]
-{store_section}
-[destination]
-type = "sqlite_mirror"
-path = "{tmp_path / "mirror.sqlite"}"
-"""
-    )
-    return path
-
-
-class Runner:
-    """``etl run`` as a child process that the test kills and restarts."""
-
-    def __init__(self, config: Path) -> None:
-        self.config = config
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "etl.cli", "--log-level", "warning", "run", "-c", str(self.config)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                assert self.process.wait(timeout=60) == 0
-            finally:
-                self.process.kill()
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+def store_section(store: str, db: TestDatabase, tmp_path: Path) -> dict[str, Any]:
+    if store == "sqlite":
+        return {"type": "sqlite", "path": str(tmp_path / "state.sqlite")}
+    return {"type": "postgres", **db.connection().model_dump(exclude_none=True)}
 
 
 def mirror_rows(mirror: Path, table: str) -> list[dict[str, object]] | None:
@@ -97,19 +40,21 @@ def mirror_rows(mirror: Path, table: str) -> list[dict[str, object]] | None:
         return None
 
 
-def wait_equal(db: TestDatabase, mirror: Path, runner: Runner, timeout: float = 120) -> None:
+def wait_equal(db: TestDatabase, mirror: Path, runner: PipelineProcess, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     with db.connect() as conn:
         while True:
             if all(mirror_rows(mirror, t) == source_rows(conn, t) for t in TABLES):
                 return
-            assert runner.alive(), "etl run exited"
+            runner.ensure_alive()
             assert time.monotonic() < deadline, "the destination never became equal to the source"
             time.sleep(0.3)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def setup(request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: Path) -> Iterator[tuple[Runner, Path]]:
+def setup(
+    request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: Path
+) -> Iterator[tuple[PipelineProcess, Path]]:
     db = pg_database
     db.execute(
         """
@@ -121,19 +66,26 @@ def setup(request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: P
         CREATE PUBLICATION pub FOR TABLE items, ledger;
         """
     )
-    runner = Runner(write_config(tmp_path / "pipeline.toml", db, request.param, tmp_path))
-    try:
-        yield runner, tmp_path / "mirror.sqlite"
-    finally:
-        runner.stop()
+    mirror = tmp_path / "mirror.sqlite"
+    config = pipeline_config(
+        db,
+        pipeline_id=9,
+        pipeline={"copy_connections": 2},
+        batch={"max_fill_ms": 200, "max_bytes": 65536},
+        store=store_section(request.param, db, tmp_path),
+        destination={"type": "sqlite_mirror", "path": str(mirror)},
+    )
+    with PipelineProcess(write_config(tmp_path / "pipeline.toml", config)) as runner:
+        yield runner, mirror
 
 
-def test_sigkill_during_copy_then_restart(pg_database: TestDatabase, setup: tuple[Runner, Path]) -> None:
+def test_sigkill_during_copy_then_restart(pg_database: TestDatabase, setup: tuple[PipelineProcess, Path]) -> None:
     runner, mirror = setup
     runner.start()
     deadline = time.monotonic() + 60
     while not (rows := mirror_rows(mirror, "public.items")):  # some rows copied, the copy not finished
-        assert time.monotonic() < deadline and runner.alive()
+        runner.ensure_alive()
+        assert time.monotonic() < deadline
         time.sleep(0.02)
     assert len(rows) < 200000, "the copy finished before the kill; make the table bigger"
     runner.kill()
@@ -142,7 +94,7 @@ def test_sigkill_during_copy_then_restart(pg_database: TestDatabase, setup: tupl
     wait_equal(pg_database, mirror, runner)
 
 
-def test_sigkill_during_streaming_then_restart(pg_database: TestDatabase, setup: tuple[Runner, Path]) -> None:
+def test_sigkill_during_streaming_then_restart(pg_database: TestDatabase, setup: tuple[PipelineProcess, Path]) -> None:
     runner, mirror = setup
     runner.start()
     wait_equal(pg_database, mirror, runner)

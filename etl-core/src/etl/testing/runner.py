@@ -1,0 +1,123 @@
+"""``etl run`` as a child process for end-to-end tests: written to a config file, started, killed, restarted.
+
+Any destination and store fit: build the config with ``etl.testing.pipelines.pipeline_config`` and pass
+their sections there::
+
+    config = pipeline_config(db, destination={"type": "sqlite_mirror", "path": str(mirror)})
+    with PipelineProcess(write_config(tmp_path / "pipeline.toml", config)) as run:
+        run.start()
+        ...
+        run.kill()  # SIGKILL: no shutdown, no flush
+        run.start()  # resumes from the store
+
+What the process writes to stdout and stderr goes to a log file beside the config (kept across restarts),
+so a failing test can show why ``etl run`` exited.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from pydantic import SecretStr
+
+from etl.config import PipelineConfig
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def write_config(path: Path, config: PipelineConfig) -> Path:
+    """Write ``config`` as the TOML file ``etl run -c`` reads; return ``path``."""
+    path.write_text(toml_document(config.model_dump(exclude_none=True)))
+    return path
+
+
+def toml_document(table: Mapping[str, Any], prefix: str = "") -> str:
+    """A TOML document for nested mappings of strings, numbers, booleans, paths, secrets and lists of them."""
+    lines = [f"{_key(key)} = {_value(value)}" for key, value in table.items() if not isinstance(value, Mapping)]
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            name = f"{prefix}.{_key(key)}" if prefix else _key(key)
+            lines += ["", f"[{name}]", toml_document(value, name).rstrip("\n")]
+    return "\n".join(lines).strip() + "\n"
+
+
+def _key(key: str) -> str:
+    return key if _BARE_KEY.fullmatch(key) else json.dumps(key, ensure_ascii=False)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, SecretStr):  # the child process needs the secret itself
+        value = value.get_secret_value()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str | Path):  # a JSON string is a TOML basic string when non-ASCII is left as is
+        return json.dumps(str(value), ensure_ascii=False)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_value(item) for item in value) + "]"
+    raise TypeError(f"no TOML form for {type(value).__name__}")
+
+
+class PipelineProcess:
+    """``etl run -c config`` as a child process that a test starts, kills with SIGKILL and restarts."""
+
+    def __init__(self, config: Path, log_level: str = "warning") -> None:
+        self.config = config
+        self.log_level = log_level
+        self.log = config.with_suffix(".log")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        assert not self.alive(), "etl run is already running"
+        with self.log.open("ab") as log:  # the child holds its own descriptor
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "etl.cli", "--log-level", self.log_level, "run", "-c", str(self.config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def ensure_alive(self) -> None:
+        """Fail, with the end of the log, when ``etl run`` has exited."""
+        assert self.alive(), f"etl run exited:\n{self.output()[-4000:]}"
+
+    def kill(self) -> None:
+        """SIGKILL: the process gets no chance to shut down, flush or release anything."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self, timeout: float = 60) -> None:
+        """SIGTERM, as an operator would, and fail unless ``etl run`` drains and exits with 0."""
+        if not self.alive():
+            return
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout=timeout)
+            assert code == 0, f"etl run exited with {code} on SIGTERM:\n{self.output()[-4000:]}"
+        finally:
+            self.process.kill()
+
+    def output(self) -> str:
+        """Everything the process wrote so far, every start included."""
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def __enter__(self) -> PipelineProcess:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
