@@ -27,9 +27,9 @@ from etl.config import validate
 from etl.destination.base import DestinationContext, WriteResult
 from etl.errors import ConfigError, DestinationError, TableError
 from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
-from etl.schema import TableSchema
+from etl.schema import ColumnSchema, TableSchema
 from etl_spark.bigquery.names import STAGING_PREFIX, column_name, table_id
-from etl_spark.bigquery.schema_change import alter_statements
+from etl_spark.bigquery.schema_change import alter_statements, unrecorded
 from etl_spark.bigquery.types import bq_type, staged, table_ddl
 from etl_spark.collapse import (
     ACTION,
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 WATERMARKS = "_etl_watermarks"
+COLUMNS = "_etl_columns"
+"""Per table, the source columns (name, type, attribute number) it was last brought in line with."""
 CHANGES = "_etl_changes"
 """The temporary table holding a batch's collapsed changes in target types, inside the apply transaction."""
 MISSING_TEXT = "_etl_missing_text"
@@ -93,6 +95,10 @@ class BigQueryDestination:
         self.pipeline_id = pipeline_id
         self._client: bigquery.Client | None = None
         self._spark: SparkSession | None = None
+        self._applied: dict[int, TableSchema] = {}
+        """Per table, the schema its BigQuery table is in line with (as recorded in ``_etl_columns``)."""
+        self._watermarks: dict[int, Position] = {}
+        """Per table, its watermark as last read or committed (this destination is the table's one writer)."""
 
     @classmethod
     def from_config(cls, config: Any, context: DestinationContext) -> BigQueryDestination:
@@ -115,7 +121,9 @@ class BigQueryDestination:
             self.client.create_dataset(dataset, exists_ok=True)
             self._query(
                 f"CREATE TABLE IF NOT EXISTS {self._ref(WATERMARKS)} (pipeline_id INT64, table_oid INT64,"
-                " commit_lsn INT64, tx_ordinal INT64)"
+                f" commit_lsn INT64, tx_ordinal INT64);\nCREATE TABLE IF NOT EXISTS {self._ref(COLUMNS)}"
+                " (table_name STRING, position INT64, column_name STRING, type_oid INT64, type_modifier INT64,"
+                " attnum INT64);"
             )
         except exceptions.GoogleAPICallError as exc:
             raise DestinationError(
@@ -142,12 +150,17 @@ class BigQueryDestination:
 
     # -- writes ----------------------------------------------------------------------------------
     def drop_table_for_copy(self, schema: TableSchema) -> None:
-        self._query(f"DROP TABLE IF EXISTS {self._ref(table_id(schema.name))}")
-        self._query(f"DELETE FROM {self._ref(WATERMARKS)} WHERE {self._watermark_row(schema)}")
+        self._applied.pop(schema.id, None)
+        self._watermarks.pop(schema.id, None)
+        self._query(
+            f"DROP TABLE IF EXISTS {self._ref(table_id(schema.name))};\n"
+            f"DELETE FROM {self._ref(WATERMARKS)} WHERE {self._watermark_row(schema)};\n"
+            f"DELETE FROM {self._ref(COLUMNS)} WHERE {self._columns_row(schema)};"
+        )
 
     def write_table_rows(self, schema: TableSchema, rows: pa.Table) -> WriteResult:
         self._require_key(schema)
-        target = self._ensure_table(schema)
+        target = self._prepare(schema)
         if rows.num_rows:
             frame = self._frame(schema, rows, [])
             staging = self._stage(schema, frame, rows.nbytes)
@@ -176,13 +189,11 @@ class BigQueryDestination:
     def _apply(self, segment: TableChanges) -> None:
         schema = segment.schema
         self._require_key(schema)
-        target = self._ensure_table(schema)
         changes = after(segment.table, self._watermark(schema))
         position = last_position(changes)
         if position is None:
-            return
-        for statement in alter_statements(self.client.get_table(self._path(table_id(schema.name))), schema):
-            self._query(f"ALTER TABLE {target} {statement}")
+            return  # a replay: the table may already have a later shape, leave it
+        target = self._prepare(schema)
         truncate, changes = after_last_truncate(changes)
         statements = ["BEGIN TRANSACTION"]
         if truncate:
@@ -194,7 +205,9 @@ class BigQueryDestination:
             staging = self._stage(schema, self._flatten(collapsed, key), changes.nbytes)
             statements += self._upsert(schema, target, staging, toast)
         statements += [*self._advance(schema, position), "COMMIT TRANSACTION"]
+        self._watermarks.pop(schema.id, None)  # unknown should the job fail
         self._query(";\n".join(statements) + ";", schema)
+        self._watermarks[schema.id] = position
 
     def _upsert(self, schema: TableSchema, target: str, staging: str, toast: list[str]) -> list[str]:
         """Statements applying the collapsed changes in ``staging``: the keys they touch are deleted, upserts inserted.
@@ -236,15 +249,59 @@ class BigQueryDestination:
         ]
 
     def _watermark(self, schema: TableSchema) -> Position:
-        rows = list(
-            self._query(
-                f"SELECT commit_lsn, tx_ordinal FROM {self._ref(WATERMARKS)} WHERE {self._watermark_row(schema)}"
+        if schema.id not in self._watermarks:
+            rows = list(
+                self._query(
+                    f"SELECT commit_lsn, tx_ordinal FROM {self._ref(WATERMARKS)} WHERE {self._watermark_row(schema)}"
+                )
             )
-        )
-        return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+            self._watermarks[schema.id] = (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+        return self._watermarks[schema.id]
 
     def _watermark_row(self, schema: TableSchema) -> str:
         return f"pipeline_id = {int(self.pipeline_id)} AND table_oid = {int(schema.id)}"
+
+    # -- table shape -----------------------------------------------------------------------------
+    def _prepare(self, schema: TableSchema) -> str:
+        """The target table, created or altered to match ``schema``, which is then recorded as applied."""
+        target = self._ref(table_id(schema.name))
+        applied = self._applied.get(schema.id) or self._recorded(schema)
+        if applied is not None and _shape(applied) == _shape(schema):
+            self._applied[schema.id] = schema
+            return target
+        if applied is None:
+            self._query(f"CREATE TABLE IF NOT EXISTS {target} ({table_ddl(schema)})", schema)
+        table = self.client.get_table(self._path(table_id(schema.name)))
+        actions = alter_statements(table, applied or unrecorded(table, schema), schema)
+        # BigQuery runs DDL outside transactions only: the record follows the ALTERs in the same script.
+        self._query(";\n".join([*(f"ALTER TABLE {target} {a}" for a in actions), *self._record(schema)]) + ";", schema)
+        self._applied[schema.id] = schema
+        return target
+
+    def _recorded(self, schema: TableSchema) -> TableSchema | None:
+        rows = self._query(
+            f"SELECT column_name, type_oid, type_modifier, attnum FROM {self._ref(COLUMNS)}"
+            f" WHERE {self._columns_row(schema)} ORDER BY position"
+        )
+        columns = tuple(ColumnSchema(r[0], int(r[1]), int(r[2]), attnum=r[3]) for r in rows)
+        return TableSchema(schema.id, schema.name, columns) if columns else None
+
+    def _record(self, schema: TableSchema) -> list[str]:
+        values = ", ".join(
+            f"('{table_id(schema.name)}', {i}, '{c.name}', {int(c.type_oid)}, {int(c.type_modifier)},"
+            f" {'NULL' if c.attnum is None else int(c.attnum)})"
+            for i, c in enumerate(schema.columns)
+        )
+        return [
+            "BEGIN TRANSACTION",
+            f"DELETE FROM {self._ref(COLUMNS)} WHERE {self._columns_row(schema)}",
+            f"INSERT INTO {self._ref(COLUMNS)} (table_name, position, column_name, type_oid, type_modifier, attnum)"
+            f" VALUES {values}",
+            "COMMIT TRANSACTION",
+        ]
+
+    def _columns_row(self, schema: TableSchema) -> str:
+        return f"table_name = '{table_id(schema.name)}'"
 
     # -- staging ---------------------------------------------------------------------------------
     def _frame(self, schema: TableSchema, rows: pa.Table, key: list[str]) -> DataFrame:
@@ -311,11 +368,6 @@ class BigQueryDestination:
         return bq_type(column).load.format(f"S.{quoted}")
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _ensure_table(self, schema: TableSchema) -> str:
-        target = self._ref(table_id(schema.name))
-        self._query(f"CREATE TABLE IF NOT EXISTS {target} ({table_ddl(schema)})")
-        return target
-
     @staticmethod
     def _require_key(schema: TableSchema) -> None:
         if not schema.key_columns:
@@ -346,6 +398,10 @@ class BigQueryDestination:
                     table_id=table.id,
                 ) from None
             raise DestinationError(f"BigQuery rejected a statement: {exc.message}", hint="see the log") from None
+
+
+def _shape(schema: TableSchema) -> list[tuple[str, int, int, int | None]]:
+    return [(c.name, c.type_oid, c.type_modifier, c.attnum) for c in schema.columns]
 
 
 def _with_staged_old(schema: TableSchema, table: pa.Table) -> pa.Table:

@@ -1,9 +1,12 @@
 """The ``ALTER TABLE`` actions that bring a BigQuery table's columns in line with a new source schema.
 
-Columns are matched by name. Source columns left unmatched are paired with table columns left
-unmatched at the same position among the unmatched, when their types agree: that is a rename
-(Postgres keeps a column's position when it renames it). The rest are drops and adds (added columns
-are nullable: BigQuery cannot add a REQUIRED column). A changed type cannot be altered in place.
+The destination records the source schema each table was last brought in line with (names, types
+and attribute numbers, in ``_etl_columns``). A new schema's columns are matched against that record
+with ``etl.schema.match_columns``: by attribute number (a rename keeps it), else by name. So a
+rename is found after a restart, and a column dropped and another added is never taken for a
+rename, whatever their types. Matched columns whose name changed are renamed, table columns left
+unmatched are dropped, unmatched source columns are added (nullable: BigQuery cannot add a REQUIRED
+column). A changed type cannot be altered in place.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from etl.errors import TableError
-from etl.schema import TableSchema
+from etl.schema import ColumnSchema, TableSchema, match_columns
 from etl_spark.bigquery.names import column_name
 from etl_spark.bigquery.types import bq_type
 
@@ -27,25 +30,40 @@ def column_type(field: bigquery.SchemaField) -> str:
     return f"ARRAY<{base}>" if field.mode == "REPEATED" else base
 
 
-def alter_statements(table: bigquery.Table, schema: TableSchema) -> list[str]:
-    """``ALTER TABLE`` actions (without the ``ALTER TABLE name`` prefix), renames first, then drops, then adds."""
+def unrecorded(table: bigquery.Table, schema: TableSchema) -> TableSchema:
+    """What is known of a table without a record: its column names (matched by name only)."""
+    return TableSchema(schema.id, schema.name, tuple(ColumnSchema(f.name, 0) for f in table.schema))
+
+
+def alter_statements(table: bigquery.Table, applied: TableSchema, schema: TableSchema) -> list[str]:
+    """``ALTER TABLE`` actions (without the ``ALTER TABLE name`` prefix): drops, renames, then adds.
+
+    ``applied`` is the source schema ``table`` was last brought in line with.
+    """
     current = {f.name: column_type(f) for f in table.schema}
-    wanted = {c.name: bq_type(c).ddl for c in schema.columns}
-    for name, ddl in wanted.items():
-        if name in current and current[name] != ddl:
+    kept: dict[str, str] = {}  # table column -> source column
+    added: list[ColumnSchema] = []
+    for index, column in match_columns(applied, schema):
+        old = applied.columns[index].name if index is not None else None
+        if old is None or old not in current:
+            added.append(column)
+            continue
+        ddl = bq_type(column).ddl
+        if current[old] != ddl:
             raise TableError(
-                f"{schema.name}: column {name} changed type from {current[name]} to {ddl}",
+                f"{schema.name}: column {column.name} changed type from {current[old]} to {ddl}",
                 hint="resync the table (etl resync) to copy it again with the new type",
                 table_id=schema.id,
             )
-    new = [n for n in wanted if n not in current]
-    old = [n for n in current if n not in wanted]
-    renames: list[tuple[str, str]] = []
-    if len(new) == len(old):
-        renames = [(o, n) for o, n in zip(old, new, strict=True) if current[o] == wanted[n]]
-    renamed_old, renamed_new = {o for o, _ in renames}, {n for _, n in renames}
+        kept[old] = column.name
+    drops = [n for n in current if n not in kept]
+    renames = [(o, n) for o, n in kept.items() if o != n]
+    if any(n in kept for _, n in renames):  # a name passes to another column: free them all first
+        renames = [(o, f"_etl_rename_{i}") for i, (o, _) in enumerate(renames)] + [
+            (f"_etl_rename_{i}", n) for i, (_, n) in enumerate(renames)
+        ]
     return [
+        *(f"DROP COLUMN {column_name(o)}" for o in drops),
         *(f"RENAME COLUMN {column_name(o)} TO {column_name(n)}" for o, n in renames),
-        *(f"DROP COLUMN {column_name(o)}" for o in old if o not in renamed_old),
-        *(f"ADD COLUMN {column_name(n)} {wanted[n]}" for n in new if n not in renamed_new),
+        *(f"ADD COLUMN {column_name(c.name)} {bq_type(c).ddl}" for c in added),
     ]
