@@ -225,7 +225,8 @@ def test_schema_changes_alter_the_mirror(
     source: TestDatabase, tmp_path: Path, mirror_path: Path, trigger: bool
 ) -> None:
     # Without the DDL trigger, a schema change reaches the stream only with the table's next row, and
-    # added columns have no attribute number: the last rename is recognised by the in-place rule.
+    # added columns have no attribute number: the last rename is matched as the engine inferred it
+    # (``etl.schema.match_columns``).
     config = pipeline_config(
         source,
         pipeline={"install_ddl_trigger": trigger},

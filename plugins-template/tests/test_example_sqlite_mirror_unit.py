@@ -23,7 +23,7 @@ INT4, TEXT = 23, 25
 def make_schema(
     table_id: int = 1, name: str = "public.t", lsn: int = 100, columns: tuple[ColumnSchema, ...] | None = None
 ) -> TableSchema:
-    cols = columns or (ColumnSchema("id", INT4, primary_key=True), ColumnSchema("v", TEXT))
+    cols = columns or (ColumnSchema("id", INT4, primary_key=True, attnum=1), ColumnSchema("v", TEXT, attnum=2))
     return TableSchema(table_id, TableName.parse(name), cols, snapshot_lsn=Lsn(lsn))
 
 
@@ -55,7 +55,8 @@ def test_empty_copy_creates_the_table(mirror: SqliteMirrorDestination) -> None:
     mirror.write_table_rows(schema, copied(schema, id=[], v=[]))
     assert mirror.rows("t") == []
     with MirrorReader(mirror.path) as reader:
-        assert reader.schema("t") == schema
+        assert reader.schema("t") == schema  # attribute numbers included: renames are found after a restart
+        assert [c.attnum for c in reader.schema("t").columns] == [1, 2]
         assert reader.watermark("t") is None
 
 
@@ -98,11 +99,38 @@ def test_column_changes_by_attribute_number() -> None:
 def test_column_changes_without_attribute_numbers() -> None:
     old = make_schema(columns=(ColumnSchema("id", INT4), ColumnSchema("a", TEXT), ColumnSchema("n", INT4)))
     in_place = make_schema(columns=(ColumnSchema("id", INT4), ColumnSchema("b", TEXT), ColumnSchema("n", INT4)))
-    assert column_changes(old, in_place).renames == [("a", "b")]
+    assert column_changes(old, in_place).renames == [("a", "b")]  # as the engine inferred from RELATION messages
     # a dropped and b added at the end: the positions moved, so no rename is inferred
     moved = make_schema(columns=(ColumnSchema("id", INT4), ColumnSchema("n", INT4), ColumnSchema("b", TEXT)))
     changes = column_changes(old, moved)
     assert (changes.renames, changes.drops, [c.name for c in changes.adds]) == ([], ["a"], ["b"])
+
+
+# x was added while only RELATION messages described the table (no attribute number yet).
+MIXED = make_schema(
+    columns=(
+        ColumnSchema("id", INT4, primary_key=True, attnum=1),
+        ColumnSchema("a", TEXT, attnum=2),
+        ColumnSchema("d", TEXT, attnum=3),
+        ColumnSchema("x", INT4),
+    )
+)
+
+
+def test_a_drop_and_add_of_a_same_typed_column_is_not_a_rename() -> None:
+    # x dropped, y (same type, same place) added: y's new attribute number says it is another column.
+    replaced = make_schema(columns=(*MIXED.columns[:3], ColumnSchema("y", INT4, attnum=5)))
+    changes = column_changes(MIXED, replaced)
+    assert (changes.renames, changes.drops, [c.name for c in changes.adds]) == ([], ["x"], ["y"])
+
+
+def test_a_rename_is_found_by_attribute_number_beside_a_drop() -> None:
+    # a renamed to b and d dropped in one version; x now known by its attribute number, matched by name.
+    changed = make_schema(
+        columns=(MIXED.columns[0], ColumnSchema("b", TEXT, attnum=2), ColumnSchema("x", INT4, attnum=4))
+    )
+    changes = column_changes(MIXED, changed)
+    assert (changes.renames, changes.drops, changes.adds) == ([("a", "b")], ["d"], [])
 
 
 def test_a_type_change_fails_the_table_with_a_hint() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Protocol
 
 from etl.lsn import Lsn
 
@@ -91,15 +93,60 @@ class TableSchema:
         )
 
 
+class WireColumn(Protocol):
+    """What a RELATION message tells of a column (``ColumnSchema`` has it too)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def type_oid(self) -> int: ...
+    @property
+    def type_modifier(self) -> int: ...
+
+
+def renamed_in_place(old: Sequence[WireColumn], new: Sequence[WireColumn]) -> bool:
+    """True when ``new`` reads as ``old`` with columns renamed in place: RELATION messages' rename rule.
+
+    As many columns, every position keeps its type and type modifier, some name changed, and each
+    changed name is new while the old one is gone. Dropping the last column and adding one of the
+    same type reads the same way; only attribute numbers (the DDL trigger's) tell them apart.
+    """
+    if len(old) != len(new):
+        return False
+    old_names, new_names = {c.name for c in old}, {c.name for c in new}
+    changed = False
+    for before, after in zip(old, new, strict=True):
+        if (before.type_oid, before.type_modifier) != (after.type_oid, after.type_modifier):
+            return False
+        if before.name != after.name:
+            if after.name in old_names or before.name in new_names:
+                return False
+            changed = True
+    return changed
+
+
 def match_columns(old: TableSchema, new: TableSchema) -> list[tuple[int | None, ColumnSchema]]:
     """For each column of ``new``, the position of the same column in ``old`` (None for an added column).
 
-    A column is the same when its attribute number is (a rename keeps it); without attribute numbers
-    on both sides, when its name is. The engine carries attribute numbers across renames, so
-    destinations need no guessing of their own.
+    The same column is, in this order: the one with the same attribute number (a rename keeps it);
+    the one with the same name, unless both attribute numbers are known and differ (a column dropped
+    and added again under its old name is a new column); for a column neither version knows the
+    attribute number of (added while only RELATION messages described the table), the one at the
+    same position when ``renamed_in_place`` holds -- the rule the engine followed when it carried
+    the column over. Destinations that follow schema versions with this need no guessing of their own.
     """
+    picks: list[int | None] = [None] * len(new.columns)
     by_attnum = {c.attnum: i for i, c in enumerate(old.columns) if c.attnum is not None}
+    for j, column in enumerate(new.columns):
+        if column.attnum is not None:
+            picks[j] = by_attnum.get(column.attnum)
     by_name = {c.name: i for i, c in enumerate(old.columns)}
-    return [
-        (by_attnum.get(c.attnum) if c.attnum is not None and by_attnum else by_name.get(c.name), c) for c in new.columns
-    ]
+    for j, column in enumerate(new.columns):
+        i = by_name.get(column.name)
+        if picks[j] is None and i is not None and i not in picks and None in (column.attnum, old.columns[i].attnum):
+            picks[j] = i
+    if renamed_in_place(old.columns, new.columns):
+        for j, column in enumerate(new.columns):
+            if picks[j] is None and j not in picks and column.attnum is None and old.columns[j].attnum is None:
+                picks[j] = j
+    return list(zip(picks, new.columns, strict=True))

@@ -4,21 +4,21 @@ Each source table ``schema.name`` becomes the SQLite table ``"schema.name"`` wit
 the same order (types in ``etl_plugin_example.values``) and, when the source table has a replica
 identity key, a unique index ``_etl_key_<table oid>`` on the key columns. The bookkeeping table
 ``_etl_mirror_tables`` holds, per source table (by OID, which survives renames), its SQLite table,
-the source schema version it mirrors, and the watermark: the ``(commit_lsn, tx_ordinal)`` of the last
-change applied.
+the source schema version it mirrors (with the columns' attribute numbers, which identify them across
+renames after a restart too), and the watermark: the ``(commit_lsn, tx_ordinal)`` of the last change
+applied.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import structlog
 from etl.errors import TableError
 from etl.lsn import Lsn
-from etl.schema import ColumnSchema, TableId, TableName, TableSchema, quote_ident
-from etl.store.codec import lsn_from_text, lsn_to_text, schema_from_obj, schema_to_obj
+from etl.schema import ColumnSchema, TableId, TableName, TableSchema, match_columns, quote_ident
+from etl.store.codec import lsn_from_text, lsn_to_text, schema_from_json, schema_to_json
 
 from etl_plugin_example.values import sqlite_type, value_kind
 
@@ -89,27 +89,6 @@ def save_watermark(conn: sqlite3.Connection, table_id: TableId, position: Positi
         f"UPDATE {META_TABLE} SET commit_lsn = ?, tx_ordinal = ? WHERE table_id = ?",
         (lsn_to_text(position[0]), position[1], table_id),
     )
-
-
-# -- schema as JSON (etl's store format, plus the fields it leaves out) ------------------------------------
-
-
-def schema_to_json(schema: TableSchema) -> str:
-    obj = schema_to_obj(schema)
-    for column_obj, column in zip(obj["columns"], schema.columns, strict=True):
-        column_obj["attnum"] = column.attnum
-        column_obj["default"] = column.default
-    return json.dumps(obj, sort_keys=True)
-
-
-def schema_from_json(text: str) -> TableSchema:
-    obj = json.loads(text)
-    schema = schema_from_obj(obj)
-    columns = tuple(
-        replace(column, attnum=column_obj.get("attnum"), default=column_obj.get("default"))
-        for column, column_obj in zip(schema.columns, obj["columns"], strict=True)
-    )
-    return replace(schema, columns=columns)
 
 
 # -- creating and dropping ------------------------------------------------------------------------------------
@@ -183,16 +162,20 @@ class ColumnChanges:
 def column_changes(old: TableSchema, new: TableSchema) -> ColumnChanges:
     """How the mirrored columns must change from ``old`` to ``new``.
 
-    Columns match by attribute number when both versions know every column's (the DDL trigger
-    reports them). Otherwise they match by name, unless the change looks like renames in place --
-    the engine's rule for RELATION messages (docs/schema-changes.md): as many columns as before,
-    every position keeps its type, and each changed name is new while the old one is gone. A matched
-    column whose values would read differently (``integer`` to ``text``, say) fails the table with a
-    hint to resync it: the mirrored values are not converted.
+    Columns match by etl's rule, ``etl.schema.match_columns``: by attribute number (which a rename
+    keeps and the mirror stores with each schema), else by name, else -- for columns added while only
+    RELATION messages described the table -- as the engine inferred a rename. A matched column whose
+    values would read differently (``integer`` to ``text``, say) fails the table with a hint to resync
+    it: the mirrored values are not converted.
     """
     changes = ColumnChanges()
-    matches = _matches(old, new)
-    for previous, column in matches:
+    matched: set[int] = set()
+    for position, column in match_columns(old, new):
+        if position is None:
+            changes.adds.append(column)
+            continue
+        matched.add(position)
+        previous = old.columns[position]
         if value_kind(previous) != value_kind(column):
             raise TableError(
                 f"table {new.name}: column {column.name} changed type from {previous.type_name or previous.type_oid}"
@@ -202,37 +185,8 @@ def column_changes(old: TableSchema, new: TableSchema) -> ColumnChanges:
             )
         if previous.name != column.name:
             changes.renames.append((previous.name, column.name))
-    kept_old = {previous.name for previous, _ in matches}
-    kept_new = {column.name for _, column in matches}
-    changes.drops = [c.name for c in old.columns if c.name not in kept_old]
-    changes.adds = [c for c in new.columns if c.name not in kept_new]
+    changes.drops = [c.name for i, c in enumerate(old.columns) if i not in matched]
     return changes
-
-
-def _matches(old: TableSchema, new: TableSchema) -> list[tuple[ColumnSchema, ColumnSchema]]:
-    """Pairs (old column, new column) that hold the same source column."""
-    if all(c.attnum is not None for c in (*old.columns, *new.columns)):
-        by_attnum = {c.attnum: c for c in old.columns}
-        return [(by_attnum[c.attnum], c) for c in new.columns if c.attnum in by_attnum]
-    if _renamed_in_place(old.columns, new.columns):
-        return list(zip(old.columns, new.columns, strict=True))
-    by_name = {c.name: c for c in old.columns}
-    return [(by_name[c.name], c) for c in new.columns if c.name in by_name]
-
-
-def _renamed_in_place(old: tuple[ColumnSchema, ...], new: tuple[ColumnSchema, ...]) -> bool:
-    if len(old) != len(new):
-        return False
-    old_names, new_names = {c.name for c in old}, {c.name for c in new}
-    renamed = False
-    for before, after in zip(old, new, strict=True):
-        if (before.type_oid, before.type_modifier) != (after.type_oid, after.type_modifier):
-            return False
-        if before.name != after.name:
-            if after.name in old_names or before.name in new_names:
-                return False
-            renamed = True
-    return renamed
 
 
 def migrate(conn: sqlite3.Connection, table: MirroredTable, schema: TableSchema) -> MirroredTable:
