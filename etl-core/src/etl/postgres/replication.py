@@ -368,19 +368,9 @@ class ReplicationConnection:
         deadline = 0.0
         try:
             while True:
-                nbytes, data = pgconn.get_copy_data(1)
-                if nbytes > 0:
-                    tag = data[0]
-                    if tag == _XLOG_TAG:
-                        start, end, sent = _XLOG_HEADER.unpack_from(data, 1)
-                        return XLogData(Lsn(start), Lsn(end), sent, bytes(data[25:]))
-                    if tag == _KEEPALIVE_TAG:
-                        end, sent, reply = _KEEPALIVE.unpack_from(data, 1)
-                        return Keepalive(Lsn(end), sent, reply)
-                    log.warning("unknown replication message ignored", tag=chr(tag))
-                    continue
-                if nbytes < 0:
-                    raise self._stream_ended()
+                message = self._buffered(pgconn)
+                if message is not None:
+                    return message
                 if self._flush_pending:
                     self._flush_pending = pgconn.flush() == 1
                 if deadline == 0.0:
@@ -396,6 +386,34 @@ class ReplicationConnection:
                     return None
         except psycopg.OperationalError as exc:
             raise self._lost(exc) from None
+
+    def poll(self) -> XLogData | Keepalive | None:
+        """The next message if one was already received, without waiting; ``None`` otherwise.
+
+        For reading a burst: one ``read`` that waits, then ``poll`` until ``None``.
+        """
+        try:
+            return self._buffered(self._pgconn)
+        except psycopg.OperationalError as exc:
+            raise self._lost(exc) from None
+
+    def _buffered(self, pgconn: PGconn) -> XLogData | Keepalive | None:
+        """The next complete message in libpq's input buffer, or ``None``."""
+        while True:
+            nbytes, data = pgconn.get_copy_data(1)
+            if nbytes > 0:
+                tag = data[0]
+                if tag == _XLOG_TAG:
+                    start, end, sent = _XLOG_HEADER.unpack_from(data, 1)
+                    return XLogData(Lsn(start), Lsn(end), sent, bytes(data[25:]))
+                if tag == _KEEPALIVE_TAG:
+                    end, sent, reply = _KEEPALIVE.unpack_from(data, 1)
+                    return Keepalive(Lsn(end), sent, reply)
+                log.warning("unknown replication message ignored", tag=chr(tag))
+                continue
+            if nbytes < 0:
+                raise self._stream_ended()
+            return None
 
     def send_status(self, write: Lsn, flush: Lsn, apply: Lsn, reply: bool = False) -> None:
         """Send a Standby Status Update: ``flush`` is what the slot may forget (its confirmed_flush_lsn).

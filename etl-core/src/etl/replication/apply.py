@@ -61,9 +61,7 @@ class ApplyWorker(StreamWorker):
         return self.ctx.states.applies(table_id, final_lsn)
 
     def awaiting_position(self) -> bool:
-        return any(
-            s.kind in (TableStateKind.SYNC_WAIT, TableStateKind.SYNC_DONE) for s in self.ctx.states.snapshot().values()
-        )
+        return self.ctx.states.waiting_on_apply
 
     def table_failed(self, table_id: TableId, error: TableError) -> None:
         log.error("table failed; it is excluded until resynced", table_id=table_id, error=error.message)
@@ -72,9 +70,8 @@ class ApplyWorker(StreamWorker):
     # -- life cycle ------------------------------------------------------------------------------------
     def after_commit(self, end_lsn: Lsn) -> None:
         self.position = max(self.position, end_lsn)
-        states = self.ctx.states.snapshot()
-        if any(s.kind is not TableStateKind.READY for s in states.values()):
-            self._advance_synced(states)
+        if self.ctx.states.waiting_on_apply:
+            self._advance_synced(self.ctx.states.snapshot())
 
     def tick(self) -> None:
         if time.monotonic() >= self._next_refresh:

@@ -21,11 +21,14 @@ class TableStates:
         self._store = store
         self._changed = threading.Condition()
         self._states: dict[TableId, TableState] = dict(store.get_table_states())
+        self.waiting_on_apply = _waiting_on_apply(self._states)
+        """Some table waits for the apply worker (SyncWait or SyncDone); kept up to date on every change."""
 
     def reload(self) -> None:
         """Read the states again from the store, after the store changed them directly."""
         with self._changed:
             self._states = dict(self._store.get_table_states())
+            self.waiting_on_apply = _waiting_on_apply(self._states)
             self._changed.notify_all()
 
     def get(self, table_id: TableId) -> TableState | None:
@@ -45,12 +48,14 @@ class TableStates:
             if persisted:
                 self._store.update_table_states(persisted)
             self._states.update(updates)
+            self.waiting_on_apply = _waiting_on_apply(self._states)
             self._changed.notify_all()
 
     def forget(self, table_id: TableId) -> None:
         with self._changed:
             self._store.delete_table_state(table_id)
             self._states.pop(table_id, None)
+            self.waiting_on_apply = _waiting_on_apply(self._states)
             self._changed.notify_all()
 
     def wait(self, predicate: Callable[[], bool], timeout: float) -> bool:
@@ -67,3 +72,7 @@ class TableStates:
         if state.kind is TableStateKind.READY:
             return True
         return state.kind is TableStateKind.SYNC_DONE and state.lsn is not None and state.lsn <= final_lsn
+
+
+def _waiting_on_apply(states: Mapping[TableId, TableState]) -> bool:
+    return any(s.kind in (TableStateKind.SYNC_WAIT, TableStateKind.SYNC_DONE) for s in states.values())

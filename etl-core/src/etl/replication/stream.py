@@ -10,8 +10,10 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -30,6 +32,9 @@ from etl.schema import TableId
 log = structlog.get_logger(__name__)
 
 STATUS_INTERVAL_S = 10.0
+TICK_INTERVAL_S = 1.0
+BURST_MESSAGES = 1000
+"""Messages handled in one turn of the read loop at most (the bookkeeping runs once a turn)."""
 
 
 class StreamWorker:
@@ -62,7 +67,22 @@ class StreamWorker:
         self._stream_xid: int | None = None
         self._batch_started: float | None = None
         self._last_status = 0.0
+        self._last_tick = 0.0
         self.idle_lsn = Lsn.ZERO  # a keepalive position reached with nothing pending
+        self._handlers: dict[type[pg.Message], Callable[[Any], None]] = {
+            pg.Begin: self._on_begin,
+            pg.Commit: self._on_commit,
+            pg.Insert: self._on_insert,
+            pg.Update: self._on_update,
+            pg.Delete: self._on_delete,
+            pg.Relation: self._on_relation,
+            pg.Truncate: self._on_truncate,
+            pg.LogicalMessage: self.on_message,
+            pg.StreamStart: self._on_stream_start,
+            pg.StreamStop: self._on_stream_stop,
+            pg.StreamCommit: self._on_stream_commit,
+            pg.StreamAbort: self._on_stream_abort,
+        }
 
     # -- hooks ---------------------------------------------------------------------------------------
     def applies(self, table_id: TableId, final_lsn: Lsn) -> bool:
@@ -116,23 +136,50 @@ class StreamWorker:
             self._spill_dir.cleanup()
 
     def _read_once(self) -> None:
-        timeout = self._read_timeout()
-        item = self.conn.read(timeout)
-        if isinstance(item, XLogData):
-            self.received_lsn = max(self.received_lsn, item.wal_end)
-            self._handle_payload(item.payload)
-        elif isinstance(item, Keepalive):
-            self.received_lsn = max(self.received_lsn, item.wal_end)
-            if self.nothing_pending():
-                self.idle_lsn = max(self.idle_lsn, item.wal_end)
-                self.after_commit(item.wal_end)
-            self.send_status(force=item.reply_requested)
-        elif self.nothing_pending() and self.awaiting_position():
-            self.send_status(force=True, reply=True)  # ask the server where the stream is
+        """One turn: wait for a message, handle it and every message already received after it (a burst),
+        then do the bookkeeping (tick, batch flush, status) once for the whole burst."""
+        item = self.conn.read(self._read_timeout())
+        if item is None:
+            if self.nothing_pending() and self.awaiting_position():
+                self.send_status(force=True, reply=True)  # ask the server where the stream is
+        else:
+            self._burst(item)
         if not self.in_transaction:
+            self._last_tick = time.monotonic()
             self.tick()
         self._maybe_flush()
         self.send_status()
+
+    def _burst(self, item: XLogData | Keepalive) -> None:
+        # Ends when nothing more was received, after BURST_MESSAGES, when the batch is full, or between
+        # transactions when the worker is finished or its tick is overdue.
+        tick_due = time.monotonic() - self._last_tick >= TICK_INTERVAL_S
+        max_bytes = self.batch_config.max_bytes
+        builder = self.builder
+        poll = self.conn.poll
+        budget = BURST_MESSAGES
+        while True:
+            if isinstance(item, XLogData):
+                self.received_lsn = max(self.received_lsn, item.wal_end)
+                self._handle_payload(item.payload)
+            else:
+                self._keepalive(item)
+            budget -= 1
+            if not budget or builder.size_bytes >= max_bytes:
+                return
+            if not self.in_transaction and (tick_due or self.finished()):
+                return
+            next_item = poll()
+            if next_item is None:
+                return
+            item = next_item
+
+    def _keepalive(self, item: Keepalive) -> None:
+        self.received_lsn = max(self.received_lsn, item.wal_end)
+        if self.nothing_pending():
+            self.idle_lsn = max(self.idle_lsn, item.wal_end)
+            self.after_commit(item.wal_end)
+        self.send_status(force=item.reply_requested)
 
     def _read_timeout(self) -> float:
         if self._batch_started is None:
@@ -150,37 +197,43 @@ class StreamWorker:
         self._handle(self.decoder.decode(payload))
 
     def _handle(self, msg: pg.Message) -> None:
-        if isinstance(msg, pg.Begin):
-            self._begin(msg.xid, msg.final_lsn, msg.commit_ts)
-        elif isinstance(msg, pg.Commit):
-            self._commit(msg.commit_lsn, msg.end_lsn, msg.commit_ts)
-        elif isinstance(msg, pg.Insert | pg.Update | pg.Delete):
-            self._change(msg)
-        elif isinstance(msg, pg.Relation):
-            if self.applies(msg.oid, self.final_lsn):
-                schema = self.schemas.observe(msg, self.final_lsn)
-                if schema is not None:
-                    self.builder.relation(schema, self.final_lsn)
-        elif isinstance(msg, pg.Truncate):
-            ids = [t for t in msg.relation_oids if self.applies(t, self.final_lsn)]
-            if ids:
-                self._mark_batch()
-                self.builder.truncate(ids, msg.cascade, msg.restart_identity, self.final_lsn)
-        elif isinstance(msg, pg.LogicalMessage):
-            self.on_message(msg)
-        elif isinstance(msg, pg.StreamStart):
-            self._stream_xid = msg.xid
-        elif isinstance(msg, pg.StreamStop):
-            self._stream_xid = None
-        elif isinstance(msg, pg.StreamCommit):
-            self._begin(msg.xid, msg.commit_lsn, msg.commit_ts)
-            for payload in self.streamed.commit(msg.xid):
-                self._handle(self.decoder.decode_streamed(payload))
-                self._maybe_flush()
-            self._commit(msg.commit_lsn, msg.end_lsn, msg.commit_ts)
-        elif isinstance(msg, pg.StreamAbort):
-            self.streamed.abort(msg.xid, msg.subxid)
-        # Origin and Type messages carry nothing the engine uses.
+        handler = self._handlers.get(type(msg))
+        if handler is not None:  # Origin and Type messages carry nothing the engine uses
+            handler(msg)
+
+    def _on_begin(self, msg: pg.Begin) -> None:
+        self._begin(msg.xid, msg.final_lsn, msg.commit_ts)
+
+    def _on_commit(self, msg: pg.Commit) -> None:
+        self._commit(msg.commit_lsn, msg.end_lsn, msg.commit_ts)
+
+    def _on_relation(self, msg: pg.Relation) -> None:
+        if self.applies(msg.oid, self.final_lsn):
+            schema = self.schemas.observe(msg, self.final_lsn)
+            if schema is not None:
+                self.builder.relation(schema, self.final_lsn)
+
+    def _on_truncate(self, msg: pg.Truncate) -> None:
+        ids = [t for t in msg.relation_oids if self.applies(t, self.final_lsn)]
+        if ids:
+            self._mark_batch()
+            self.builder.truncate(ids, msg.cascade, msg.restart_identity, self.final_lsn)
+
+    def _on_stream_start(self, msg: pg.StreamStart) -> None:
+        self._stream_xid = msg.xid
+
+    def _on_stream_stop(self, msg: pg.StreamStop) -> None:
+        self._stream_xid = None
+
+    def _on_stream_commit(self, msg: pg.StreamCommit) -> None:
+        self._begin(msg.xid, msg.commit_lsn, msg.commit_ts)
+        for payload in self.streamed.commit(msg.xid):
+            self._handle(self.decoder.decode_streamed(payload))
+            self._maybe_flush()
+        self._commit(msg.commit_lsn, msg.end_lsn, msg.commit_ts)
+
+    def _on_stream_abort(self, msg: pg.StreamAbort) -> None:
+        self.streamed.abort(msg.xid, msg.subxid)
 
     def _begin(self, xid: int, final_lsn: Lsn, commit_ts: datetime) -> None:
         self.in_transaction = True
@@ -192,17 +245,20 @@ class StreamWorker:
         self.in_transaction = False
         self.after_commit(end_lsn)
 
-    def _change(self, msg: pg.Insert | pg.Update | pg.Delete) -> None:
-        table_id = msg.relation_oid
-        if not self.applies(table_id, self.final_lsn):
-            return
-        self._mark_batch()
-        if isinstance(msg, pg.Insert):
-            self.builder.insert(table_id, msg.new, self.final_lsn)
-        elif isinstance(msg, pg.Update):
-            self.builder.update(table_id, msg.old_kind, msg.old, msg.new, self.final_lsn)
-        else:
-            self.builder.delete(table_id, msg.old_kind, msg.old, self.final_lsn)
+    def _on_insert(self, msg: pg.Insert) -> None:
+        if self.applies(msg.relation_oid, self.final_lsn):
+            self._mark_batch()
+            self.builder.insert(msg.relation_oid, msg.new, self.final_lsn)
+
+    def _on_update(self, msg: pg.Update) -> None:
+        if self.applies(msg.relation_oid, self.final_lsn):
+            self._mark_batch()
+            self.builder.update(msg.relation_oid, msg.old_kind, msg.old, msg.new, self.final_lsn)
+
+    def _on_delete(self, msg: pg.Delete) -> None:
+        if self.applies(msg.relation_oid, self.final_lsn):
+            self._mark_batch()
+            self.builder.delete(msg.relation_oid, msg.old_kind, msg.old, self.final_lsn)
 
     def _mark_batch(self) -> None:
         if self._batch_started is None:

@@ -1,0 +1,122 @@
+"""The read loop (StreamWorker) against a real Postgres: bursts of received messages and where they end."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from etl.config import BatchSection
+from etl.destination.base import WriteResult
+from etl.destination.memory import MemoryDestination
+from etl.errors import TableError
+from etl.events import EventBatch
+from etl.lsn import Lsn
+from etl.postgres.replication import Keepalive, ReplicationConnection, XLogData, choose_protocol
+from etl.replication.schemas import SchemaTracker
+from etl.replication.stream import StreamWorker
+from etl.replication.writer import BatchWriter
+from etl.schema import TableId
+from etl.store.memory import MemoryStore
+from etl.testing.pytest_plugin import TestDatabase
+
+
+class CountingDestination(MemoryDestination):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = 0
+
+    def write_events(self, batch: EventBatch) -> WriteResult:
+        self.batches += 1
+        return super().write_events(batch)
+
+
+class FirstTransactions(StreamWorker):
+    """Applies every table and is finished after ``transactions`` commits (like a catch-up at its target)."""
+
+    worker_key = "test"
+
+    def __init__(self, conn: ReplicationConnection, protocol: int, transactions: int, batch: BatchSection) -> None:
+        store = MemoryStore(1)
+        self.destination = CountingDestination()
+        self.writer = BatchWriter(self.destination, store, self.worker_key, self._table_error)
+        super().__init__(
+            conn=conn,
+            protocol_version=protocol,
+            batch=batch,
+            schemas=SchemaTracker(store),
+            writer=self.writer,
+            stop=threading.Event(),
+        )
+        self.transactions = transactions
+        self.commits = 0
+
+    def applies(self, table_id: TableId, final_lsn: Lsn) -> bool:
+        return True
+
+    def after_commit(self, end_lsn: Lsn) -> None:
+        if end_lsn > self.idle_lsn:  # a commit; an idle keepalive comes with idle_lsn at its position
+            self.commits += 1
+
+    def finished(self) -> bool:
+        return self.commits >= self.transactions
+
+    def _table_error(self, table_id: TableId, error: TableError) -> None:
+        raise error
+
+
+def streaming(db: TestDatabase, statements: list[str]) -> tuple[ReplicationConnection, int]:
+    """A replication connection whose slot saw ``statements`` (one transaction each) before streaming."""
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t")
+    conn = ReplicationConnection.connect(db.connection())
+    slot = conn.create_slot("s1")
+    for statement in statements:
+        db.execute(statement)
+    protocol, streaming_on = choose_protocol(conn.server_version)
+    conn.start_replication("s1", slot.consistent_point, ["pub"], protocol, streaming_on)
+    return conn, protocol
+
+
+def next_data(conn: ReplicationConnection, timeout: float = 10.0) -> XLogData:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = conn.read(0.5)
+        if isinstance(message, XLogData):
+            return message
+    raise AssertionError("no XLogData in time")
+
+
+def test_poll_returns_received_messages_without_waiting(pg_database: TestDatabase) -> None:
+    conn, _ = streaming(pg_database, ["INSERT INTO t VALUES (1, 'a')"])
+    with conn:
+        first = next_data(conn)  # BEGIN: the rest of the transaction came in the same read
+        polled = []
+        while (message := conn.poll()) is not None:
+            polled.append(message)
+        data = [m.payload[:1] for m in polled if isinstance(m, XLogData)]
+        assert first.payload[:1] == b"B"
+        assert data[-1] == b"C" and b"I" in data
+        started = time.monotonic()
+        assert conn.poll() is None  # nothing more was sent: no wait
+        assert time.monotonic() - started < 0.1
+        assert all(isinstance(m, XLogData | Keepalive) for m in polled)
+
+
+def test_a_burst_stops_at_the_commit_that_finishes_the_worker(pg_database: TestDatabase) -> None:
+    inserts = [f"INSERT INTO t VALUES ({i}, 'v{i}')" for i in range(1, 6)]
+    conn, protocol = streaming(pg_database, inserts)
+    with conn:
+        worker = FirstTransactions(conn, protocol, 2, BatchSection())
+        worker.run()
+        assert sorted(r["id"] for r in worker.destination.rows("public.t")) == [1, 2]
+        rest = next_data(conn)  # the third transaction is still to be read
+        assert rest.payload[:1] == b"B"
+
+
+def test_a_burst_ends_when_the_batch_is_full(pg_database: TestDatabase) -> None:
+    conn, protocol = streaming(pg_database, ["INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(1, 50) g"])
+    with conn:
+        worker = FirstTransactions(conn, protocol, 1, BatchSection(max_bytes=2000))
+        worker.run()
+        rows = worker.destination.rows("public.t")
+        assert sorted(r["id"] for r in rows) == list(range(1, 51))
+        assert worker.destination.batches > 5  # a batch of about 2000 bytes at a time, not one for the burst
