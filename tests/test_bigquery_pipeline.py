@@ -112,7 +112,7 @@ def wait_equal(
             if not last:
                 return
             last = {t: (pairs[t][0][:5], pairs[t][1][:5]) for t in last}
-        except exceptions.NotFound as exc:  # a table not created yet
+        except (exceptions.NotFound, exceptions.BadRequest) as exc:  # not created yet (the emulator answers 400)
             last = exc
         assert not pipeline.wait(timeout=0), "the pipeline stopped"
         assert time.monotonic() < deadline, f"BigQuery never returned the source's rows; last (source, bq): {last}"
@@ -280,3 +280,58 @@ def test_value_out_of_range_errors_its_table_only(
     assert "column at" in printed["public.bad_copy"], printed
     assert "outside BigQuery's range" in printed["public.bad_stream"] and "column day" in printed["public.bad_stream"]
     assert printed["public.good"].split()[1] == "ready", printed
+
+
+def test_arrays_of_other_element_types_do_not_stop_other_tables(
+    pg_database: TestDatabase, bigquery_emulator: BigQueryEmulator, tmp_path: Path
+) -> None:
+    """An array type the mapping has no BigQuery array for (``date[]``, ``uuid[]``, ...): the table is either
+    written or Errored with a message naming the column; the other tables keep streaming either way."""
+    db, emulator = pg_database, bigquery_emulator
+    db.execute(
+        """
+        CREATE TABLE good (id int PRIMARY KEY, v text);
+        CREATE TABLE arr_copy (id int PRIMARY KEY, days date[]);
+        CREATE TABLE arr_stream (id int PRIMARY KEY, v int);
+        INSERT INTO good VALUES (1, 'x');
+        INSERT INTO arr_copy VALUES (1, ARRAY[DATE '2026-01-01']);
+        INSERT INTO arr_stream VALUES (1, 1);
+        CREATE PUBLICATION pub FOR TABLE good, arr_copy, arr_stream;
+        """
+    )
+    dataset = dataset_for(db, "arrays")
+    config = pipeline_config(
+        db,
+        store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
+        destination=bigquery_destination(emulator, dataset),
+    )
+    pipeline = start_pipeline(config)
+    states = pipeline.states
+    assert states is not None
+
+    def settled(table: str) -> bool:
+        state = states.get(int(db.execute("SELECT %s::regclass::oid", (table,))[0][0]))
+        return state is not None and state.kind in (TableStateKind.READY, TableStateKind.ERRORED)
+
+    def written_or_clearly_errored(table: str, column: str, ids: set[int]) -> None:
+        state = states.get(int(db.execute("SELECT %s::regclass::oid", (table,))[0][0]))
+        assert state is not None
+        if state.kind is TableStateKind.ERRORED:
+            assert state.reason is not None and f"column {column}" in state.reason, (
+                f"{table} errored without naming column {column}: {state.reason}"
+            )
+        else:
+            rows, _ = bigquery_rows(emulator, dataset, table)
+            assert {r["id"] for r in rows} == ids, f"{table} is {state.kind} but BigQuery holds {rows}"
+
+    try:
+        wait_until(lambda: all(settled(t) for t in ("good", "arr_copy", "arr_stream")), "tables settled", pipeline, 240)
+        db.execute("ALTER TABLE arr_stream ADD COLUMN tags uuid[]")
+        db.execute("INSERT INTO arr_stream VALUES (2, 2, ARRAY[gen_random_uuid()]); INSERT INTO good VALUES (2, 'y')")
+        db.execute("INSERT INTO good VALUES (3, 'z')")
+        # "the pipeline stopped" here means arr_stream's batch stopped every table.
+        wait_equal(db, emulator, dataset, ("public.good",), pipeline)
+        written_or_clearly_errored("arr_copy", "days", {1})
+        written_or_clearly_errored("arr_stream", "tags", {1, 2})
+    finally:
+        pipeline.shutdown()
