@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
 import pyarrow as pa
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from etl.events import EventBatch
 from etl.schema import TableName, TableSchema
@@ -55,6 +55,30 @@ class Destination(Protocol):
 
     def flush(self) -> None:
         """Make every accepted write durable."""
+
+
+class InProcessDestination:
+    """Base for destinations that keep what they receive inside this process (memory, null).
+
+    They take no options, have nothing to connect to or release, and every write is durable when it
+    returns, so ``startup``, ``shutdown`` and ``flush`` do nothing.
+    """
+
+    class Config(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+    @classmethod
+    def from_config(cls, config: Config, context: DestinationContext) -> Self:
+        return cls()
+
+    def startup(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
 
 
 @dataclass(frozen=True)

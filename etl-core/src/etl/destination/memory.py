@@ -14,9 +14,8 @@ from collections import Counter
 from typing import Any, ClassVar
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict
 
-from etl.destination.base import DestinationContext, TablePreview, WriteResult
+from etl.destination.base import InProcessDestination, TablePreview, WriteResult
 from etl.events import (
     MISSING,
     DeleteEvent,
@@ -102,32 +101,16 @@ class _Table:
         self.schema = schema
 
 
-class MemoryDestination:
+class MemoryDestination(InProcessDestination):
     """Keeps each table's current contents in memory; every write is reported durable."""
 
     name: ClassVar[str] = "memory"
-
-    class Config(BaseModel):
-        model_config = ConfigDict(extra="forbid")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tables: dict[TableId, _Table] = {}
         self.write_table_rows_calls: dict[TableId, int] = {}
         self.event_count = 0
-
-    @classmethod
-    def from_config(cls, config: Config, context: DestinationContext) -> MemoryDestination:
-        return cls()
-
-    def startup(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
 
     def drop_table_for_copy(self, schema: TableSchema) -> None:
         with self._lock:

@@ -9,37 +9,20 @@ import threading
 from typing import ClassVar
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict
 
-from etl.destination.base import DestinationContext, WriteResult
+from etl.destination.base import InProcessDestination, WriteResult
 from etl.events import EventBatch
 from etl.schema import TableSchema
 
 
-class NullDestination:
+class NullDestination(InProcessDestination):
     name: ClassVar[str] = "null"
-
-    class Config(BaseModel):
-        model_config = ConfigDict(extra="forbid")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.copied_rows = 0
         self.changed_rows = 0
         self.batches = 0
-
-    @classmethod
-    def from_config(cls, config: Config, context: DestinationContext) -> NullDestination:
-        return cls()
-
-    def startup(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
 
     def drop_table_for_copy(self, schema: TableSchema) -> None:
         pass
