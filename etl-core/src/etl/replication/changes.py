@@ -118,7 +118,7 @@ class _Segment:
         self.ops: list[str] = []
         self.lsns: list[int] = []
         self.ordinals: list[int] = []
-        self.start_lsns: list[Lsn] = []
+        self.start_lsns: list[int] = []
         self.old_kinds: dict[int, OldKind | None] = {}
         """Row index -> old row kind, for every update and delete."""
         self.old_rows: dict[int, TupleData] = {}
@@ -223,7 +223,11 @@ class ChangeBuilder:
         self._schema_of = schema_of
         # the transaction in progress, carried across build()
         self._in_transaction = False
-        self._commit_lsn = Lsn.ZERO
+        # Positions are kept as plain ints: an Lsn (an int subclass) is tracked by the garbage collector,
+        # and hundreds of thousands of them in a batch made its collections a large cost of the apply loop.
+        self._commit_lsn = 0
+        self._start_lsn: tuple[Lsn, int] = (Lsn.ZERO, 0)
+        """The last ``start_lsn`` of a change and its int (the same for every change of a transaction)."""
         self._ordinal = 0
         self._last_commit_lsn = Lsn.ZERO
         self._reset()
@@ -264,9 +268,9 @@ class ChangeBuilder:
         if self._in_transaction:
             raise EtlError(f"BEGIN of transaction {xid} inside another transaction: the stream is out of order")
         self._in_transaction = True
-        self._commit_lsn = final_lsn
+        self._commit_lsn = int(final_lsn)
         self._ordinal = 0
-        self._log.append(("B", start_lsn, final_lsn, xid, commit_ts))
+        self._log.append(("B", int(start_lsn), self._commit_lsn, xid, commit_ts))
 
     def commit(self, commit_lsn: Lsn, end_lsn: Lsn, commit_ts: datetime, start_lsn: Lsn) -> None:
         if not self._in_transaction:
@@ -280,7 +284,7 @@ class ChangeBuilder:
         ):  # nothing happened in between: leave the empty transaction out
             log.pop()
         else:
-            log.append(("C", start_lsn, self._commit_lsn, self._ordinal, end_lsn, commit_ts))
+            log.append(("C", int(start_lsn), self._commit_lsn, self._ordinal, int(end_lsn), commit_ts))
 
     # -- changes ---------------------------------------------------------------------------------------
     def relation(self, schema: TableSchema, start_lsn: Lsn) -> None:
@@ -294,7 +298,7 @@ class ChangeBuilder:
         segments.append(segment)
         self._open[table_id] = segment
         self._changes += 1
-        self._log.append(("R", start_lsn, self._commit_lsn, self._ordinal, schema))
+        self._log.append(("R", int(start_lsn), self._commit_lsn, self._ordinal, schema))
 
     def insert(self, table_id: TableId, new: Sequence[Value], start_lsn: Lsn) -> None:
         segment = self._open.get(table_id) or self._start(table_id)
@@ -338,10 +342,10 @@ class ChangeBuilder:
             segment.ops.append("T")
             segment.lsns.append(self._commit_lsn)
             segment.ordinals.append(ordinal)
-            segment.start_lsns.append(start_lsn)
+            segment.start_lsns.append(int(start_lsn))
             self._size += _ROW_OVERHEAD
         self._changes += 1
-        self._log.append(("T", start_lsn, self._commit_lsn, ordinal, ids, cascade, restart_identity))
+        self._log.append(("T", int(start_lsn), self._commit_lsn, ordinal, ids, cascade, restart_identity))
 
     def discard_table(self, table_id: TableId) -> None:
         """Forget the buffered changes of one table (after its values failed to convert)."""
@@ -410,7 +414,9 @@ class ChangeBuilder:
         segment.ops.append(op)
         segment.lsns.append(self._commit_lsn)
         segment.ordinals.append(self._ordinal)
-        segment.start_lsns.append(start_lsn)
+        if start_lsn is not self._start_lsn[0]:
+            self._start_lsn = (start_lsn, int(start_lsn))
+        segment.start_lsns.append(self._start_lsn[1])
         self._ordinal += 1
         self._log.append(segment.number << _INDEX_BITS | index)
         self._changes += 1
@@ -444,21 +450,21 @@ def _events(
             view = views.get(segment)
             if view is None:
                 view = views[segment] = _RowView(tables[segment], segment.width)
-            yield view.event(segment.table_id, index, segment.start_lsns[index])
+            yield view.event(segment.table_id, index, Lsn(segment.start_lsns[index]))
             continue
         head = entry[0]
         if head == "B":
             _, start_lsn, commit_lsn, xid, ts = entry
-            yield BeginEvent(start_lsn, commit_lsn, 0, xid, ts)
+            yield BeginEvent(Lsn(start_lsn), Lsn(commit_lsn), 0, xid, ts)
         elif head == "C":
             _, start_lsn, commit_lsn, ordinal, end_lsn, ts = entry
-            yield CommitEvent(start_lsn, commit_lsn, ordinal, end_lsn, ts)
+            yield CommitEvent(Lsn(start_lsn), Lsn(commit_lsn), ordinal, Lsn(end_lsn), ts)
         elif head == "R":
             _, start_lsn, commit_lsn, ordinal, schema = entry
-            yield RelationEvent(start_lsn, commit_lsn, ordinal, schema)
+            yield RelationEvent(Lsn(start_lsn), Lsn(commit_lsn), ordinal, schema)
         else:
             _, start_lsn, commit_lsn, ordinal, ids, cascade, restart = entry
-            yield TruncateEvent(start_lsn, commit_lsn, ordinal, ids, cascade, restart)
+            yield TruncateEvent(Lsn(start_lsn), Lsn(commit_lsn), ordinal, ids, cascade, restart)
 
 
 class _RowView:
