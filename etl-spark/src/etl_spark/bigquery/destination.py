@@ -2,9 +2,12 @@
 
 A copy chunk is staged and appended to the target. A batch of changes is collapsed per table with
 Spark (``etl_spark.collapse``: the last change per key; a key-changing update is a delete of the old
-key and an upsert of the new one), staged, loaded into the table's staging table, and applied by one
-query job, a multi-statement transaction (``BEGIN TRANSACTION; ...; COMMIT TRANSACTION;``): the
-truncate if any, the changes (delete the touched keys, insert the upserts) and the advance of the
+key and an upsert of the new one; a table without a key, ``REPLICA IDENTITY FULL``, is collapsed to
+the net number of copies of each whole-row image), staged, loaded into the table's staging table,
+and applied by one query job, a multi-statement transaction (``BEGIN TRANSACTION; ...; COMMIT
+TRANSACTION;``): the truncate if any, the changes (delete the touched keys and insert the upserts;
+without a key, delete the images losing copies and insert what remains of them and the images
+gaining copies, so identical rows keep their multiplicity) and the advance of the
 table's watermark ``(commit_lsn, tx_ordinal)`` in ``_etl_watermarks`` commit together or not at all.
 Changes at or below the watermark are dropped before anything is written, so replays after a crash
 are idempotent. Schema changes (add, drop, rename column) run as ``ALTER TABLE`` before the
@@ -33,6 +36,7 @@ from etl_spark.bigquery.schema_change import alter_statements, unrecorded
 from etl_spark.bigquery.types import bq_type, staged, table_ddl
 from etl_spark.collapse import (
     ACTION,
+    NET,
     PRIOR_KEY,
     UPSERT,
     Position,
@@ -41,6 +45,7 @@ from etl_spark.collapse import (
     last_change_per_key,
     last_position,
     missing_columns,
+    net_changes_without_key,
 )
 from etl_spark.session import SparkSettings, get_spark
 
@@ -54,6 +59,8 @@ WATERMARKS = "_etl_watermarks"
 COLUMNS = "_etl_columns"
 """Per table, the source columns (name, type, attribute number) it was last brought in line with."""
 CHANGES = "_etl_changes"
+STORED = "_etl_stored"
+"""For tables without a key, the temporary table counting the stored occurrences of row images losing copies."""
 """The temporary table holding a batch's collapsed changes in target types, inside the apply transaction."""
 MISSING_TEXT = "_etl_missing_text"
 """Unchanged TOAST column names as ``,a,b,`` (staged without Parquet lists)."""
@@ -159,10 +166,9 @@ class BigQueryDestination:
         )
 
     def write_table_rows(self, schema: TableSchema, rows: pa.Table) -> WriteResult:
-        self._require_key(schema)
         target = self._prepare(schema)
         if rows.num_rows:
-            frame = self._frame(schema, rows, [])
+            frame = self._frame(schema, rows, changes=False)
             staging = self._stage(schema, frame, rows.nbytes)
             names = [column_name(c.name) for c in schema.columns]
             self._query(
@@ -188,7 +194,6 @@ class BigQueryDestination:
     # -- change batches --------------------------------------------------------------------------
     def _apply(self, segment: TableChanges) -> None:
         schema = segment.schema
-        self._require_key(schema)
         changes = after(segment.table, self._watermark(schema))
         position = last_position(changes)
         if position is None:
@@ -198,12 +203,16 @@ class BigQueryDestination:
         statements = ["BEGIN TRANSACTION"]
         if truncate:
             statements.append(f"DELETE FROM {target} WHERE TRUE")
-        if changes.num_rows:
-            key = [c.name for c in schema.key_columns]
+        key = [c.name for c in schema.key_columns]
+        if changes.num_rows and key:
             toast = missing_columns(changes)
-            collapsed = last_change_per_key(self._frame(schema, changes, key), schema.column_names, key, toast)
+            frame = self._frame(schema, changes, changes=True)
+            collapsed = last_change_per_key(frame, schema.column_names, key, toast)
             staging = self._stage(schema, self._flatten(collapsed, key), changes.nbytes)
             statements += self._upsert(schema, target, staging, toast)
+        elif changes.num_rows:
+            net = net_changes_without_key(self._frame(schema, changes, changes=True), schema.column_names)
+            statements += self._add_and_remove(schema, target, self._stage(schema, net, changes.nbytes))
         statements += [*self._advance(schema, position), "COMMIT TRANSACTION"]
         self._watermarks.pop(schema.id, None)  # unknown should the job fail
         self._query(";\n".join(statements) + ";", schema)
@@ -238,6 +247,33 @@ class BigQueryDestination:
             f"INSERT INTO {target} ({', '.join(names)}) SELECT {', '.join(names)} FROM {CHANGES}"
             f" WHERE {ACTION} = '{UPSERT}'",
             f"DROP TABLE {CHANGES}",
+        ]
+
+    def _add_and_remove(self, schema: TableSchema, target: str, staging: str) -> list[str]:
+        """Statements applying ``staging``'s net copies per row image (``NET``) to a table without a key.
+
+        Rows are told apart by their whole image, as text (``TO_JSON_STRING``: arrays and JSON have no
+        equality). An image losing copies has all its stored occurrences deleted and the remaining
+        number inserted again; an image gaining copies has them inserted. Both scan the whole table.
+        """
+        names = [column_name(c.name) for c in schema.columns]
+
+        def image(alias: str) -> str:
+            return f"TO_JSON_STRING(STRUCT({', '.join(f'{alias}.{n}' for n in names)}))"
+
+        copies = f"IF(C.{NET} < 0, IFNULL(N._etl_stored, 0) + C.{NET}, C.{NET})"
+        return [
+            f"CREATE TEMP TABLE {CHANGES} AS WITH C AS (SELECT {self._converted(schema)}, S.{NET} FROM {staging} AS S)"
+            f" SELECT C.*, {image('C')} AS _etl_image FROM C",
+            f"CREATE TEMP TABLE {STORED} AS SELECT {image('T')} AS _etl_image, COUNT(*) AS _etl_stored"
+            f" FROM {target} AS T WHERE {image('T')} IN (SELECT _etl_image FROM {CHANGES} WHERE {NET} < 0)"
+            " GROUP BY _etl_image",
+            f"DELETE FROM {target} AS T WHERE {image('T')} IN (SELECT _etl_image FROM {STORED})",
+            f"INSERT INTO {target} ({', '.join(names)}) SELECT {', '.join(f'C.{n}' for n in names)}"
+            f" FROM {CHANGES} AS C LEFT JOIN {STORED} AS N ON N._etl_image = C._etl_image"
+            f" CROSS JOIN UNNEST(GENERATE_ARRAY(1, {copies})) AS _etl_copy",
+            f"DROP TABLE {CHANGES}",
+            f"DROP TABLE {STORED}",
         ]
 
     def _advance(self, schema: TableSchema, position: Position) -> list[str]:
@@ -304,7 +340,7 @@ class BigQueryDestination:
         return f"table_name = '{table_id(schema.name)}'"
 
     # -- staging ---------------------------------------------------------------------------------
-    def _frame(self, schema: TableSchema, rows: pa.Table, key: list[str]) -> DataFrame:
+    def _frame(self, schema: TableSchema, rows: pa.Table, *, changes: bool) -> DataFrame:
         """Arrow rows or changes -> a Spark frame with row columns in their staging form (checked)."""
         columns = {c.name: c for c in schema.columns}
         arrays: list[pa.ChunkedArray] = []
@@ -316,7 +352,7 @@ class BigQueryDestination:
                 values = values.cast(pa.int64())  # Spark has no unsigned types
             arrays.append(values)
         table = pa.table(arrays, names=rows.column_names)
-        if not key:
+        if not changes:
             return self.spark.createDataFrame(table.select(schema.column_names))
         return self.spark.createDataFrame(_with_staged_old(schema, table))
 
@@ -368,15 +404,6 @@ class BigQueryDestination:
         return bq_type(column).load.format(f"S.{quoted}")
 
     # -- helpers ---------------------------------------------------------------------------------
-    @staticmethod
-    def _require_key(schema: TableSchema) -> None:
-        if not schema.key_columns:
-            raise TableError(
-                f"{schema.name} has no primary key; the bigquery destination applies changes by key",
-                hint="add a primary key (or REPLICA IDENTITY USING INDEX on a unique index) to the table",
-                table_id=schema.id,
-            )
-
     def _path(self, name: str) -> str:
         return f"{self.config.project}.{self.config.dataset}.{name}"
 
