@@ -14,7 +14,7 @@ import pytest
 from etl.destination.base import DestinationContext
 from etl.destination.memory import MemoryDestination, row_sort_key
 from etl.errors import TableError
-from etl.schema import ColumnSchema, TableName, TableSchema
+from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl.store.memory import MemoryStore
 from etl_spark.bigquery.destination import BigQueryConfig, BigQueryDestination
 from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator, running_emulator
@@ -192,6 +192,21 @@ def test_value_out_of_range_errors_the_table(destination: BigQueryDestination, k
         destination.write_events(b.build())
     assert error.value.table_id == ORDERS.id
 
+    b.commit().insert(ORDERS, order(2, doc='{"n": 18446744073709551616}'))  # 2**64: BigQuery JSON would round it
+    with pytest.raises(TableError, match="column doc holds the JSON integer 184467440737") as error:
+        destination.write_events(b.build())
+    assert error.value.table_id == ORDERS.id
+    assert bq_rows(destination, ORDERS) == []
+
+    grid = replace(ORDERS, columns=(*ORDERS.columns, ColumnSchema("cells", 1007, type_name="integer[][]", attnum=8)))
+    b.commit().insert(grid, order(3))  # the column is added by a schema change
+    with pytest.raises(TableError, match="column cells is integer\\[\\]\\[\\], an array of 2 dimensions"):
+        destination.write_events(b.build())
+    grid = replace(grid, id=16603, name=TableName("public", "grid"))
+    with pytest.raises(TableError, match="an array of 2 dimensions") as error:
+        destination.write_table_rows(grid, kit.rows_table(ORDERS, [order(1)]))  # a new table
+    assert error.value.table_id == grid.id
+
 
 def test_a_failed_apply_changes_nothing(destination: BigQueryDestination, kit: Any) -> None:
     """Truncate, changes and watermark commit in one transaction: a statement failing halfway undoes them all."""
@@ -233,3 +248,34 @@ def test_columns_follow_attribute_numbers_across_restarts(destination: BigQueryD
     destination.write_events(b.build())
     assert {r["id"]: r["remark"] for r in bq_rows(destination, reshaped)} == {1: None, 2: None, 3: None, 4: "r4"}
     destination.shutdown()
+
+
+NOTES = TableSchema(
+    16602,
+    TableName("public", "notes"),
+    (ColumnSchema("body", 25, attnum=1), ColumnSchema("qty", 23, attnum=2), ColumnSchema("doc", 3802, attnum=3)),
+    ReplicaIdentity.FULL,
+)
+
+
+def test_table_without_key_keeps_identical_rows_apart(destination: BigQueryDestination, kit: Any) -> None:
+    def note(body: str, qty: int) -> dict[str, Any]:
+        return {"body": body, "qty": qty, "doc": f'{{"q": [{qty}]}}'}
+
+    reference = MemoryDestination()
+    copied = [note("a", 1), note("a", 1), note("b", 2), note("c", 3)]
+    for target in (destination, reference):
+        target.write_table_rows(NOTES, kit.rows_table(NOTES, copied))
+    b = kit.BatchBuilder()
+    b.commit().delete(NOTES, note("a", 1))  # one of two identical rows
+    b.update(NOTES, note("b", 20), old=note("b", 2))
+    b.commit().insert(NOTES, note("d", 4)).insert(NOTES, note("d", 4)).insert(NOTES, note("c", 3))
+    b.delete(NOTES, note("d", 4))
+    batch = b.build()
+    for target in (destination, reference):
+        target.write_events(batch)
+    expected = ref_rows(reference, NOTES)
+    assert [(r["body"], r["qty"]) for r in expected] == [("a", 1), ("b", 20), ("c", 3), ("c", 3), ("d", 4)]
+    assert bq_rows(destination, NOTES) == expected
+    destination.write_events(batch)  # a replay changes nothing
+    assert bq_rows(destination, NOTES) == expected

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Final
 from etl.errors import TableError
 from etl.schema import ColumnSchema, TableSchema, match_columns
 from etl_spark.bigquery.names import column_name
-from etl_spark.bigquery.types import bq_type
+from etl_spark.bigquery.types import bq_type, check_columns
 
 if TYPE_CHECKING:
     from google.cloud import bigquery
@@ -40,6 +40,7 @@ def alter_statements(table: bigquery.Table, applied: TableSchema, schema: TableS
 
     ``applied`` is the source schema ``table`` was last brought in line with.
     """
+    check_columns(schema)
     current = {f.name: column_type(f) for f in table.schema}
     kept: dict[str, str] = {}  # table column -> source column
     added: list[ColumnSchema] = []

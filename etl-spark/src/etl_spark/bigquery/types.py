@@ -3,13 +3,17 @@
 Values travel Arrow -> Spark -> Parquet -> a staging table (load job) -> the target (SQL). Each type
 has a staging form Spark writes as Parquet, and the SQL expression that turns the staged column into
 the target type. Values BigQuery cannot hold (dates and timestamps outside years 1-9999, including
-Postgres ``infinity``; arrays with NULL elements) raise ``TableError``: the table goes Errored, nothing
-is changed silently. See docs/destinations/bigquery.md; keep the two in step.
+Postgres ``infinity``; arrays with NULL elements; JSON integers beyond 64 bits) raise ``TableError``:
+the table goes Errored, nothing is changed silently. Columns BigQuery has no type for (arrays of more
+than one dimension) error the table when it is created or altered. See docs/destinations/bigquery.md;
+keep the two in step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
 from dataclasses import dataclass
 from typing import Final
 
@@ -33,7 +37,11 @@ class BqType:
 
 
 _EXACT_JSON: Final = "PARSE_JSON({})"
-"""BigQuery's default wide_number_mode ('round'): integers beyond 64 bits become FLOAT64 (see the guide)."""
+"""A JSON number BigQuery cannot store exactly (integers outside [-2**63, 2**64)) becomes FLOAT64 or fails the
+statement, depending on ``wide_number_mode``: ``staged`` refuses such values before anything is written."""
+_JSON_INTEGERS: Final = (-(2**63), 2**64 - 1)
+_LONG_DIGITS: Final = r"[0-9]{19}"
+"""Values holding a run of 19 digits may hold an integer beyond 64 bits; only those are parsed."""
 _STRING: Final = BqType("STRING", pa.string())
 _SCALARS: Final[dict[int, BqType]] = {
     16: BqType("BOOL", pa.bool_()),
@@ -102,8 +110,23 @@ def bq_type(column: ColumnSchema) -> BqType:
     return _STRING
 
 
+def check_columns(schema: TableSchema) -> None:
+    """Refuse columns BigQuery has no type for: arrays of more than one dimension (no ARRAY<ARRAY<...>>)."""
+    for column in schema.columns:
+        dimensions = column.type_name.count("[]")
+        if dimensions > 1:
+            raise TableError(
+                f"{schema.name}: column {column.name} is {column.type_name}, an array of {dimensions} dimensions;"
+                " BigQuery has no arrays of arrays",
+                hint="leave the column out of the publication (a column list), or make it one-dimensional or jsonb"
+                " at the source, then resync the table",
+                table_id=schema.id,
+            )
+
+
 def table_ddl(schema: TableSchema) -> str:
     """Column definitions and primary key of the target table (all columns nullable, see the guide)."""
+    check_columns(schema)
     columns = [f"{column_name(c.name)} {bq_type(c).ddl}" for c in schema.columns]
     key = [column_name(c.name) for c in schema.key_columns]
     if key:
@@ -122,6 +145,8 @@ def staged(schema: TableSchema, column: ColumnSchema, values: pa.Array | pa.Chun
         _check_range(schema, column, pc.cast(chunked, pa.int64()), _MIN_MICROS, _MAX_MICROS)
     elif pa.types.is_list(kind) and pa.types.is_list(target.staged):
         _check_elements(schema, column, chunked)
+    elif target.load == _EXACT_JSON:
+        _check_json_integers(schema, column, chunked)
     if kind == target.staged:
         return chunked
     if kind == pa.month_day_nano_interval():
@@ -149,9 +174,32 @@ def _check_elements(schema: TableSchema, column: ColumnSchema, values: pa.Chunke
         raise _error(schema, column, "holds an array with a NULL element, which BigQuery arrays cannot hold")
 
 
-def _error(schema: TableSchema, column: ColumnSchema, what: str) -> TableError:
+def _check_json_integers(schema: TableSchema, column: ColumnSchema, values: pa.ChunkedArray) -> None:
+    low, high = _JSON_INTEGERS
+
+    def exact(text: str) -> int:
+        number = int(text)
+        if not low <= number <= high:
+            raise _error(
+                schema,
+                column,
+                f"holds the JSON integer {text[:12]}... ({len(text.lstrip('-'))} digits), beyond the 64-bit integers"
+                " BigQuery's JSON type stores exactly",
+                hint="store such numbers as JSON strings at the source (or change the column's type to text),"
+                " then resync the table",
+            )
+        return number
+
+    for chunk in values.chunks:
+        suspects = chunk.filter(pc.fill_null(pc.match_substring_regex(chunk, _LONG_DIGITS), False))
+        for text in suspects.to_pylist():
+            with contextlib.suppress(json.JSONDecodeError):  # not JSON: PARSE_JSON rejects it with its message
+                json.loads(text, parse_int=exact)
+
+
+def _error(schema: TableSchema, column: ColumnSchema, what: str, hint: str = "") -> TableError:
     return TableError(
         f"{schema.name}: column {column.name} {what}",
-        hint="replace the value at the source (or change the column's type to text), then resync the table",
+        hint=hint or "replace the value at the source (or change the column's type to text), then resync the table",
         table_id=schema.id,
     )
