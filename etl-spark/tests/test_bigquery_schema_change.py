@@ -1,0 +1,55 @@
+"""``ALTER TABLE`` actions from a recorded source schema and a new one (no server: tables built locally)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from google.cloud import bigquery
+
+from etl.errors import TableError
+from etl.schema import ColumnSchema, TableName, TableSchema
+from etl_spark.bigquery.schema_change import alter_statements, unrecorded
+from etl_spark.bigquery.types import bq_type
+
+APPLIED = TableSchema(
+    16800,
+    TableName("public", "t"),
+    (ColumnSchema("id", 23, attnum=1), ColumnSchema("a", 25, attnum=2), ColumnSchema("b", 25, attnum=3)),
+)
+
+
+def table_of(schema: TableSchema) -> bigquery.Table:
+    return bigquery.Table("p.d.t", schema=[bigquery.SchemaField(c.name, bq_type(c).ddl) for c in schema.columns])
+
+
+def test_swapped_names_pass_through_free_names() -> None:
+    id_, a, b = APPLIED.columns
+    swapped = replace(APPLIED, columns=(id_, replace(a, name="b"), replace(b, name="a")))
+    assert alter_statements(table_of(APPLIED), APPLIED, swapped) == [
+        "RENAME COLUMN `a` TO `_etl_rename_0`",
+        "RENAME COLUMN `b` TO `_etl_rename_1`",
+        "RENAME COLUMN `_etl_rename_0` TO `b`",
+        "RENAME COLUMN `_etl_rename_1` TO `a`",
+    ]
+
+
+def test_a_name_dropped_and_added_again_is_a_new_column() -> None:
+    id_, _a, b = APPLIED.columns
+    again = replace(APPLIED, columns=(id_, b, ColumnSchema("a", 25, attnum=4)))
+    assert alter_statements(table_of(APPLIED), APPLIED, again) == ["DROP COLUMN `a`", "ADD COLUMN `a` STRING"]
+
+
+def test_without_a_record_columns_match_by_name_only() -> None:
+    id_, a, b = APPLIED.columns
+    table = table_of(APPLIED)
+    renamed = replace(APPLIED, columns=(id_, replace(a, name="c"), b))
+    assert alter_statements(table, unrecorded(table, APPLIED), renamed) == ["DROP COLUMN `a`", "ADD COLUMN `c` STRING"]
+
+
+def test_a_changed_type_errors_the_table() -> None:
+    id_, a, b = APPLIED.columns
+    retyped = replace(APPLIED, columns=(id_, replace(a, type_oid=23), b))
+    with pytest.raises(TableError, match="column a changed type from STRING to INT64") as error:
+        alter_statements(table_of(APPLIED), APPLIED, retyped)
+    assert error.value.table_id == APPLIED.id
