@@ -279,3 +279,7 @@ def test_table_without_key_keeps_identical_rows_apart(destination: BigQueryDesti
     assert bq_rows(destination, NOTES) == expected
     destination.write_events(batch)  # a replay changes nothing
     assert bq_rows(destination, NOTES) == expected
+
+    b.commit().insert(NOTES, note("e", 5)).delete(NOTES, note("e", 5))  # nets to nothing
+    destination.write_events(b.build())
+    assert bq_rows(destination, NOTES) == expected
