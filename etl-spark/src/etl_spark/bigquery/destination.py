@@ -1,8 +1,9 @@
 """The ``bigquery`` destination: Spark stages Parquet, load jobs fill staging tables, SQL applies them.
 
-A copy chunk is staged and appended to the target. A batch of changes is collapsed per table with
-Spark (``etl_spark.collapse``: the last change per key; a key-changing update is a delete of the old
-key and an upsert of the new one; a table without a key, ``REPLICA IDENTITY FULL``, is collapsed to
+A copy chunk is staged and appended to the target. A batch of changes is collapsed per table
+(``etl_spark.collapse``, on the driver in Arrow, or with Spark when unchanged TOAST values must be
+filled: the last change per key; a key-changing update is a delete of the old key and an upsert of
+the new one; a table without a key, ``REPLICA IDENTITY FULL``, is collapsed to
 the net number of copies of each whole-row image), staged, loaded into the table's staging table,
 and applied by one query job, a multi-statement transaction (``BEGIN TRANSACTION; ...; COMMIT
 TRANSACTION;``): the truncate if any, the changes (delete the touched keys and insert the upserts;
@@ -43,6 +44,7 @@ from etl_spark.collapse import (
     after,
     after_last_truncate,
     last_change_per_key,
+    last_change_per_key_arrow,
     last_position,
     missing_columns,
     net_changes_without_key,
@@ -168,7 +170,7 @@ class BigQueryDestination:
     def write_table_rows(self, schema: TableSchema, rows: pa.Table) -> WriteResult:
         target = self._prepare(schema)
         if rows.num_rows:
-            frame = self._frame(schema, rows, changes=False)
+            frame = self.spark.createDataFrame(self._staged(schema, rows, changes=False))
             staging = self._stage(schema, frame, rows.nbytes)
             names = [column_name(c.name) for c in schema.columns]
             self._query(
@@ -204,14 +206,19 @@ class BigQueryDestination:
         if truncate:
             statements.append(f"DELETE FROM {target} WHERE TRUE")
         key = [c.name for c in schema.key_columns]
+        names = schema.column_names
         if changes.num_rows and key:
             toast = missing_columns(changes)
-            frame = self._frame(schema, changes, changes=True)
-            collapsed = last_change_per_key(frame, schema.column_names, key, toast)
-            staging = self._stage(schema, self._flatten(collapsed, key), changes.nbytes)
-            statements += self._upsert(schema, target, staging, toast)
+            table = self._staged(schema, changes, changes=True)
+            if toast:
+                frame = last_change_per_key(self.spark.createDataFrame(table), names, key, toast)
+                collapsed = self._flatten(frame, key)
+            else:  # the common case, collapsed on the driver in Arrow: no Spark job
+                collapsed = self.spark.createDataFrame(last_change_per_key_arrow(table, names, key))
+            statements += self._upsert(schema, target, self._stage(schema, collapsed, changes.nbytes), toast)
         elif changes.num_rows:
-            net = net_changes_without_key(self._frame(schema, changes, changes=True), schema.column_names)
+            frame = self.spark.createDataFrame(self._staged(schema, changes, changes=True))
+            net = net_changes_without_key(frame, names)
             statements += self._add_and_remove(schema, target, self._stage(schema, net, changes.nbytes))
         statements += [*self._advance(schema, position), "COMMIT TRANSACTION"]
         self._watermarks.pop(schema.id, None)  # unknown should the job fail
@@ -340,8 +347,9 @@ class BigQueryDestination:
         return f"table_name = '{table_id(schema.name)}'"
 
     # -- staging ---------------------------------------------------------------------------------
-    def _frame(self, schema: TableSchema, rows: pa.Table, *, changes: bool) -> DataFrame:
-        """Arrow rows or changes -> a Spark frame with row columns in their staging form (checked)."""
+    @staticmethod
+    def _staged(schema: TableSchema, rows: pa.Table, *, changes: bool) -> pa.Table:
+        """Arrow rows or changes with row columns in their staging form (checked)."""
         columns = {c.name: c for c in schema.columns}
         arrays: list[pa.ChunkedArray] = []
         for name in rows.column_names:
@@ -352,9 +360,7 @@ class BigQueryDestination:
                 values = values.cast(pa.int64())  # Spark has no unsigned types
             arrays.append(values)
         table = pa.table(arrays, names=rows.column_names)
-        if not changes:
-            return self.spark.createDataFrame(table.select(schema.column_names))
-        return self.spark.createDataFrame(_with_staged_old(schema, table))
+        return _with_staged_old(schema, table) if changes else table.select(schema.column_names)
 
     def _flatten(self, collapsed: DataFrame, key: list[str]) -> DataFrame:
         from pyspark.sql import functions as sf
