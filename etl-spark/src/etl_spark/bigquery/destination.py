@@ -11,9 +11,10 @@ without a key, delete the images losing copies and insert what remains of them a
 gaining copies, so identical rows keep their multiplicity) and the advance of the
 table's watermark ``(commit_lsn, tx_ordinal)`` in ``_etl_watermarks`` commit together or not at all.
 Changes at or below the watermark are dropped before anything is written, so replays after a crash
-are idempotent. Schema changes (add, drop, rename column) run as ``ALTER TABLE`` before the
-transaction (BigQuery runs no DDL on permanent tables inside one) and are idempotent by
-construction. See docs/destinations/bigquery.md.
+are idempotent. Schema changes (add, drop, rename column; ``schema_change``, which matches columns by
+attribute number against the source schema recorded per table in ``_etl_columns``) run as ``ALTER
+TABLE`` before the transaction (BigQuery runs no DDL on permanent tables inside one), followed in
+the same script by the new record. See docs/destinations/bigquery.md.
 """
 
 from __future__ import annotations
