@@ -284,6 +284,7 @@ _MESSAGE_HEAD: Final = struct.Struct("!BQ")
 _U64: Final = struct.Struct("!Q")
 
 _BINARY: Final = ord("b")
+_INSERT: Final = ord("I")
 _NEW: Final = ord("N")
 _KEY: Final = ord("K")
 _OLD: Final = ord("O")
@@ -471,6 +472,19 @@ class PgOutputDecoder:
         if len(content) != length:
             raise PgOutputError(f"logical message {prefix!r}: content truncated ({len(content)} of {length} bytes)")
         return LogicalMessage(flags & 1 == 1, Lsn(lsn), prefix, content, xid)
+
+
+INSERT_TUPLE_START: Final = 6
+"""Where the new tuple of an Insert received outside a stream starts: after ``I``, the relation oid and ``N``."""
+
+
+def insert_relation(payload: bytes) -> int | None:
+    """The relation oid of an Insert received outside a stream, read without decoding the message into
+    objects (the row is ``payload[INSERT_TUPLE_START:]``); ``None`` for any other message: decode it."""
+    if payload[0] != _INSERT or len(payload) < INSERT_TUPLE_START or payload[5] != _NEW:
+        return None
+    oid: int = _U32.unpack_from(payload, 1)[0]
+    return oid
 
 
 def stream_xid(payload: bytes | memoryview) -> int:

@@ -301,10 +301,14 @@ class ChangeBuilder:
         self._log.append(("R", int(start_lsn), self._commit_lsn, self._ordinal, schema))
 
     def insert(self, table_id: TableId, new: Sequence[Value], start_lsn: Lsn) -> None:
-        segment = self._open.get(table_id) or self._start(table_id)
         row = new if isinstance(new, TupleData) else TupleData.of(new)
-        self._add(segment, "I", row, start_lsn)
-        self._size += len(row.data) + _ROW_OVERHEAD
+        self.insert_tuple(table_id, row.data, row.start, start_lsn)
+
+    def insert_tuple(self, table_id: TableId, payload: bytes, start: int, start_lsn: Lsn) -> None:
+        """An insert whose new row is the pgoutput tuple at ``payload[start:]``."""
+        segment = self._open.get(table_id) or self._start(table_id)
+        self._add(segment, "I", payload, start, start_lsn)
+        self._size += len(payload) + _ROW_OVERHEAD
 
     def update(
         self,
@@ -316,7 +320,7 @@ class ChangeBuilder:
     ) -> None:
         segment = self._open.get(table_id) or self._start(table_id)
         row = _raw(new)
-        index = self._add(segment, "U", row, start_lsn)
+        index = self._add(segment, "U", row.data, row.start, start_lsn)
         segment.old_kinds[index] = old_kind
         self._size += len(row.data) + _ROW_OVERHEAD
         if old is not None:
@@ -327,7 +331,7 @@ class ChangeBuilder:
     def delete(self, table_id: TableId, old_kind: OldKind, old: Sequence[Value], start_lsn: Lsn) -> None:
         segment = self._open.get(table_id) or self._start(table_id)
         row = _raw(old)
-        index = self._add(segment, "D", row, start_lsn)
+        index = self._add(segment, "D", row.data, row.start, start_lsn)
         segment.old_kinds[index] = old_kind
         self._size += len(row.data) + _ROW_OVERHEAD
 
@@ -405,12 +409,12 @@ class ChangeBuilder:
         self._ordinal += 1
         return ordinal
 
-    def _add(self, segment: _Segment, op: str, row: TupleData, start_lsn: Lsn) -> int:
+    def _add(self, segment: _Segment, op: str, payload: bytes, start: int, start_lsn: Lsn) -> int:
         if not self._in_transaction:
             raise EtlError("a change outside a transaction: the stream is out of order")
         index = len(segment.ops)
-        segment.payloads.append(row.data)
-        segment.starts.append(row.start)
+        segment.payloads.append(payload)
+        segment.starts.append(start)
         segment.ops.append(op)
         segment.lsns.append(self._commit_lsn)
         segment.ordinals.append(self._ordinal)

@@ -194,7 +194,12 @@ class StreamWorker:
         if self._stream_xid is not None and payload[:1] in pg.STREAMABLE:
             self.streamed.append(self._stream_xid, pg.stream_xid(payload), payload)
             return
-        self._handle(self.decoder.decode(payload))
+        table_id = pg.insert_relation(payload)
+        if table_id is None:
+            self._handle(self.decoder.decode(payload))
+        elif self.applies(table_id, self.final_lsn):  # most changes: no message object on the way
+            self._mark_batch()
+            self.builder.insert_tuple(table_id, payload, pg.INSERT_TUPLE_START, self.final_lsn)
 
     def _handle(self, msg: pg.Message) -> None:
         handler = self._handlers.get(type(msg))
