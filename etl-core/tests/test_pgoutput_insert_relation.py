@@ -22,6 +22,14 @@ def test_an_insert_gives_its_relation_and_where_its_row_starts() -> None:
     assert tuple(pg.TupleData(payload, pg.INSERT_TUPLE_START)) == tuple(decoded.new) == ("1", None, "x")
 
 
+def test_an_insert_received_inside_a_stream_carries_its_xid_first() -> None:
+    payload = b"I" + struct.pack("!II", 731, 16_385) + b"N" + tuple_data("7")
+    decoded = pg.PgOutputDecoder(2).decode_streamed(payload)
+    assert isinstance(decoded, pg.Insert)
+    assert pg.insert_relation(payload, streamed=True) == decoded.relation_oid == 16_385
+    assert tuple(pg.TupleData(payload, pg.STREAMED_INSERT_TUPLE_START)) == ("7",)
+
+
 @pytest.mark.parametrize(
     "payload",
     [

@@ -475,15 +475,19 @@ class PgOutputDecoder:
 
 
 INSERT_TUPLE_START: Final = 6
-"""Where the new tuple of an Insert received outside a stream starts: after ``I``, the relation oid and ``N``."""
+"""Where the new tuple of an Insert starts: after ``I``, the relation oid and ``N``."""
+STREAMED_INSERT_TUPLE_START: Final = 10
+"""Where the new tuple of an Insert received inside a stream starts: its xid comes before the relation oid."""
 
 
-def insert_relation(payload: bytes) -> int | None:
-    """The relation oid of an Insert received outside a stream, read without decoding the message into
-    objects (the row is ``payload[INSERT_TUPLE_START:]``); ``None`` for any other message: decode it."""
-    if payload[0] != _INSERT or len(payload) < INSERT_TUPLE_START or payload[5] != _NEW:
+def insert_relation(payload: bytes, streamed: bool = False) -> int | None:
+    """The relation oid of an Insert, read without decoding the message into objects; ``None`` for any
+    other message: decode it. The row is ``payload[INSERT_TUPLE_START:]``, or
+    ``payload[STREAMED_INSERT_TUPLE_START:]`` for an Insert received inside a stream (``streamed``)."""
+    oid_at = 5 if streamed else 1
+    if payload[0] != _INSERT or len(payload) < oid_at + 5 or payload[oid_at + 4] != _NEW:
         return None
-    oid: int = _U32.unpack_from(payload, 1)[0]
+    oid: int = _U32.unpack_from(payload, oid_at)[0]
     return oid
 
 

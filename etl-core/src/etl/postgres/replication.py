@@ -388,12 +388,16 @@ class ReplicationConnection:
             raise self._lost(exc) from None
 
     def poll(self) -> XLogData | Keepalive | None:
-        """The next message if one was already received, without waiting; ``None`` otherwise.
-
-        For reading a burst: one ``read`` that waits, then ``poll`` until ``None``.
+        """The next message if one was already received (by libpq or the socket), without waiting;
+        ``None`` otherwise. For reading a burst: one ``read`` that waits, then ``poll`` until ``None``.
         """
+        pgconn = self._pgconn
         try:
-            return self._buffered(self._pgconn)
+            message = self._buffered(pgconn)
+            if message is None:
+                pgconn.consume_input()  # what the socket holds now; the socket is non-blocking
+                message = self._buffered(pgconn)
+            return message
         except psycopg.OperationalError as exc:
             raise self._lost(exc) from None
 

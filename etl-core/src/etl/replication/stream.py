@@ -194,12 +194,16 @@ class StreamWorker:
         if self._stream_xid is not None and payload[:1] in pg.STREAMABLE:
             self.streamed.append(self._stream_xid, pg.stream_xid(payload), payload)
             return
-        table_id = pg.insert_relation(payload)
+        self._apply_payload(payload, False)
+
+    def _apply_payload(self, payload: bytes, streamed: bool) -> None:
+        table_id = pg.insert_relation(payload, streamed)
         if table_id is None:
-            self._handle(self.decoder.decode(payload))
+            self._handle(self.decoder.decode_streamed(payload) if streamed else self.decoder.decode(payload))
         elif self.applies(table_id, self.final_lsn):  # most changes: no message object on the way
             self._mark_batch()
-            self.builder.insert_tuple(table_id, payload, pg.INSERT_TUPLE_START, self.final_lsn)
+            start = pg.STREAMED_INSERT_TUPLE_START if streamed else pg.INSERT_TUPLE_START
+            self.builder.insert_tuple(table_id, payload, start, self.final_lsn)
 
     def _handle(self, msg: pg.Message) -> None:
         handler = self._handlers.get(type(msg))
@@ -232,9 +236,11 @@ class StreamWorker:
 
     def _on_stream_commit(self, msg: pg.StreamCommit) -> None:
         self._begin(msg.xid, msg.commit_lsn, msg.commit_ts)
+        max_bytes = self.batch_config.max_bytes
         for payload in self.streamed.commit(msg.xid):
-            self._handle(self.decoder.decode_streamed(payload))
-            self._maybe_flush()
+            self._apply_payload(payload, True)
+            if self.builder.size_bytes >= max_bytes:
+                self.flush()
         self._commit(msg.commit_lsn, msg.end_lsn, msg.commit_ts)
 
     def _on_stream_abort(self, msg: pg.StreamAbort) -> None:
