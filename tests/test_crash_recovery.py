@@ -7,7 +7,6 @@ store is SQLite or Postgres, so state has to survive the process.
 from __future__ import annotations
 
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from etl.testing.compare import source_rows
 from etl.testing.pipelines import pipeline_config
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
+from etl.testing.workload import churn, concurrent_transactions, create_items_and_ledger
 
 TABLES = ("public.items", "public.ledger")
 
@@ -40,15 +40,14 @@ def mirror_rows(mirror: Path, table: str) -> list[dict[str, object]] | None:
         return None
 
 
-def wait_equal(db: TestDatabase, mirror: Path, runner: PipelineProcess, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
+def wait_equal(db: TestDatabase, mirror: Path, runner: PipelineProcess) -> None:
     with db.connect() as conn:
-        while True:
-            if all(mirror_rows(mirror, t) == source_rows(conn, t) for t in TABLES):
-                return
-            runner.ensure_alive()
-            assert time.monotonic() < deadline, "the destination never became equal to the source"
-            time.sleep(0.3)
+        runner.wait_equal(
+            lambda: [source_rows(conn, t) for t in TABLES],
+            lambda: [mirror_rows(mirror, t) for t in TABLES],
+            timeout=120,
+            interval=0.3,
+        )
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -56,16 +55,8 @@ def setup(
     request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: Path
 ) -> Iterator[tuple[PipelineProcess, Path]]:
     db = pg_database
-    db.execute(
-        """
-        CREATE TABLE items (id bigint PRIMARY KEY, name text, qty int, updated timestamptz);
-        INSERT INTO items SELECT g, 'item ' || g, g % 100, timestamptz '2026-01-01 00:00+00' + g * interval '1 s'
-            FROM generate_series(1, 200000) g;
-        CREATE TABLE ledger (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, item bigint, delta int);
-        INSERT INTO ledger (item, delta) SELECT g % 1000, g % 7 - 3 FROM generate_series(1, 50000) g;
-        CREATE PUBLICATION pub FOR TABLE items, ledger;
-        """
-    )
+    create_items_and_ledger(db, items=200000, ledger=50000)
+    db.execute("CREATE PUBLICATION pub FOR TABLE items, ledger")
     mirror = tmp_path / "mirror.sqlite"
     config = pipeline_config(
         db,
@@ -99,26 +90,11 @@ def test_sigkill_during_streaming_then_restart(pg_database: TestDatabase, setup:
     runner.start()
     wait_equal(pg_database, mirror, runner)
 
-    done = threading.Event()
-
-    def workload() -> None:
-        with pg_database.connect() as conn:
-            for i in range(400):
-                with conn.transaction():
-                    conn.execute("INSERT INTO ledger (item, delta) VALUES (%s, 1)", (i,))
-                    conn.execute("UPDATE items SET qty = qty + 1, name = name || '+' WHERE id = %s", (i % 50 + 1,))
-                    conn.execute("DELETE FROM ledger WHERE id = %s", (i * 7 + 1,))
-                time.sleep(0.005)
-        done.set()
-
-    writer = threading.Thread(target=workload)
-    writer.start()
-    time.sleep(0.8)  # some of the workload streamed, some not yet
-    runner.kill()
-    time.sleep(0.5)
-    runner.start()
-    writer.join(timeout=120)
-    assert done.is_set()
+    with concurrent_transactions(pg_database, churn, count=400, pause=0.005, timeout=120):
+        time.sleep(0.8)  # some of the workload streamed, some not yet
+        runner.kill()
+        time.sleep(0.5)
+        runner.start()
     pg_database.execute("TRUNCATE ledger")
     pg_database.execute("INSERT INTO ledger (item, delta) VALUES (1, 1)")
     wait_equal(pg_database, mirror, runner)

@@ -5,6 +5,11 @@ throwaway cluster per session and Postgres major) and ``pg_database`` (a fresh d
 are available to any test suite that has etl-core installed. Choose majors with
 ``--pg-major 15 --pg-major 18`` or ``ETL_TEST_PG_MAJORS=15,18``; by default the first installation
 found is used.
+
+Helpers: ``pipelines`` (configs for a test database, waiting), ``compare`` (source rows to compare
+with), ``runner`` (``etl run`` as a child process to kill and restart), ``workload`` (tables and
+concurrent writes for such tests), ``pgoutput_capture`` (real pgoutput payloads), ``store_contract``
+(the tests every store must pass).
 """
 
 from etl.testing.postgres import PostgresInstall, TemporaryCluster, find_install, find_installs

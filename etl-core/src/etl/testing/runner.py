@@ -21,7 +21,8 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -34,18 +35,21 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def write_config(path: Path, config: PipelineConfig) -> Path:
-    """Write ``config`` as the TOML file ``etl run -c`` reads; return ``path``."""
-    path.write_text(toml_document(config.model_dump(exclude_none=True)))
+    """Write ``config`` as the TOML file ``etl run -c`` reads, values as given (no ``${VAR}``); return ``path``."""
+    path.write_text(_toml(config.model_dump(exclude_none=True)))
     return path
 
 
-def toml_document(table: Mapping[str, Any], prefix: str = "") -> str:
-    """A TOML document for nested mappings of strings, numbers, booleans, paths, secrets and lists of them."""
+def _toml(table: Mapping[str, Any], prefix: str = "") -> str:
+    """A pipeline file for nested mappings of strings, numbers, booleans, paths, secrets and lists of them.
+
+    ``$`` in strings is written ``$$``, so that ``load_config`` reads the value back as given.
+    """
     lines = [f"{_key(key)} = {_value(value)}" for key, value in table.items() if not isinstance(value, Mapping)]
     for key, value in table.items():
         if isinstance(value, Mapping):
             name = f"{prefix}.{_key(key)}" if prefix else _key(key)
-            lines += ["", f"[{name}]", toml_document(value, name).rstrip("\n")]
+            lines += ["", f"[{name}]", _toml(value, name).rstrip("\n")]
     return "\n".join(lines).strip() + "\n"
 
 
@@ -61,7 +65,7 @@ def _value(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str | Path):  # a JSON string is a TOML basic string when non-ASCII is left as is
-        return json.dumps(str(value), ensure_ascii=False)
+        return json.dumps(str(value).replace("$", "$$"), ensure_ascii=False)  # "$$": a "$", not ${VAR}
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_value(item) for item in value) + "]"
     raise TypeError(f"no TOML form for {type(value).__name__}")
@@ -97,6 +101,48 @@ class PipelineProcess:
         assert self.process is not None
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=30)
+
+    def kill_mid_write(self, staged: Callable[[], set[Any]], timeout: float = 240) -> None:
+        """SIGKILL as soon as ``staged()`` lists an entry it did not list before; fail unless it still does after.
+
+        For destinations that stage a write's files where they remove them once the write is committed: an
+        entry still there after the kill proves the process died in the middle of a write.
+        """
+        deadline = time.monotonic() + timeout
+        earlier = staged()
+        while not staged() - earlier:
+            self.ensure_alive()
+            assert time.monotonic() < deadline, f"nothing was staged within {timeout:.0f}s"
+            time.sleep(0.01)
+        self.kill()
+        assert staged() - earlier, "the write was committed before the kill landed"
+
+    def wait_equal(
+        self,
+        expected: Callable[[], object],
+        actual: Callable[[], object],
+        *,
+        not_yet: tuple[type[Exception], ...] = (),
+        timeout: float = 300,
+        interval: float = 0.5,
+    ) -> None:
+        """Poll until ``actual() == expected()`` (the destination's rows and the source's, say) while ``etl run`` runs.
+
+        ``actual`` raising one of ``not_yet`` (the destination has no table yet) counts as not equal. Fails with
+        the last reading on timeout, and at once, with the end of the log, when the process exits.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            wanted = expected()
+            try:
+                last = actual()
+            except not_yet as exc:
+                last = exc
+            if last == wanted:
+                return
+            self.ensure_alive()
+            assert time.monotonic() < deadline, f"no match within {timeout:.0f}s; last read: {str(last)[:2000]}"
+            time.sleep(interval)
 
     def stop(self, timeout: float = 60) -> None:
         """SIGTERM, as an operator would, and fail unless ``etl run`` drains and exits with 0."""

@@ -1,0 +1,57 @@
+"""The end-to-end test helpers of etl.testing: config files for ``etl run`` and background workloads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from etl.config import load_config
+from etl.testing.pipelines import pipeline_config
+from etl.testing.pytest_plugin import TestDatabase
+from etl.testing.runner import write_config
+from etl.testing.workload import churn, concurrent_transactions, create_items_and_ledger
+
+
+def test_write_config_reads_back_as_the_same_config(pg_database: TestDatabase, tmp_path: Path) -> None:
+    config = pipeline_config(
+        pg_database,
+        pipeline_id=9,
+        pipeline={"copy_connections": 3, "install_ddl_trigger": False},
+        source={"password": 'p"w\\ é ${HOME} $$'},
+        batch={"max_fill_ms": 250},
+        store={"type": "sqlite", "path": str(tmp_path / "state dir" / "state.sqlite")},
+        destination={
+            "type": "ducklake",
+            "catalog": "sqlite:///c.sqlite",
+            "ratio": 0.5,
+            "tags": ["a", "b\n"],
+            "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "2"}},
+        },
+    )
+    path = write_config(tmp_path / "pipeline.toml", config)
+    read = load_config(path, environ={"HOME": "/root"})
+    assert read == config
+    assert read.source.password is not None
+    assert read.source.password.get_secret_value() == 'p"w\\ é ${HOME} $$'  # written as given, no interpolation
+
+
+def test_concurrent_transactions_commit_them_all(pg_database: TestDatabase) -> None:
+    create_items_and_ledger(pg_database, items=100, ledger=50)
+    with concurrent_transactions(pg_database, churn, count=20, pause=0):
+        pass
+    # ids 51 to 70 inserted; 1, 8, ..., 57 deleted (a delete of an id not inserted yet deletes nothing)
+    assert pg_database.execute("SELECT count(*), max(id) FROM ledger") == [(61, 70)]
+    assert pg_database.execute("SELECT sum(qty) - (SELECT sum(g % 100) FROM generate_series(1, 100) g) FROM items") == [
+        (20,)
+    ]
+
+
+def test_concurrent_transactions_raise_what_a_transaction_raised(pg_database: TestDatabase) -> None:
+    def failing(conn: psycopg.Connection[Any], i: int) -> None:
+        conn.execute("SELECT 1 / %s", (3 - i,))  # the fourth transaction divides by zero
+
+    with pytest.raises(psycopg.errors.DivisionByZero), concurrent_transactions(pg_database, failing, count=10, pause=0):
+        pass
