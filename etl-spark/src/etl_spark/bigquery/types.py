@@ -5,8 +5,8 @@ has a staging form Spark writes as Parquet, and the SQL expression that turns th
 the target type. Values BigQuery cannot hold (dates and timestamps outside years 1-9999, including
 Postgres ``infinity``; arrays with NULL elements; JSON integers beyond 64 bits) raise ``TableError``:
 the table goes Errored, nothing is changed silently. Columns BigQuery has no type for (arrays of more
-than one dimension) error the table when it is created or altered. See docs/destinations/bigquery.md;
-keep the two in step.
+than one dimension; arrays of numeric, time, timestamp, interval, json, jsonb) error the table when
+it is created or altered. See docs/destinations/bigquery.md; keep the two in step.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.errors import TableError
+from etl.postgres.codecs import BUILTIN_ARRAYS
 from etl.schema import ColumnSchema, TableSchema
 from etl_spark.bigquery.names import column_name
 from etl_spark.ducklake.types import LakeType, numeric_precision_scale, to_lake_arrow
@@ -62,27 +63,8 @@ _SCALARS: Final[dict[int, BqType]] = {
     1186: _STRING,  # interval, as '<m> months <d> days <us> microseconds'
 }
 _NUMERIC_OID: Final = 1700
-_ARRAY_ELEMENTS: Final[dict[str, str]] = {
-    "boolean[]": "BOOL",
-    "smallint[]": "INT64",
-    "integer[]": "INT64",
-    "bigint[]": "INT64",
-    "real[]": "FLOAT64",
-    "double precision[]": "FLOAT64",
-    "text[]": "STRING",
-    "character varying[]": "STRING",
-}
-_ARRAY_OIDS: Final[dict[int, str]] = {
-    1000: "BOOL",
-    1005: "INT64",
-    1007: "INT64",
-    1016: "INT64",
-    1021: "FLOAT64",
-    1022: "FLOAT64",
-    1009: "STRING",
-    1015: "STRING",
-}
-_ARROW_ELEMENT: Final = {"BOOL": pa.bool_(), "INT64": pa.int64(), "FLOAT64": pa.float64(), "STRING": pa.string()}
+_CONVERTED_ELEMENTS: Final = frozenset({_NUMERIC_OID, 1083, 1114, 1186, 114, 3802})
+"""numeric, time, timestamp, interval, json and jsonb: their arrays have no mapping (the table errors)."""
 
 # Days and microseconds since 1970-01-01 of 0001-01-01 and of the end of 9999-12-31.
 _MIN_DAYS: Final = (dt.date(1, 1, 1) - dt.date(1970, 1, 1)).days
@@ -104,24 +86,37 @@ def bq_type(column: ColumnSchema) -> BqType:
         return _STRING
     if column.type_oid in _SCALARS:
         return _SCALARS[column.type_oid]
-    element = _ARRAY_OIDS.get(column.type_oid) or _ARRAY_ELEMENTS.get(column.type_name)
-    if element is not None:
-        return BqType(f"ARRAY<{element}>", pa.list_(_ARROW_ELEMENT[element]))
+    element = _array_element(column)
+    if element is not None and element not in _CONVERTED_ELEMENTS:
+        inner = _SCALARS.get(element, _STRING)  # other types (enums, inet, ...) arrive as text
+        return BqType(f"ARRAY<{inner.ddl}>", pa.list_(inner.staged))
     return _STRING
 
 
+def _array_element(column: ColumnSchema) -> int | None:
+    """The element type OID of an array column (0 when not built in), ``None`` for other columns."""
+    if column.type_oid in BUILTIN_ARRAYS:
+        return BUILTIN_ARRAYS[column.type_oid]
+    return 0 if column.type_name.endswith("[]") else None
+
+
 def check_columns(schema: TableSchema) -> None:
-    """Refuse columns BigQuery has no type for: arrays of more than one dimension (no ARRAY<ARRAY<...>>)."""
+    """Refuse columns BigQuery has no type for: arrays of more than one dimension (no ARRAY<ARRAY<...>>), and
+    arrays of numeric, time, timestamp, interval, json or jsonb (their elements need conversions)."""
     for column in schema.columns:
         dimensions = column.type_name.count("[]")
         if dimensions > 1:
-            raise TableError(
-                f"{schema.name}: column {column.name} is {column.type_name}, an array of {dimensions} dimensions;"
-                " BigQuery has no arrays of arrays",
-                hint="leave the column out of the publication (a column list), or make it one-dimensional or jsonb"
-                " at the source, then resync the table",
-                table_id=schema.id,
-            )
+            problem = f"an array of {dimensions} dimensions; BigQuery has no arrays of arrays"
+        elif _array_element(column) in _CONVERTED_ELEMENTS:
+            problem = "an array whose elements this destination cannot convert to a BigQuery array"
+        else:
+            continue
+        raise TableError(
+            f"{schema.name}: column {column.name} is {column.type_name or column.type_oid}, {problem}",
+            hint="leave the column out of the publication (a column list), or make it a one-dimensional array of"
+            " another type, text or jsonb at the source, then resync the table",
+            table_id=schema.id,
+        )
 
 
 def table_ddl(schema: TableSchema) -> str:
@@ -139,11 +134,8 @@ def staged(schema: TableSchema, column: ColumnSchema, values: pa.Array | pa.Chun
     target = bq_type(column)
     chunked = values if isinstance(values, pa.ChunkedArray) else pa.chunked_array([values], values.type)
     kind = chunked.type
-    if pa.types.is_date32(kind):
-        _check_range(schema, column, pc.cast(chunked, pa.int32()), _MIN_DAYS, _MAX_DAYS)
-    elif pa.types.is_timestamp(kind):
-        _check_range(schema, column, pc.cast(chunked, pa.int64()), _MIN_MICROS, _MAX_MICROS)
-    elif pa.types.is_list(kind) and pa.types.is_list(target.staged):
+    _check_values(schema, column, chunked)
+    if pa.types.is_list(kind):
         _check_elements(schema, column, chunked)
     elif target.load == _EXACT_JSON:
         _check_json_integers(schema, column, chunked)
@@ -156,6 +148,18 @@ def staged(schema: TableSchema, column: ColumnSchema, values: pa.Array | pa.Chun
     if pa.types.is_binary(kind) and target.staged == pa.string():
         raise _error(schema, column, "binary values cannot be staged as text")
     return pc.cast(chunked, target.staged)
+
+
+def _check_values(schema: TableSchema, column: ColumnSchema, values: pa.ChunkedArray) -> None:
+    """Dates and timestamps, also as array elements, within years 1 to 9999."""
+    kind = values.type
+    if pa.types.is_list(kind):
+        elements = [pc.list_flatten(chunk) for chunk in values.chunks]
+        _check_values(schema, column, pa.chunked_array(elements, kind.value_type))
+    elif pa.types.is_date32(kind):
+        _check_range(schema, column, pc.cast(values, pa.int32()), _MIN_DAYS, _MAX_DAYS)
+    elif pa.types.is_timestamp(kind):
+        _check_range(schema, column, pc.cast(values, pa.int64()), _MIN_MICROS, _MAX_MICROS)
 
 
 def _check_range(schema: TableSchema, column: ColumnSchema, values: pa.ChunkedArray, low: int, high: int) -> None:
