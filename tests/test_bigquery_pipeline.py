@@ -100,10 +100,16 @@ def read_both(db: TestDatabase, emulator: BigQueryEmulator, dataset: str, table:
 
 
 def wait_equal(
-    db: TestDatabase, emulator: BigQueryEmulator, dataset: str, tables: tuple[str, ...], pipeline: Pipeline
+    db: TestDatabase,
+    emulator: BigQueryEmulator,
+    dataset: str,
+    tables: tuple[str, ...],
+    pipeline: Pipeline,
+    *,
+    timeout: float = 240,
 ) -> None:
     """Wait until BigQuery returns every table equal to the source, row for row."""
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + timeout
     last: Any = None
     while True:
         try:
@@ -329,8 +335,10 @@ def test_arrays_of_other_element_types_do_not_stop_other_tables(
         db.execute("ALTER TABLE arr_stream ADD COLUMN tags uuid[]")
         db.execute("INSERT INTO arr_stream VALUES (2, 2, ARRAY[gen_random_uuid()]); INSERT INTO good VALUES (2, 'y')")
         db.execute("INSERT INTO good VALUES (3, 'z')")
-        # "the pipeline stopped" here means arr_stream's batch stopped every table.
-        wait_equal(db, emulator, dataset, ("public.good",), pipeline)
+        try:
+            wait_equal(db, emulator, dataset, ("public.good",), pipeline, timeout=120)
+        except AssertionError as exc:
+            raise AssertionError(f"good stopped streaming once arr_stream's uuid[] column arrived: {exc}") from None
         written_or_clearly_errored("arr_copy", "days", {1})
         written_or_clearly_errored("arr_stream", "tags", {1, 2})
     finally:
