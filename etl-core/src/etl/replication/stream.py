@@ -158,21 +158,23 @@ class StreamWorker:
         builder = self.builder
         poll = self.conn.poll
         budget = BURST_MESSAGES
+        wal_end = Lsn.ZERO  # of the burst's last XLogData: the server's WAL end only grows
         while True:
             if isinstance(item, XLogData):
-                self.received_lsn = max(self.received_lsn, item.wal_end)
+                wal_end = item.wal_end
                 self._handle_payload(item.payload)
             else:
                 self._keepalive(item)
             budget -= 1
             if not budget or builder.size_bytes >= max_bytes:
-                return
+                break
             if not self.in_transaction and (tick_due or self.finished()):
-                return
+                break
             next_item = poll()
             if next_item is None:
-                return
+                break
             item = next_item
+        self.received_lsn = max(self.received_lsn, wal_end)
 
     def _keepalive(self, item: Keepalive) -> None:
         self.received_lsn = max(self.received_lsn, item.wal_end)
