@@ -283,3 +283,16 @@ def test_table_without_key_keeps_identical_rows_apart(destination: BigQueryDesti
     b.commit().insert(NOTES, note("e", 5)).delete(NOTES, note("e", 5))  # nets to nothing
     destination.write_events(b.build())
     assert bq_rows(destination, NOTES) == expected
+
+    b.commit().insert(NOTES, note("a", 1)).insert(NOTES, note("f", 6)).insert(NOTES, note("f", 6))  # inserts only
+    destination.write_events(b.build())
+    assert [(r["body"], r["qty"]) for r in bq_rows(destination, NOTES)] == [
+        ("a", 1),
+        ("a", 1),
+        ("b", 20),
+        ("c", 3),
+        ("c", 3),
+        ("d", 4),
+        ("f", 6),
+        ("f", 6),
+    ]

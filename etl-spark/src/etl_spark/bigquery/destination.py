@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from etl.config import validate
 from etl.destination.base import DestinationContext, WriteResult
 from etl.errors import ConfigError, DestinationError, TableError
-from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
+from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
 from etl.schema import ColumnSchema, TableSchema
 from etl_spark.bigquery.names import STAGING_PREFIX, column_name, table_id
 from etl_spark.bigquery.schema_change import alter_statements, unrecorded
@@ -220,7 +221,8 @@ class BigQueryDestination:
         elif changes.num_rows:
             frame = self.spark.createDataFrame(self._staged(schema, changes, changes=True))
             net = net_changes_without_key(frame, names)
-            statements += self._add_and_remove(schema, target, self._stage(schema, net, changes.nbytes))
+            removes = not pc.all(pc.equal(changes[OP_COLUMN], "I")).as_py()
+            statements += self._add_and_remove(schema, target, self._stage(schema, net, changes.nbytes), removes)
         statements += [*self._advance(schema, position), "COMMIT TRANSACTION"]
         self._watermarks.pop(schema.id, None)  # unknown should the job fail
         self._query(";\n".join(statements) + ";", schema)
@@ -257,14 +259,20 @@ class BigQueryDestination:
             f"DROP TABLE {CHANGES}",
         ]
 
-    def _add_and_remove(self, schema: TableSchema, target: str, staging: str) -> list[str]:
+    def _add_and_remove(self, schema: TableSchema, target: str, staging: str, removes: bool) -> list[str]:
         """Statements applying ``staging``'s net copies per row image (``NET``) to a table without a key.
 
         Rows are told apart by their whole image, as text (``TO_JSON_STRING``: arrays and JSON have no
         equality). An image losing copies has all its stored occurrences deleted and the remaining
-        number inserted again; an image gaining copies has them inserted. Both scan the whole table.
+        number inserted again; an image gaining copies has them inserted. Without ``removes`` (only
+        inserts) the copies are inserted and the table is not read; otherwise it is scanned twice.
         """
         names = [column_name(c.name) for c in schema.columns]
+        if not removes:
+            return [
+                f"INSERT INTO {target} ({', '.join(names)}) SELECT {self._converted(schema)} FROM {staging} AS S"
+                f" CROSS JOIN UNNEST(GENERATE_ARRAY(1, S.{NET})) AS _etl_copy"
+            ]
 
         def image(alias: str) -> str:
             return f"TO_JSON_STRING(STRUCT({', '.join(f'{alias}.{n}' for n in names)}))"
@@ -443,7 +451,7 @@ def _with_staged_old(schema: TableSchema, table: pa.Table) -> pa.Table:
     old = table[OLD_COLUMN].combine_chunks()
     columns = {c.name: c for c in schema.columns}
     children = [staged(schema, columns[f.name], old.field(i)).combine_chunks() for i, f in enumerate(old.type)]
-    mask = pa.compute.invert(old.is_valid()) if old.null_count else None
+    mask = pc.invert(old.is_valid()) if old.null_count else None
     struct = pa.StructArray.from_arrays(children, names=[f.name for f in old.type], mask=mask)
     return table.set_column(table.column_names.index(OLD_COLUMN), OLD_COLUMN, struct)
 
