@@ -7,6 +7,7 @@ import datetime as dt
 from collections.abc import Iterator
 from dataclasses import replace
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -150,6 +151,8 @@ def test_copy_and_mixed_workload_equal_memory_reference(destination: BigQueryDes
     b.commit().truncate(reshaped).insert(reshaped, {**order(8), "comment": "c8", "extra": "e8"})
     destination.write_events(b.build())
     assert [(r["id"], r["extra"]) for r in bq_rows(destination, reshaped)] == [(8, "e8")]
+    staged = [p for p in Path(str(destination.config.staging_local_dir)).rglob("*") if p.is_file()]
+    assert staged == []  # every staged file was deleted once loaded
 
 
 def test_wide_numeric_dates_and_bytes_round_trip(destination: BigQueryDestination, kit: Any) -> None:

@@ -130,5 +130,14 @@ def stop_spark() -> None:
             _session = None
 
 
+def delete_path(spark: SparkSession, path: str) -> None:
+    """Delete ``path`` (a directory Spark wrote, local or ``gs://``...) through Spark's Hadoop file system,
+    with the same connector and credentials that wrote it."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(hadoop_path, True)
+
+
 def _stopped(session: SparkSession) -> bool:
     return session.sparkContext._jsc is None

@@ -19,9 +19,7 @@ the same script by the new record. See docs/destinations/bigquery.md.
 
 from __future__ import annotations
 
-import shutil
 import uuid
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
@@ -51,7 +49,7 @@ from etl_spark.collapse import (
     missing_columns,
     net_changes_without_key,
 )
-from etl_spark.session import SparkSettings, get_spark
+from etl_spark.session import SparkSettings, delete_path, get_spark
 
 if TYPE_CHECKING:
     from google.cloud import bigquery
@@ -404,8 +402,7 @@ class BigQueryDestination:
             )
             job.result()
         finally:
-            if local:
-                shutil.rmtree(Path(written), ignore_errors=True)
+            delete_path(self.spark, written)  # loaded or failed, the staged files are not needed again
         return self._ref(staging)
 
     def _converted(self, schema: TableSchema) -> str:
