@@ -33,7 +33,7 @@ from etl.errors import StoreError
 from etl.lsn import Lsn
 from etl.postgres import pgoutput as pg
 from etl.postgres.ddl import SchemaChange
-from etl.schema import ColumnSchema, ReplicaIdentity, TableId, TableName, TableSchema
+from etl.schema import ColumnSchema, ReplicaIdentity, TableId, TableName, TableSchema, renamed_in_place
 from etl.store.base import Store
 
 log = structlog.get_logger(__name__)
@@ -58,28 +58,10 @@ def wire_shape(schema: TableSchema) -> tuple[object, ...]:
     )
 
 
-def renamed(msg: pg.Relation, previous: TableSchema) -> bool:
-    """True when the message looks like ``previous`` with columns renamed in place (see the module docs)."""
-    old = previous.columns
-    if len(msg.columns) != len(old):
-        return False
-    old_names = {c.name for c in old}
-    new_names = {c.name for c in msg.columns}
-    changed = False
-    for new, before in zip(msg.columns, old, strict=True):
-        if (new.type_oid, new.type_modifier) != (before.type_oid, before.type_modifier):
-            return False
-        if new.name != before.name:
-            if new.name in old_names or before.name in new_names:
-                return False
-            changed = True
-    return changed
-
-
 def schema_from_relation(msg: pg.Relation, previous: TableSchema | None, lsn: Lsn) -> TableSchema:
     if previous is None:
         matches: list[ColumnSchema | None] = [None] * len(msg.columns)
-    elif renamed(msg, previous):
+    elif renamed_in_place(previous.columns, msg.columns):
         matches = list(previous.columns)
         log.info(
             "columns taken as renamed (inferred from a RELATION message)",
