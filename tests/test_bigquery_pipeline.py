@@ -22,7 +22,7 @@ from etl.config import PipelineConfig
 from etl.factory import build_destination, build_store
 from etl.pipeline import Pipeline
 from etl.schema import TableName
-from etl.store.base import TableState, TableStateKind
+from etl.store.base import TableStateKind
 from etl.testing.pipelines import all_ready, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator
@@ -233,25 +233,32 @@ def test_copy_and_mixed_workload_equal_source(
     assert moved["name"] == "after move" and Decimal(moved["exact"]) == Decimal("123456789012345678901234567890.5")
 
 
-# -- a value BigQuery cannot hold ---------------------------------------------------------------------------
+# -- values and columns BigQuery cannot hold -----------------------------------------------------------------
 
 
-def test_value_out_of_range_errors_its_table_only(
+def test_what_bigquery_cannot_hold_errors_its_table_only(
     pg_database: TestDatabase, bigquery_emulator: BigQueryEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Out-of-range values (in the copy, while streaming) and a column without a BigQuery type (``numeric[]``,
+    added while streaming) error their own table with a message naming the column; ``date[]`` is an
+    ``ARRAY<DATE>``; the other tables keep streaming."""
     db, emulator = pg_database, bigquery_emulator
     db.execute(
         """
         CREATE TABLE good (id int PRIMARY KEY, v text);
         CREATE TABLE bad_copy (id int PRIMARY KEY, at timestamptz);
         CREATE TABLE bad_stream (id int PRIMARY KEY, day date);
+        CREATE TABLE dated (id int PRIMARY KEY, days date[]);
+        CREATE TABLE amounts (id int PRIMARY KEY, v int);
         INSERT INTO good VALUES (1, 'x');
         INSERT INTO bad_copy VALUES (1, now()), (2, 'infinity');
         INSERT INTO bad_stream VALUES (1, '2026-01-01');
-        CREATE PUBLICATION pub FOR TABLE good, bad_copy, bad_stream;
+        INSERT INTO dated VALUES (1, ARRAY[DATE '2026-01-01', DATE '0001-01-01']), (2, '{}'), (3, NULL);
+        INSERT INTO amounts VALUES (1, 1);
+        CREATE PUBLICATION pub FOR TABLE good, bad_copy, bad_stream, dated, amounts;
         """
     )
-    dataset = dataset_for(db, "ranges")
+    dataset = dataset_for(db, "limits")
     config = pipeline_config(
         db,
         store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
@@ -261,89 +268,37 @@ def test_value_out_of_range_errors_its_table_only(
     states = pipeline.states
     assert states is not None
 
-    def oid(table: str) -> int:
-        return int(db.execute("SELECT %s::regclass::oid", (table,))[0][0])
-
     def kind(table: str) -> TableStateKind | None:
-        state = states.get(oid(table))
+        state = states.get(int(db.execute("SELECT %s::regclass::oid", (table,))[0][0]))
         return state.kind if state is not None else None
 
+    streaming = ("good", "bad_stream", "dated", "amounts")
     try:
         wait_until(lambda: kind("bad_copy") is TableStateKind.ERRORED, "bad_copy errored in its copy", pipeline, 240)
-        wait_until(
-            lambda: kind("good") is TableStateKind.READY and kind("bad_stream") is TableStateKind.READY,
-            "good and bad_stream ready",
-            pipeline,
-            240,
-        )
+        wait_until(lambda: all(kind(t) is TableStateKind.READY for t in streaming), "others ready", pipeline, 240)
+        wait_equal(db, emulator, dataset, ("public.good", "public.dated"), pipeline)
         db.execute("INSERT INTO bad_stream VALUES (2, '-infinity'); INSERT INTO good VALUES (2, 'y')")
-        wait_until(lambda: kind("bad_stream") is TableStateKind.ERRORED, "bad_stream errored", pipeline, 240)
-        db.execute("INSERT INTO good VALUES (3, 'z'); UPDATE good SET v = 'x2' WHERE id = 1")
-        wait_equal(db, emulator, dataset, ("public.good",), pipeline)
-        assert kind("good") is TableStateKind.READY
+        db.execute("INSERT INTO dated VALUES (4, ARRAY[DATE '9999-12-31']); UPDATE dated SET days = '{}' WHERE id = 1")
+        db.execute("ALTER TABLE amounts ADD COLUMN prices numeric[]")
+        db.execute("INSERT INTO amounts VALUES (2, 2, ARRAY[1.5]); INSERT INTO good VALUES (3, 'z')")
+        errored = ("bad_stream", "amounts")
+        wait_until(lambda: all(kind(t) is TableStateKind.ERRORED for t in errored), "bad tables errored", pipeline, 240)
+        db.execute("INSERT INTO good VALUES (4, 'w'); UPDATE good SET v = 'x2' WHERE id = 1")
+        wait_equal(db, emulator, dataset, ("public.good", "public.dated"), pipeline)
+        assert kind("good") is TableStateKind.READY and kind("dated") is TableStateKind.READY
     finally:
         pipeline.shutdown()
 
-    # Nothing of the refused batch reached bad_stream.
+    # Nothing of the refused batch reached bad_stream; dated's column is an array of dates.
     stream_rows, _ = bigquery_rows(emulator, dataset, "public.bad_stream")
     assert stream_rows == [{"id": 1, "day": dt.date(2026, 1, 1)}]
+    _, schema = bigquery_rows(emulator, dataset, "public.dated")
+    assert {f.name: (f.field_type, f.mode) for f in schema}["days"] == ("DATE", "REPEATED")
 
     # What ``etl status`` prints for the pipeline, from its store.
     cmd_status(config, "test")
     printed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("public.")}
-    assert "outside BigQuery's range" in printed["public.bad_copy"], printed
-    assert "column at" in printed["public.bad_copy"], printed
+    assert "outside BigQuery's range" in printed["public.bad_copy"] and "column at" in printed["public.bad_copy"]
     assert "outside BigQuery's range" in printed["public.bad_stream"] and "column day" in printed["public.bad_stream"]
+    assert "column prices is numeric[]" in printed["public.amounts"], printed
     assert printed["public.good"].split()[1] == "ready", printed
-
-
-def test_arrays_with_and_without_a_bigquery_mapping(
-    pg_database: TestDatabase, bigquery_emulator: BigQueryEmulator, tmp_path: Path
-) -> None:
-    """``date[]`` becomes ``ARRAY<DATE>`` (copied and streamed); a ``numeric[]`` column added while streaming has
-    no BigQuery array type: its table goes Errored naming the column, and the other tables keep streaming."""
-    db, emulator = pg_database, bigquery_emulator
-    db.execute(
-        """
-        CREATE TABLE good (id int PRIMARY KEY, v text);
-        CREATE TABLE dated (id int PRIMARY KEY, days date[]);
-        CREATE TABLE amounts (id int PRIMARY KEY, v int);
-        INSERT INTO good VALUES (1, 'x');
-        INSERT INTO dated VALUES (1, ARRAY[DATE '2026-01-01', DATE '0001-01-01']), (2, '{}'), (3, NULL);
-        INSERT INTO amounts VALUES (1, 1);
-        CREATE PUBLICATION pub FOR TABLE good, dated, amounts;
-        """
-    )
-    dataset = dataset_for(db, "arrays")
-    config = pipeline_config(
-        db,
-        store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
-        destination=bigquery_destination(emulator, dataset),
-    )
-    pipeline = start_pipeline(config)
-    states = pipeline.states
-    assert states is not None
-
-    def state(table: str) -> TableState | None:
-        return states.get(int(db.execute("SELECT %s::regclass::oid", (table,))[0][0]))
-
-    try:
-        wait_until(lambda: all_ready(pipeline, 3), "tables ready", pipeline, timeout=240)
-        wait_equal(db, emulator, dataset, ("public.good", "public.dated"), pipeline)
-        db.execute("INSERT INTO dated VALUES (4, ARRAY[DATE '9999-12-31']); UPDATE dated SET days = '{}' WHERE id = 1")
-        db.execute("ALTER TABLE amounts ADD COLUMN prices numeric[]")
-        db.execute("INSERT INTO amounts VALUES (2, 2, ARRAY[1.5]); INSERT INTO good VALUES (2, 'y')")
-        db.execute("INSERT INTO good VALUES (3, 'z')")
-        wait_until(
-            lambda: (s := state("amounts")) is not None and s.kind is TableStateKind.ERRORED,
-            "amounts errored",
-            pipeline,
-            timeout=240,
-        )
-        wait_equal(db, emulator, dataset, ("public.good", "public.dated"), pipeline)
-    finally:
-        pipeline.shutdown()
-    errored = state("amounts")
-    assert errored is not None and errored.reason is not None and "column prices" in errored.reason, errored
-    _, schema = bigquery_rows(emulator, dataset, "public.dated")
-    assert {f.name: (f.field_type, f.mode) for f in schema}["days"] == ("DATE", "REPEATED")
