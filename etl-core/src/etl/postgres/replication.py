@@ -39,6 +39,8 @@ log = structlog.get_logger(__name__)
 _PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
 _UNIX_TO_PG_US: Final = 946_684_800_000_000
 _XLOG_HEADER: Final = struct.Struct(">QQq")  # after the b"w" tag: wal start, wal end, server time
+_new_tuple: Final = tuple.__new__
+"""``tuple.__new__(XLogData, fields)``: a named tuple without the cost of its ``__new__`` (argument binding)."""
 _KEEPALIVE: Final = struct.Struct(">Qq?")  # after the b"k" tag: wal end, server time, reply requested
 _STATUS: Final = struct.Struct(">cQQQq?")  # Standby Status Update
 _XLOG_TAG: Final = ord("w")
@@ -407,9 +409,12 @@ class ReplicationConnection:
             nbytes, data = pgconn.get_copy_data(1)
             if nbytes > 0:
                 tag = data[0]
-                if tag == _XLOG_TAG:
+                if tag == _XLOG_TAG:  # every change comes this way: built with as few calls as possible
                     start, end, sent = _XLOG_HEADER.unpack_from(data, 1)
-                    return XLogData(Lsn(start), Lsn(end), sent, bytes(data[25:]))
+                    wal_end = Lsn(end)  # a logical walsender sends a record's LSN as both start and end
+                    return _new_tuple(
+                        XLogData, (wal_end if start == end else Lsn(start), wal_end, sent, bytes(data[25:]))
+                    )
                 if tag == _KEEPALIVE_TAG:
                     end, sent, reply = _KEEPALIVE.unpack_from(data, 1)
                     return Keepalive(Lsn(end), sent, reply)
