@@ -333,3 +333,26 @@ def test_size_estimate_and_state() -> None:
     assert builder.is_empty and builder.has_commits
     empty = builder.build()
     assert empty.last_commit_lsn == Lsn(230) and list(empty.events()) == [] and empty.changes == {}
+
+
+def test_a_run_of_inserts_builds_as_the_same_inserts_one_by_one() -> None:
+    schema = TableSchema(7, TableName("public", "x"), (ColumnSchema("id", 23, primary_key=True), ColumnSchema("v", 25)))
+    at = datetime(2024, 1, 1, tzinfo=UTC)
+    rows = [pg.TupleData.of((str(i), None if i % 3 else f"v{i}")) for i in range(7)]
+    batches = []
+    for at_once in (False, True):
+        builder = ChangeBuilder(lambda table_id: schema)
+        builder.begin(1, Lsn(100), at, Lsn(100))
+        builder.insert(7, ("-1", "first"), Lsn(100))
+        if at_once:
+            builder.insert_tuples(7, [r.data for r in rows], rows[0].start, Lsn(100))
+        else:
+            for row in rows:
+                builder.insert_tuple(7, row.data, row.start, Lsn(100))
+        builder.delete(7, "K", ("3", None), Lsn(100))
+        builder.commit(Lsn(100), Lsn(130), at, Lsn(100))
+        batches.append((builder.size_bytes, builder.build()))
+    (size_one, one), (size_run, run) = batches
+    assert size_run == size_one
+    assert run.changes[7][0].table.equals(one.changes[7][0].table)
+    assert list(run.events()) == list(one.events())

@@ -480,15 +480,36 @@ STREAMED_INSERT_TUPLE_START: Final = 10
 """Where the new tuple of an Insert received inside a stream starts: its xid comes before the relation oid."""
 
 
-def insert_relation(payload: bytes, streamed: bool = False) -> int | None:
-    """The relation oid of an Insert, read without decoding the message into objects; ``None`` for any
-    other message: decode it. The row is ``payload[INSERT_TUPLE_START:]``, or
-    ``payload[STREAMED_INSERT_TUPLE_START:]`` for an Insert received inside a stream (``streamed``)."""
-    oid_at = 5 if streamed else 1
-    if payload[0] != _INSERT or len(payload) < oid_at + 5 or payload[oid_at + 4] != _NEW:
+def insert_relation(payload: bytes) -> int | None:
+    """The relation oid of an Insert received outside a stream, read without decoding the message into
+    objects (the row is ``payload[INSERT_TUPLE_START:]``); ``None`` for any other message: decode it."""
+    if payload[0] != _INSERT or len(payload) < INSERT_TUPLE_START or payload[5] != _NEW:
         return None
-    oid: int = _U32.unpack_from(payload, oid_at)[0]
+    oid: int = _U32.unpack_from(payload, 1)[0]
     return oid
+
+
+def streamed_insert_runs(payloads: Iterable[bytes], longest: int) -> Iterator[tuple[int | None, list[bytes]]]:
+    """Payloads received inside a stream, in order: runs of Inserts into one relation as ``(oid, run)``
+    (at most ``longest`` each; rows at ``payload[STREAMED_INSERT_TUPLE_START:]``), any other message
+    alone as ``(None, [payload])``. A transaction replayed at its commit goes into batches a run at a time."""
+    run: list[bytes] = []
+    oid = b""
+    for payload in payloads:
+        if payload[0] == _INSERT and len(payload) >= STREAMED_INSERT_TUPLE_START and payload[9] == _NEW:
+            if run and (len(run) >= longest or not payload.startswith(oid, 5)):
+                yield _U32.unpack(oid)[0], run
+                run = []
+            if not run:
+                oid = payload[5:9]
+            run.append(payload)
+            continue
+        if run:
+            yield _U32.unpack(oid)[0], run
+            run = []
+        yield None, [payload]
+    if run:
+        yield _U32.unpack(oid)[0], run
 
 
 def stream_xid(payload: bytes | memoryview) -> int:

@@ -16,6 +16,7 @@ on with the same ``commit_lsn`` and ordinals. Transactions without changes produ
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from functools import lru_cache
@@ -309,6 +310,24 @@ class ChangeBuilder:
         segment = self._open.get(table_id) or self._start(table_id)
         self._add(segment, "I", payload, start, start_lsn)
         self._size += len(payload) + _ROW_OVERHEAD
+
+    def insert_tuples(self, table_id: TableId, payloads: list[bytes], start: int, start_lsn: Lsn) -> None:
+        """Inserts whose new rows are the pgoutput tuples at ``payload[start:]`` of each payload, added at once."""
+        if not self._in_transaction:
+            raise EtlError("a change outside a transaction: the stream is out of order")
+        segment = self._open.get(table_id) or self._start(table_id)
+        n, first = len(payloads), len(segment.ops)
+        segment.payloads.extend(payloads)
+        segment.starts.extend(itertools.repeat(start, n))
+        segment.ops.extend(itertools.repeat("I", n))
+        segment.lsns.extend(itertools.repeat(self._commit_lsn, n))
+        segment.ordinals.extend(range(self._ordinal, self._ordinal + n))
+        segment.start_lsns.extend(itertools.repeat(int(start_lsn), n))
+        self._ordinal += n
+        entry = segment.number << _INDEX_BITS | first
+        self._log.extend(range(entry, entry + n))
+        self._changes += n
+        self._size += sum(map(len, payloads)) + n * _ROW_OVERHEAD
 
     def update(
         self,

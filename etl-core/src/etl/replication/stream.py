@@ -35,6 +35,8 @@ STATUS_INTERVAL_S = 10.0
 TICK_INTERVAL_S = 1.0
 BURST_MESSAGES = 1000
 """Messages handled in one turn of the read loop at most (the bookkeeping runs once a turn)."""
+REPLAY_RUN = 512
+"""Inserts of a replayed streamed transaction added to a batch at once, at most (the size check runs once a run)."""
 
 
 class StreamWorker:
@@ -196,16 +198,12 @@ class StreamWorker:
         if self._stream_xid is not None and payload[:1] in pg.STREAMABLE:
             self.streamed.append(self._stream_xid, pg.stream_xid(payload), payload)
             return
-        self._apply_payload(payload, False)
-
-    def _apply_payload(self, payload: bytes, streamed: bool) -> None:
-        table_id = pg.insert_relation(payload, streamed)
+        table_id = pg.insert_relation(payload)
         if table_id is None:
-            self._handle(self.decoder.decode_streamed(payload) if streamed else self.decoder.decode(payload))
+            self._handle(self.decoder.decode(payload))
         elif self.applies(table_id, self.final_lsn):  # most changes: no message object on the way
             self._mark_batch()
-            start = pg.STREAMED_INSERT_TUPLE_START if streamed else pg.INSERT_TUPLE_START
-            self.builder.insert_tuple(table_id, payload, start, self.final_lsn)
+            self.builder.insert_tuple(table_id, payload, pg.INSERT_TUPLE_START, self.final_lsn)
 
     def _handle(self, msg: pg.Message) -> None:
         handler = self._handlers.get(type(msg))
@@ -239,8 +237,12 @@ class StreamWorker:
     def _on_stream_commit(self, msg: pg.StreamCommit) -> None:
         self._begin(msg.xid, msg.commit_lsn, msg.commit_ts)
         max_bytes = self.batch_config.max_bytes
-        for payload in self.streamed.commit(msg.xid):
-            self._apply_payload(payload, True)
+        for table_id, run in pg.streamed_insert_runs(self.streamed.commit(msg.xid), REPLAY_RUN):
+            if table_id is None:
+                self._handle(self.decoder.decode_streamed(run[0]))
+            elif self.applies(table_id, self.final_lsn):
+                self._mark_batch()
+                self.builder.insert_tuples(table_id, run, pg.STREAMED_INSERT_TUPLE_START, self.final_lsn)
             if self.builder.size_bytes >= max_bytes:
                 self.flush()
         self._commit(msg.commit_lsn, msg.end_lsn, msg.commit_ts)
