@@ -35,9 +35,16 @@ class FirstTransactions(StreamWorker):
 
     worker_key = "test"
 
-    def __init__(self, conn: ReplicationConnection, protocol: int, transactions: int, batch: BatchSection) -> None:
+    def __init__(
+        self,
+        conn: ReplicationConnection,
+        protocol: int,
+        transactions: int,
+        batch: BatchSection,
+        destination: CountingDestination | None = None,
+    ) -> None:
         store = MemoryStore(1)
-        self.destination = CountingDestination()
+        self.destination = destination or CountingDestination()
         self.writer = BatchWriter(self.destination, store, self.worker_key, self._table_error)
         super().__init__(
             conn=conn,
@@ -123,3 +130,31 @@ def test_a_burst_ends_when_the_batch_is_full(pg_database: TestDatabase) -> None:
         rows = worker.destination.rows("public.t")
         assert sorted(r["id"] for r in rows) == list(range(1, 51))
         assert worker.destination.batches > 5  # a batch of about 2000 bytes at a time, not one for the burst
+
+
+class BrokenDestination(CountingDestination):
+    def write_events(self, batch: EventBatch) -> WriteResult:
+        raise RuntimeError("the destination broke")
+
+
+def test_a_failed_write_stops_the_worker_without_waiting_for_another_batch(pg_database: TestDatabase) -> None:
+    conn, protocol = streaming(pg_database, ["INSERT INTO t VALUES (1, 'a')"])
+    with conn:
+        batch = BatchSection(max_fill_ms=10)
+        worker = FirstTransactions(conn, protocol, 2, batch, BrokenDestination())  # a second commit never comes
+        failures: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                worker.run()
+            except BaseException as exc:
+                failures.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join(timeout=15)
+        stopped_by_itself = not thread.is_alive()
+        worker.stop.set()
+        thread.join(timeout=15)
+        assert stopped_by_itself
+        assert [str(f) for f in failures] == ["the destination broke"]

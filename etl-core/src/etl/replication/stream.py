@@ -149,6 +149,7 @@ class StreamWorker:
         if not self.in_transaction:
             self._last_tick = time.monotonic()
             self.tick()
+        self.writer.check()
         self._maybe_flush()
         self.send_status()
 

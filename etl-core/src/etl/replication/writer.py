@@ -68,6 +68,13 @@ class BatchWriter:
         self._in_flight = None
         return True
 
+    def check(self) -> None:
+        """Re-raise the failure of a finished write now: a reader with nothing more to submit would
+        otherwise hear of it only at shutdown."""
+        future = self._in_flight
+        if future is not None and future.done():
+            self.wait()
+
     def close(self) -> None:
         self._executor.shutdown(wait=True)
 
