@@ -127,7 +127,10 @@ class BigQueryDestination:
         dataset = bigquery.Dataset(f"{self.config.project}.{self.config.dataset}")
         dataset.location = self.config.location
         try:
-            self.client.create_dataset(dataset, exists_ok=True)
+            try:  # a dataset that exists needs no bigquery.datasets.create permission
+                self.client.get_dataset(dataset.reference)
+            except exceptions.NotFound:
+                self.client.create_dataset(dataset, exists_ok=True)
             self._query(
                 f"CREATE TABLE IF NOT EXISTS {self._ref(WATERMARKS)} (pipeline_id INT64, table_oid INT64,"
                 f" commit_lsn INT64, tx_ordinal INT64);\nCREATE TABLE IF NOT EXISTS {self._ref(COLUMNS)}"
