@@ -356,3 +356,14 @@ def test_a_run_of_inserts_builds_as_the_same_inserts_one_by_one() -> None:
     assert size_run == size_one
     assert run.changes[7][0].table.equals(one.changes[7][0].table)
     assert list(run.events()) == list(one.events())
+
+
+def test_a_column_named_like_a_change_table_column_errors_its_table() -> None:
+    schema = TableSchema(
+        7, TableName("public", "x"), (ColumnSchema("id", 23, primary_key=True), ColumnSchema("_etl_op", 25))
+    )
+    builder = ChangeBuilder(lambda table_id: schema)
+    builder.begin(1, Lsn(100), datetime(2024, 1, 1, tzinfo=UTC), Lsn(100))
+    builder.insert(7, ("1", "x"), Lsn(100))
+    with pytest.raises(TableError, match=r"table public\.x: column _etl_op has the name of a column the engine adds"):
+        builder.build()

@@ -89,3 +89,16 @@ def test_arrays_of_converted_elements_error_the_table_at_creation(oid: int, name
     schema = TableSchema(16703, TableName("public", "t"), (ColumnSchema("id", 23), xs))
     with pytest.raises(TableError, match=r"column xs is .*, an array whose elements this destination cannot convert"):
         table_ddl(schema)
+
+
+def test_column_names_the_destination_reserves_error_the_table_at_creation() -> None:
+    schema = TableSchema(
+        16703,
+        TableName("public", "clash"),
+        (ColumnSchema("id", 23, primary_key=True), ColumnSchema("_etl_action", 25)),
+    )
+    with pytest.raises(
+        TableError, match="column _etl_action starts with _etl_, which the bigquery destination"
+    ) as error:
+        table_ddl(schema)
+    assert error.value.table_id == schema.id

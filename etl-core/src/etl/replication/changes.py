@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from etl.errors import EtlError, TableError
 from etl.events import (
     COMMIT_LSN_COLUMN,
+    METADATA_COLUMNS,
     MISSING,
     MISSING_COLUMN,
     OLD_COLUMN,
@@ -69,6 +70,14 @@ _ROW_OVERHEAD: Final = 96
 @lru_cache(maxsize=256)
 def change_schema(schema: TableSchema) -> pa.Schema:
     """The Arrow schema of a table's change segments: the row columns, then the ``_etl_*`` metadata columns."""
+    clash = [c.name for c in schema.columns if c.name in METADATA_COLUMNS]
+    if clash:
+        raise TableError(
+            f"table {schema.name}: column {clash[0]} has the name of a column the engine adds to change tables",
+            hint="rename the column at the source, or leave it out of the publication (a column list), then resync"
+            " the table",
+            table_id=schema.id,
+        )
     fields = [arrow_field(c) for c in schema.columns]
     return pa.schema(
         [

@@ -100,10 +100,22 @@ def _array_element(column: ColumnSchema) -> int | None:
     return 0 if column.type_name.endswith("[]") else None
 
 
+RESERVED_PREFIX: Final = "_etl_"
+
+
 def check_columns(schema: TableSchema) -> None:
     """Refuse columns BigQuery has no type for: arrays of more than one dimension (no ARRAY<ARRAY<...>>), and
-    arrays of numeric, time, timestamp, interval, json or jsonb (their elements need conversions)."""
+    arrays of numeric, time, timestamp, interval, json or jsonb (their elements need conversions); and names
+    starting with ``_etl_``, which the destination's own columns use in its staging tables and statements."""
     for column in schema.columns:
+        if column.name.startswith(RESERVED_PREFIX):
+            raise TableError(
+                f"{schema.name}: column {column.name} starts with {RESERVED_PREFIX}, which the bigquery destination"
+                " reserves for its own columns",
+                hint="rename the column at the source, or leave it out of the publication (a column list), then"
+                " resync the table",
+                table_id=schema.id,
+            )
         dimensions = column.type_name.count("[]")
         if dimensions > 1:
             problem = f"an array of {dimensions} dimensions; BigQuery has no arrays of arrays"
