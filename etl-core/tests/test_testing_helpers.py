@@ -11,7 +11,7 @@ import pytest
 from etl.config import load_config
 from etl.testing.pipelines import pipeline_config
 from etl.testing.pytest_plugin import TestDatabase
-from etl.testing.runner import write_config
+from etl.testing.runner import difference, write_config
 from etl.testing.workload import churn, concurrent_transactions, create_items_and_ledger
 
 
@@ -55,3 +55,12 @@ def test_concurrent_transactions_raise_what_a_transaction_raised(pg_database: Te
 
     with pytest.raises(psycopg.errors.DivisionByZero), concurrent_transactions(pg_database, failing, count=10, pause=0):
         pass
+
+
+def test_a_failed_wait_says_which_rows_differ() -> None:
+    expected = {"public.t": [{"id": 1}, {"id": 2}, {"id": 2}], "public.u": [{"id": 9}]}
+    actual = {"public.t": [{"id": 2}, {"id": 3}], "public.u": [{"id": 9}]}
+    one, two, three = repr({"id": 1}), repr({"id": 2}), repr({"id": 3})
+    assert difference(expected, actual) == (
+        f"public.t: 3 rows expected, 2 read; missing {[one, two]}; unexpected {[three]}"
+    )

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -69,6 +70,25 @@ def _value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_value(item) for item in value) + "]"
     raise TypeError(f"no TOML form for {type(value).__name__}")
+
+
+def difference(expected: object, actual: object, shown: int = 5) -> str:
+    """What differs between two readings: per key of two mappings of row lists, the rows only one side has."""
+    if not (isinstance(expected, Mapping) and isinstance(actual, Mapping)):
+        return f"expected {str(expected)[:1000]}, read {str(actual)[:1000]}"
+    parts = []
+    for key in sorted({*expected, *actual}, key=str):
+        want, got = expected.get(key), actual.get(key)
+        if want == got:
+            continue
+        if isinstance(want, list) and isinstance(got, list):
+            wanted, read = Counter(map(repr, want)), Counter(map(repr, got))
+            missing = list((wanted - read).elements())[:shown]
+            extra = list((read - wanted).elements())[:shown]
+            parts.append(f"{key}: {len(want)} rows expected, {len(got)} read; missing {missing}; unexpected {extra}")
+        else:
+            parts.append(f"{key}: expected {str(want)[:500]}, read {str(got)[:500]}")
+    return "; ".join(parts)
 
 
 class PipelineProcess:
@@ -141,7 +161,7 @@ class PipelineProcess:
             if last == wanted:
                 return
             self.ensure_alive()
-            assert time.monotonic() < deadline, f"no match within {timeout:.0f}s; last read: {str(last)[:2000]}"
+            assert time.monotonic() < deadline, f"no match within {timeout:.0f}s; {difference(wanted, last)}"
             time.sleep(interval)
 
     def stop(self, timeout: float = 60) -> None:
