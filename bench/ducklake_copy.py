@@ -28,9 +28,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import bench_copy
 import benchlib
 import pyarrow as pa
-from benchlib import PUBLICATION, TABLE, Engine, Line
+from benchlib import PUBLICATION, TABLE, Line
 
 from etl.config import PipelineConfig
 from etl.destination.base import WriteResult
@@ -190,17 +191,6 @@ def fill(src: benchlib.Source, rows: int) -> float:
     return time.perf_counter() - started
 
 
-def null_copy(src: benchlib.Source, rows: int, pipeline_id: int) -> Line:
-    child = Engine(src, "copy", "--rows", str(rows), "--pipeline-id", str(pipeline_id))
-    try:
-        done = child.expect("done")
-        child.wait()
-    finally:
-        child.kill()
-    src.drop_slots()
-    return Line("engine -> null destination", done["rows"], done["seconds"], done["peak_rss_mb"], done["cpu_seconds"])
-
-
 def ducklake_copy(src: benchlib.Source, rows: int, pipeline_id: int, catalog: str) -> Line:
     with lake(src, catalog, f"bench_lake_{pipeline_id}") as lake_config:
         seconds, _ = run_ducklake(
@@ -229,7 +219,7 @@ def main() -> int:
         print(f"spark:   session started and warmed up in {start_spark():.1f} s (once per process; not timed below)")
         nulls, lakes = [], []
         for run in range(args.repeat):
-            nulls.append(null_copy(src, args.rows, 2 * run + 1))
+            nulls.append(bench_copy.engine(src, args.rows, 2 * run + 1))
             lakes.append(ducklake_copy(src, args.rows, 2 * run + 2, args.catalog))
             print(f"  run {run + 1}: null {nulls[-1].seconds:.2f} s, DuckLake {lakes[-1].seconds:.2f} s", flush=True)
         best_null = min(nulls, key=lambda line: line.seconds)
