@@ -9,10 +9,13 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from etl.destination.memory import MemoryDestination, row_sort_key
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl_spark.ducklake import plan as plan_module
+from etl_spark.ducklake.catalog import engine_for
+from etl_spark.ducklake.catalog_schema import COLUMNS_TABLE, LEGACY_COLUMNS_TABLE
 from etl_spark.ducklake.files import read_rows
 
 NUMERIC_10_2 = ((10 << 16) | 2) + 4
@@ -20,10 +23,10 @@ ORDERS = TableSchema(
     16500,
     TableName("public", "orders"),
     (
-        ColumnSchema("id", 23, nullable=False, primary_key=True),
-        ColumnSchema("note", 25),
-        ColumnSchema("qty", 23),
-        ColumnSchema("amount", 1700, NUMERIC_10_2),
+        ColumnSchema("id", 23, nullable=False, primary_key=True, attnum=1),
+        ColumnSchema("note", 25, attnum=2),
+        ColumnSchema("qty", 23, attnum=3),
+        ColumnSchema("amount", 1700, NUMERIC_10_2, attnum=4),
     ),
 )
 LOG = TableSchema(
@@ -80,11 +83,11 @@ def test_mixed_workload_matches_source(lake: Any, kit: Any) -> None:
     assert snapshot(lake) == first
     assert lake_rows(lake, ORDERS) == after_first["orders"]
 
-    # Schema change mid-stream: rename note -> comment, drop qty, add extra; then truncate the log.
+    # Schema change mid-stream: rename note -> comment (same attribute), drop qty, add extra; then truncate the log.
     altered = TableSchema(
         ORDERS.id,
         ORDERS.name,
-        (ORDERS.columns[0], ColumnSchema("comment", 25), ORDERS.columns[3], ColumnSchema("extra", 25)),
+        (ORDERS.columns[0], ColumnSchema("comment", 25, attnum=2), ORDERS.columns[3], ColumnSchema("extra", 25)),
     )
     b.commit().update(altered, {"id": 2, "comment": "renamed", "amount": Decimal("2.50"), "extra": "e"})
     b.insert(altered, {"id": 8, "comment": "eight", "amount": Decimal("8.00"), "extra": None})
@@ -155,3 +158,35 @@ def test_files_whose_key_bounds_hold_no_touched_key_are_not_scanned(
         (1000, "moved"),
     ]
     assert lake.query("SELECT count(*), count(DISTINCT id) FROM lake.public.orders") == [(300, 300)]
+
+
+def test_attribute_numbers_an_earlier_writer_version_recorded_still_follow_renames(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake)
+    destination.write_table_rows(ORDERS, kit.rows_table(ORDERS, [{"id": 1, "note": "kept", "qty": 1, "amount": None}]))
+    destination.shutdown()
+    catalog = engine_for(lake.url)
+    with catalog.begin() as conn:  # the table as earlier versions had it: attribute numbers only
+        conn.exec_driver_sql(
+            f"CREATE TABLE {LEGACY_COLUMNS_TABLE} (table_id BIGINT NOT NULL, column_id BIGINT NOT NULL,"
+            " attnum BIGINT NOT NULL, PRIMARY KEY (table_id, column_id))"
+        )
+        conn.exec_driver_sql(
+            f"INSERT INTO {LEGACY_COLUMNS_TABLE} SELECT table_id, column_id, attnum FROM {COLUMNS_TABLE}"
+        )
+        conn.exec_driver_sql(f"DROP TABLE {COLUMNS_TABLE}")
+
+    destination = kit.make_destination(lake)
+    # note renamed to comment and qty dropped in one change: only attribute numbers tell which column stayed.
+    altered = TableSchema(
+        ORDERS.id, ORDERS.name, (ORDERS.columns[0], ColumnSchema("comment", 25, attnum=2), ORDERS.columns[3])
+    )
+    destination.write_events(
+        kit.BatchBuilder().commit().insert(altered, {"id": 2, "comment": "new", "amount": None}).build()
+    )
+    assert lake_rows(lake, altered) == [
+        {"id": 1, "comment": "kept", "amount": None},
+        {"id": 2, "comment": "new", "amount": None},
+    ]
+    with catalog.connect() as conn:
+        assert not sa.inspect(conn).has_table(LEGACY_COLUMNS_TABLE)
+    catalog.dispose()

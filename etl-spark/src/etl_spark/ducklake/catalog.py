@@ -25,7 +25,14 @@ import structlog
 from sqlalchemy.engine import Connection, Engine, make_url
 
 from etl.errors import ConfigError, DestinationError
-from etl_spark.ducklake.catalog_schema import COLUMNS_TABLE, SPEC_VERSION, STATE_DDL, STATE_TABLE, create_statements
+from etl_spark.ducklake.catalog_schema import (
+    COLUMNS_TABLE,
+    LEGACY_COLUMNS_TABLE,
+    SPEC_VERSION,
+    STATE_DDL,
+    STATE_TABLE,
+    create_statements,
+)
 from etl_spark.ducklake.stats import ColumnStats, stats_kind, widen
 from etl_spark.ducklake.types import LakeType, Stats
 
@@ -41,6 +48,10 @@ class CommitConflict(Exception):
     """Another writer changed a table this commit's inputs were computed from; recompute and retry."""
 
 
+SourceColumn = tuple[int | None, int, int]
+"""What this writer records of the source column a lake column holds: attribute number, type OID, type modifier."""
+
+
 @dataclass(frozen=True)
 class LakeColumn:
     column_id: int
@@ -48,7 +59,9 @@ class LakeColumn:
     type: str
     nullable: bool
     attnum: int | None = None
-    """The Postgres attribute it holds, when this writer recorded it (not for columns DuckDB added)."""
+    """The Postgres attribute it holds, when known (this writer records it; not for columns DuckDB added)."""
+    source_type: tuple[int, int] | None = None
+    """Type OID and modifier of the source column it holds, when this writer recorded them."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +216,8 @@ class Catalog:
                 self.data_path = self._check(conn)
                 for statement in STATE_DDL:
                     conn.exec_driver_sql(statement)
+                if sa.inspect(conn).has_table(LEGACY_COLUMNS_TABLE):
+                    _migrate_legacy_columns(conn)
         except sa.exc.OperationalError as exc:
             engine.dispose()
             raise DestinationError(
@@ -305,7 +320,8 @@ class Catalog:
             return None
         columns = conn.execute(
             sa.text(
-                "SELECT c.column_id, c.column_name, c.column_type, c.nulls_allowed, a.attnum FROM ducklake_column c"
+                "SELECT c.column_id, c.column_name, c.column_type, c.nulls_allowed, a.attnum, a.type_oid,"
+                " a.type_modifier FROM ducklake_column c"
                 f" LEFT JOIN {COLUMNS_TABLE} a ON a.table_id = c.table_id AND a.column_id = c.column_id"
                 " WHERE c.table_id = :t AND c.end_snapshot IS NULL AND c.parent_column IS NULL ORDER BY c.column_order"
             ),
@@ -320,7 +336,15 @@ class Catalog:
             directory=directory,
             relative_directory=relative,
             columns=tuple(
-                LakeColumn(int(c[0]), c[1], c[2], bool(c[3]), None if c[4] is None else int(c[4])) for c in columns
+                LakeColumn(
+                    int(c.column_id),
+                    c.column_name,
+                    c.column_type,
+                    bool(c.nulls_allowed),
+                    None if c.attnum is None else int(c.attnum),
+                    None if c.type_oid is None else (int(c.type_oid), int(c.type_modifier)),
+                )
+                for c in columns
             ),
         )
 
@@ -512,13 +536,13 @@ class Transaction:
         if not updated.rowcount:
             self._run(f"INSERT INTO {STATE_TABLE} VALUES (:p, :s, :t, :l, :o)", params)
 
-    def set_attnums(self, table_id: int, attnums: dict[int, int]) -> None:
-        """Record which Postgres attribute each column (by id) of a lake table holds, replacing what was recorded."""
+    def set_source_columns(self, table_id: int, sources: dict[int, SourceColumn]) -> None:
+        """Record which source column each column (by id) of a lake table holds, replacing what was recorded."""
         self._run(f"DELETE FROM {COLUMNS_TABLE} WHERE table_id = :t", {"t": table_id})
-        if attnums:
+        if sources:
             self._run(
-                f"INSERT INTO {COLUMNS_TABLE} VALUES (:t, :c, :a)",
-                [{"t": table_id, "c": c, "a": a} for c, a in attnums.items()],
+                f"INSERT INTO {COLUMNS_TABLE} VALUES (:t, :c, :a, :oid, :mod)",
+                [{"t": table_id, "c": c, "a": a, "oid": oid, "mod": mod} for c, (a, oid, mod) in sources.items()],
             )
 
     def forget(self, source_table_id: int) -> None:
@@ -887,6 +911,15 @@ class Transaction:
             "INSERT INTO ducklake_snapshot_changes VALUES (:s, :c, :a, NULL, NULL)",
             {"s": self.snapshot_id, "c": ",".join(self.changes), "a": self.catalog.author},
         )
+
+
+def _migrate_legacy_columns(conn: Connection) -> None:
+    """Move attribute numbers recorded by earlier versions of this writer; their types stay unknown (OID 0)."""
+    conn.exec_driver_sql(
+        f"INSERT INTO {COLUMNS_TABLE} (table_id, column_id, attnum, type_oid, type_modifier)"
+        f" SELECT table_id, column_id, attnum, 0, -1 FROM {LEGACY_COLUMNS_TABLE}"
+    )
+    conn.exec_driver_sql(f"DROP TABLE {LEGACY_COLUMNS_TABLE}")
 
 
 def _is_integer(text: str) -> bool:

@@ -72,15 +72,19 @@ TABLES: Final[dict[str, str]] = {
 STATE_TABLE: Final = "etl_ducklake_tables"
 """This writer's own table: which lake table holds a pipeline's source table, and the replication watermark."""
 
-COLUMNS_TABLE: Final = "etl_ducklake_columns"
-"""Which Postgres attribute (``attnum``) each column of a lake table holds: a column's identity across renames."""
+COLUMNS_TABLE: Final = "etl_ducklake_source_columns"
+"""The source column each column of a lake table holds: its Postgres attribute number (``attnum``, a column's
+identity across renames; NULL when unknown), type OID and type modifier."""
+
+LEGACY_COLUMNS_TABLE: Final = "etl_ducklake_columns"
+"""Attribute numbers only, as earlier versions of this writer recorded them; moved into ``COLUMNS_TABLE`` at open."""
 
 STATE_DDL: Final = (
     f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} (pipeline_id BIGINT NOT NULL, source_table_id BIGINT NOT NULL,"
     " table_id BIGINT NOT NULL, commit_lsn BIGINT NOT NULL, tx_ordinal BIGINT NOT NULL,"
     " PRIMARY KEY (pipeline_id, source_table_id))",
     f"CREATE TABLE IF NOT EXISTS {COLUMNS_TABLE} (table_id BIGINT NOT NULL, column_id BIGINT NOT NULL,"
-    " attnum BIGINT NOT NULL, PRIMARY KEY (table_id, column_id))",
+    " attnum BIGINT, type_oid BIGINT NOT NULL, type_modifier BIGINT NOT NULL, PRIMARY KEY (table_id, column_id))",
 )
 """This writer's tables, created when missing (also in lakes it opens for the first time)."""
 

@@ -7,6 +7,7 @@ files are written there because their rows record the snapshot id, known only th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,16 @@ from etl_spark.collapse import (
     missing_columns,
     net_changes_without_key,
 )
-from etl_spark.ducklake.catalog import DataFile, Handle, LakeColumn, LakeTable, NewColumn, NewFile, Transaction
+from etl_spark.ducklake.catalog import (
+    DataFile,
+    Handle,
+    LakeColumn,
+    LakeTable,
+    NewColumn,
+    NewFile,
+    SourceColumn,
+    Transaction,
+)
 from etl_spark.ducklake.files import LakeStorage, file_name, read_live, read_rows
 from etl_spark.ducklake.schema_diff import SchemaDiff, diff
 from etl_spark.ducklake.types import lake_type
@@ -50,8 +60,8 @@ class TablePlan:
     directory: str
     schema_diff: SchemaDiff
     new_column_ids: list[int]
-    attnums: dict[int, int] = field(default_factory=dict)
-    """Column id -> the Postgres attribute it holds, recorded when it differs from what the lake has."""
+    sources: dict[int, SourceColumn] = field(default_factory=dict)
+    """Column id -> the source column it holds, recorded when it differs from what the lake has."""
     truncate: bool = False
     files: list[NewFile] = field(default_factory=list)
     deletes: dict[int, tuple[DataFile, pa.Array]] = field(default_factory=dict)
@@ -59,7 +69,7 @@ class TablePlan:
 
     def apply(self, txn: Transaction, storage: LakeStorage) -> None:
         table = self._table(txn)
-        self._record_attnums(txn, table)
+        self._record_sources(txn, table)
         if self.truncate:
             txn.end_data_files(table)
         for file in self.files:
@@ -88,9 +98,9 @@ class TablePlan:
             table = txn.table(table.table_id)
         return table
 
-    def _record_attnums(self, txn: Transaction, table: LakeTable) -> None:
-        if {c.column_id: c.attnum for c in table.columns if c.attnum is not None} != self.attnums:
-            txn.set_attnums(table.table_id, self.attnums)
+    def _record_sources(self, txn: Transaction, table: LakeTable) -> None:
+        if _sources(table.columns) != self.sources:
+            txn.set_source_columns(table.table_id, self.sources)
 
     def _delete(
         self, txn: Transaction, storage: LakeStorage, table: LakeTable, data_file: DataFile, positions: pa.Array
@@ -122,10 +132,10 @@ class TablePlan:
 def _target_columns(
     dest: DuckLakeDestination, schema: TableSchema, handle: Handle | None
 ) -> tuple[SchemaDiff, list[int], list[LakeColumn]]:
-    """The schema change to make and the lake columns (ids, and the source's attnums) the new files carry."""
+    """The schema change to make and the lake columns (ids, and the source columns) the new files carry."""
     if handle is None:
         columns = [
-            LakeColumn(i, c.name, lake_type(c).name, c.nullable, c.attnum)
+            LakeColumn(i, c.name, lake_type(c).name, c.nullable, c.attnum, (c.type_oid, c.type_modifier))
             for i, c in enumerate(schema.columns, start=1)
         ]
         return SchemaDiff(), [], columns
@@ -145,12 +155,12 @@ def _target_columns(
     columns = []
     for c in schema.columns:
         column_id, type_name, nullable = by_name[c.name]
-        columns.append(LakeColumn(column_id, c.name, type_name, nullable, c.attnum))
+        columns.append(LakeColumn(column_id, c.name, type_name, nullable, c.attnum, (c.type_oid, c.type_modifier)))
     return change, new_ids, columns
 
 
-def _attnums(columns: list[LakeColumn]) -> dict[int, int]:
-    return {c.column_id: c.attnum for c in columns if c.attnum is not None}
+def _sources(columns: Sequence[LakeColumn]) -> dict[int, SourceColumn]:
+    return {c.column_id: (c.attnum, *c.source_type) for c in columns if c.source_type is not None}
 
 
 def _directory(dest: DuckLakeDestination, schema: TableSchema, handle: Handle | None) -> str:
@@ -162,7 +172,7 @@ def _directory(dest: DuckLakeDestination, schema: TableSchema, handle: Handle | 
 def plan_copy(dest: DuckLakeDestination, schema: TableSchema, rows: DataFrame | None, files: int) -> TablePlan:
     handle = dest.catalog.handle(schema.id)
     change, new_ids, columns = _target_columns(dest, schema, handle)
-    plan = TablePlan(schema, handle, _directory(dest, schema, handle), change, new_ids, _attnums(columns))
+    plan = TablePlan(schema, handle, _directory(dest, schema, handle), change, new_ids, _sources(columns))
     if rows is not None:
         plan.files = dest.storage.write_data(rows, plan.directory, columns, files)
     return plan
@@ -181,7 +191,7 @@ def plan_changes(dest: DuckLakeDestination, segment: TableChanges) -> TablePlan 
         return None
     change, new_ids, columns = _target_columns(dest, schema, handle)
     plan = TablePlan(
-        schema, handle, _directory(dest, schema, handle), change, new_ids, _attnums(columns), watermark=watermark
+        schema, handle, _directory(dest, schema, handle), change, new_ids, _sources(columns), watermark=watermark
     )
     plan.truncate, changes = after_last_truncate(changes)
     if changes.num_rows == 0:
