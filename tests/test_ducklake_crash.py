@@ -97,7 +97,7 @@ def setup(request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: P
             "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "2"}},
         },
     )
-    run = PipelineProcess(write_config(tmp_path / "pipeline.toml", config))
+    run = PipelineProcess(write_config(tmp_path / "pipeline.toml", config), log_level="info")
     try:
         yield Setup(db, run, catalog, data / STAGING)
     finally:

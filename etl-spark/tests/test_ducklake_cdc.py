@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from etl.destination.memory import MemoryDestination, row_sort_key
+from etl.errors import TableError
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl_spark.ducklake import plan as plan_module
 from etl_spark.ducklake.catalog import engine_for
@@ -190,3 +191,19 @@ def test_attribute_numbers_an_earlier_writer_version_recorded_still_follow_renam
     with catalog.connect() as conn:
         assert not sa.inspect(conn).has_table(LEGACY_COLUMNS_TABLE)
     catalog.dispose()
+
+
+def test_a_type_change_the_lake_cannot_read_errors_only_its_table(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake)
+    destination.write_table_rows(ORDERS, kit.rows_table(ORDERS, [{"id": 1, "note": "n", "qty": 1, "amount": None}]))
+    destination.write_table_rows(LOG, kit.rows_table(LOG, [{"a": "x", "b": 1}]))
+    retyped = TableSchema(
+        ORDERS.id, ORDERS.name, (*ORDERS.columns[:2], ColumnSchema("qty", 25, attnum=3), ORDERS.columns[3])
+    )
+    b = kit.BatchBuilder()
+    batch = (
+        b.commit().insert(LOG, {"a": "y", "b": 2}).insert(retyped, {"id": 2, "note": "m", "qty": "2", "amount": None})
+    )
+    with pytest.raises(TableError, match="qty changed type from int32 to varchar") as raised:
+        destination.write_events(batch.build())
+    assert raised.value.table_id == ORDERS.id  # the engine errors this table and writes the batch without it

@@ -6,6 +6,9 @@ what to do about it. Messages never contain secrets.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class EtlError(Exception):
     """Base of every error raised on purpose by the framework."""
@@ -53,3 +56,15 @@ class TableError(EtlError):
     def __init__(self, message: str, *, hint: str | None = None, table_id: int | None = None) -> None:
         super().__init__(message, hint=hint)
         self.table_id = table_id
+
+
+@contextmanager
+def naming_table(table_id: int) -> Iterator[None]:
+    """Name ``table_id`` in a ``TableError`` raised inside that names no table, so the engine errors that table
+    only (a destination's ``write_events`` around the work of one table, say)."""
+    try:
+        yield
+    except TableError as exc:
+        if exc.table_id is None:
+            exc.table_id = table_id
+        raise

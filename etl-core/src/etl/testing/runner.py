@@ -149,7 +149,8 @@ class PipelineProcess:
         """Poll until ``actual() == expected()`` (the destination's rows and the source's, say) while ``etl run`` runs.
 
         ``actual`` raising one of ``not_yet`` (the destination has no table yet) counts as not equal. Fails with
-        the last reading on timeout, and at once, with the end of the log, when the process exits.
+        the rows that differ and the end of the log on timeout, and at once, with the end of the log, when the
+        process exits.
         """
         deadline = time.monotonic() + timeout
         while True:
@@ -161,7 +162,9 @@ class PipelineProcess:
             if last == wanted:
                 return
             self.ensure_alive()
-            assert time.monotonic() < deadline, f"no match within {timeout:.0f}s; {difference(wanted, last)}"
+            assert time.monotonic() < deadline, (
+                f"no match within {timeout:.0f}s; {difference(wanted, last)}\nthe log ends:\n{self.output()[-4000:]}"
+            )
             time.sleep(interval)
 
     def stop(self, timeout: float = 60) -> None:

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from etl.config import validate
 from etl.destination.base import DestinationContext, WriteResult
-from etl.errors import ConfigError, DestinationError, TableError
+from etl.errors import ConfigError, DestinationError, TableError, naming_table
 from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
 from etl.schema import ColumnSchema, TableSchema
 from etl_spark.bigquery.names import STAGING_PREFIX, column_name, table_id
@@ -185,12 +185,8 @@ class BigQueryDestination:
     def write_events(self, batch: EventBatch) -> WriteResult:
         for segments in batch.changes.values():
             for segment in segments:
-                try:
+                with naming_table(segment.schema.id):
                     self._apply(segment)
-                except TableError as exc:
-                    if exc.table_id is None:
-                        exc.table_id = segment.schema.id
-                    raise
         return WriteResult.DURABLE
 
     def flush(self) -> None:

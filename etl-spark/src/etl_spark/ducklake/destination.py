@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from etl.config import validate
 from etl.destination.base import DestinationContext, TablePreview, WriteResult
-from etl.errors import ConfigError, DestinationError
-from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN, EventBatch
+from etl.errors import ConfigError, DestinationError, naming_table
+from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
 from etl.schema import TableName, TableSchema
 from etl_spark.ducklake.catalog import Catalog, CommitConflict, Transaction, engine_for, redacted
 from etl_spark.ducklake.copy_buffer import CopyBuffers
@@ -158,8 +158,12 @@ class DuckLakeDestination:
         rounds = max((len(segments) for segments in batch.changes.values()), default=0)
         for index in range(rounds):
             segments = [segs[index] for segs in batch.changes.values() if index < len(segs)]
-            self._commit_plans(lambda segments=segments: [p for s in segments if (p := plan_changes(self, s))])
+            self._commit_plans(lambda segments=segments: [p for s in segments if (p := self._plan_changes(s))])
         return WriteResult.DURABLE
+
+    def _plan_changes(self, segment: TableChanges) -> TablePlan | None:
+        with naming_table(segment.schema.id):
+            return plan_changes(self, segment)
 
     # -- reading back ----------------------------------------------------------------------------
     def preview(self, table: TableName, limit: int) -> TablePreview:
