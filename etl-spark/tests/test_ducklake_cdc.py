@@ -5,6 +5,7 @@ Real DuckDB reads the lake: current contents, filtered queries, time travel and 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -207,3 +208,45 @@ def test_a_type_change_the_lake_cannot_read_errors_only_its_table(lake: Any, kit
     with pytest.raises(TableError, match="qty changed type from int32 to varchar") as raised:
         destination.write_events(batch.build())
     assert raised.value.table_id == ORDERS.id  # the engine errors this table and writes the batch without it
+
+
+def test_table_renames_and_schema_moves_are_followed(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake)
+    rows = [{"id": i, "note": f"n{i}", "qty": i, "amount": None} for i in (1, 2, 3)]
+    destination.write_table_rows(ORDERS, kit.rows_table(ORDERS, rows))
+    destination.write_table_rows(LOG, kit.rows_table(LOG, [{"a": "x", "b": 1}]))
+    before = snapshot(lake)
+
+    renamed = replace(ORDERS, name=TableName("public", "orders_v2"))
+    b = kit.BatchBuilder()
+    destination.write_events(b.commit().update(renamed, {**rows[0], "qty": 10}).build())
+    assert lake.query("SELECT id, qty FROM lake.public.orders_v2 ORDER BY id") == [(1, 10), (2, 2), (3, 3)]
+    assert lake.query("SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake' ORDER BY 1") == [
+        ("log",),
+        ("orders_v2",),
+    ]
+    assert lake.query(f"SELECT count(*) FROM lake.public.orders AT (VERSION => {before})") == [(3,)]
+
+    moved = replace(ORDERS, name=TableName("archive", "orders_v2"))  # ALTER TABLE ... SET SCHEMA archive
+    destination.write_events(b.commit().delete(moved, {"id": 2}).insert(moved, {**rows[1], "id": 4}).build())
+    destination.write_events(b.commit().update(moved, {**rows[2], "qty": 30}).build())
+    assert lake.query("SELECT id, qty FROM lake.archive.orders_v2 ORDER BY id") == [(1, 10), (3, 30), (4, 2)]
+
+    # A name the lake already holds: only that table errors, the lake is left as it was.
+    clash = replace(LOG, name=TableName("archive", "orders_v2"))
+    with pytest.raises(TableError, match="the lake has a table of that name") as raised:
+        destination.write_events(b.commit().insert(clash, {"a": "y", "b": 2}).build())
+    assert raised.value.table_id == LOG.id
+    assert lake.query("SELECT a, b FROM lake.public.log") == [("x", 1)]
+
+
+def test_changes_to_a_table_dropped_in_the_lake_error_that_table(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake)
+    destination.write_table_rows(ORDERS, kit.rows_table(ORDERS, [{"id": 1, "note": "n", "qty": 1, "amount": None}]))
+    con = lake.duckdb()
+    con.execute("DROP TABLE lake.public.orders")
+    con.close()
+    batch = kit.BatchBuilder().commit().insert(ORDERS, {"id": 2, "note": "m", "qty": 2, "amount": None}).build()
+    with pytest.raises(TableError, match="its DuckLake table is gone") as raised:  # not a new table with one row
+        destination.write_events(batch)
+    assert raised.value.table_id == ORDERS.id

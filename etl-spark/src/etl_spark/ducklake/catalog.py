@@ -24,7 +24,7 @@ import sqlalchemy as sa
 import structlog
 from sqlalchemy.engine import Connection, Engine, make_url
 
-from etl.errors import ConfigError, DestinationError
+from etl.errors import ConfigError, DestinationError, TableError
 from etl_spark.ducklake.catalog_schema import (
     COLUMNS_TABLE,
     LEGACY_COLUMNS_TABLE,
@@ -306,6 +306,15 @@ class Catalog:
         if table is None:
             return None
         return Handle(table, (int(state.commit_lsn), int(state.tx_ordinal)))
+
+    def tracked(self, source_table_id: int) -> bool:
+        """Whether this pipeline recorded a lake table for the source table (which may since have been dropped)."""
+        with self.engine.connect() as conn:
+            found = conn.execute(
+                sa.text(f"SELECT 1 FROM {STATE_TABLE} WHERE pipeline_id = :p AND source_table_id = :s"),
+                {"p": self.pipeline_id, "s": source_table_id},
+            ).first()
+        return found is not None
 
     def _table(self, conn: Connection, table_id: int) -> LakeTable | None:
         row = conn.execute(
@@ -608,6 +617,48 @@ class Transaction:
         self._table_schema_changed(table_id)
         self._change(f"created_table:{_quote(schema_name)}.{_quote(name)}")
         return self.table(table_id)
+
+    def rename_table(self, table: LakeTable, schema_name: str, name: str) -> None:
+        """Give a table a new name, in the same or another schema (created when missing), as DuckDB renames:
+        its row ends and one with the same id begins. Its files stay where they are: a table moved to another
+        schema gets its directory as an absolute path, since a relative one is read under the schema's."""
+        schema_id = self.schema_id(schema_name)
+        taken = self._run(
+            "SELECT table_id FROM ducklake_table WHERE schema_id = :s AND table_name = :n AND end_snapshot IS NULL",
+            {"s": schema_id, "n": name},
+        ).scalar()
+        if taken is not None:
+            raise TableError(
+                f"cannot rename DuckLake table {table.schema_name}.{table.name} to {schema_name}.{name}:"
+                " the lake has a table of that name",
+                hint="drop or rename that lake table, then resync this one (etl resync --table ...)",
+            )
+        row = self._run(
+            "SELECT table_uuid, schema_id, path, path_is_relative FROM ducklake_table"
+            " WHERE table_id = :t AND end_snapshot IS NULL",
+            {"t": table.table_id},
+        ).one()
+        path, relative = row.path, bool(row.path_is_relative)
+        if int(row.schema_id) != schema_id and relative:
+            path, relative = table.directory, False
+        self._run(
+            "UPDATE ducklake_table SET end_snapshot = :s WHERE table_id = :t AND end_snapshot IS NULL",
+            {"s": self.snapshot_id, "t": table.table_id},
+        )
+        self._run(
+            "INSERT INTO ducklake_table VALUES (:id, :u, :s, NULL, :schema, :n, :p, :rel)",
+            {
+                "id": table.table_id,
+                "u": row.table_uuid,
+                "s": self.snapshot_id,
+                "schema": schema_id,
+                "n": name,
+                "p": path,
+                "rel": relative,
+            },
+        )
+        self._table_schema_changed(table.table_id)
+        self._change(f"created_table:{_quote(schema_name)}.{_quote(name)}")  # what DuckDB records for a rename
 
     def drop_table(self, table_id: int) -> None:
         self._run(f"DELETE FROM {COLUMNS_TABLE} WHERE table_id = :t", {"t": table_id})

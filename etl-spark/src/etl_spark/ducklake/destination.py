@@ -247,7 +247,8 @@ class DuckLakeDestination:
 
 def _apply_all(plans: list[TablePlan], storage: LakeStorage, txn: Transaction) -> None:
     for plan in plans:
-        plan.apply(txn, storage)
+        with naming_table(plan.schema.id):
+            plan.apply(txn, storage)
 
 
 def _convert_struct(values: pa.StructArray, types: dict[str, Any]) -> pa.StructArray:

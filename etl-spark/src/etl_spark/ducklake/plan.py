@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etl.errors import TableError
 from etl.events import OP_COLUMN, TableChanges
 from etl.schema import TableSchema
 from etl_spark.collapse import (
@@ -86,6 +87,10 @@ class TablePlan:
             txn.set_watermark(self.schema.id, table.table_id, (0, 0))
             return table
         table = txn.table(self.handle.table.table_id)
+        name = self.schema.name
+        if (table.schema_name, table.name) != (name.schema, name.name):
+            txn.rename_table(table, name.schema, name.name)
+            table = txn.table(table.table_id)
         if self.schema_diff:
             for old, new_name in self.schema_diff.renames:
                 txn.rename_column(table, old.column_id, new_name)
@@ -183,6 +188,12 @@ def plan_changes(dest: DuckLakeDestination, segment: TableChanges) -> TablePlan 
     schema = segment.schema
     handle = dest.catalog.handle(schema.id)
     changes = segment.table
+    if handle is None and dest.catalog.tracked(schema.id):
+        raise TableError(
+            f"{schema.name}: its DuckLake table is gone (dropped in the lake, or replaced by a new table that took"
+            " its name before its rename reached the lake)",
+            hint="resync the table (etl resync --table ...) to copy it again",
+        )
     if handle is not None:
         changes = after(changes, handle.watermark)
         dest.catalog.check_no_inlined_data(handle.table)
