@@ -345,6 +345,13 @@ def test_duckdb_writes_and_compacts_between_runs(pg_database: TestDatabase, lake
         db.execute("DELETE FROM items WHERE id % 10 = 1")
         db.execute("INSERT INTO items VALUES (9000, 'last', 0, now(), 0)")
         wait_equal(db, lake, ITEMS, pipeline)
+        # The source table is renamed and moved to another schema; its next change takes the lake table along.
+        db.execute("CREATE SCHEMA archive; ALTER TABLE items RENAME TO stock; ALTER TABLE stock SET SCHEMA archive")
+        db.execute("UPDATE archive.stock SET qty = 7 WHERE id = 2")
+        wait_equal(db, lake, ("archive.stock",), pipeline)
     finally:
         pipeline.shutdown()
+    assert lake.query("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'lake' AND table_name = 'items'") == [
+        (0,)
+    ]
     assert lake.query("SELECT count(*), min(id) FROM lake.main.notes") == [(250, 1)]
