@@ -144,9 +144,9 @@ def test_files_whose_key_bounds_hold_no_touched_key_are_not_scanned(
     }
     scanned: list[str] = []
 
-    def spy(spark: Any, columns: Any, data_paths: list[str]) -> Any:  # records the scan, then runs it
+    def spy(spark: Any, storage: Any, columns: Any, data_paths: list[str]) -> Any:  # records the scan, then runs it
         scanned.extend(data_paths)
-        return read_rows(spark, columns, data_paths)
+        return read_rows(spark, storage, columns, data_paths)
 
     monkeypatch.setattr(plan_module, "read_rows", spy)
     b = kit.BatchBuilder()

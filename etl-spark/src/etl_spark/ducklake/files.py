@@ -9,6 +9,7 @@ column ids; positional delete files use the field ids DuckDB gives them.
 
 from __future__ import annotations
 
+import functools
 import struct
 import uuid
 from collections.abc import Sequence
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
 
 FIELD_ID_KEY: Final = "parquet.field.id"
+NATIVE_TEXT_TYPES: Final = ("uuid", "time")
+"""Lake types this writer stores as text, which DuckDB writes in Parquet's own UUID and TIME types (when it
+rewrites files in compaction, say). Scans read such files' columns in that form and turn them into the text."""
 DELETE_FIELD_IDS: Final = {"file_path": 2147483646, "pos": 2147483645, "_ducklake_internal_snapshot_id": 2147483539}
 STAGING: Final = "_etl_staging/"
 
@@ -73,6 +77,7 @@ class LakeStorage:
         self.fs, root = pafs.FileSystem.from_uri(data_path)
         self._root = root.rstrip("/") + "/"
         self._prefix = data_path
+        self._field_types = functools.lru_cache(maxsize=4096)(self._read_field_types)
 
     def _local(self, path: str) -> str:
         """A lake path (under data_path) as a path of ``self.fs``."""
@@ -130,6 +135,23 @@ class LakeStorage:
             )
         return table.select(["pos", "_ducklake_internal_snapshot_id"])
 
+    def native_columns(self, path: str, columns: Sequence[LakeColumn]) -> frozenset[int]:
+        """Ids of the ``NATIVE_TEXT_TYPES`` columns that a data file stores in their own Parquet type, not as text."""
+        ids = {c.column_id for c in columns if c.type in NATIVE_TEXT_TYPES}
+        if not ids:
+            return frozenset()
+        types = self._field_types(path)
+        return frozenset(i for i in ids if i in types and not pa.types.is_string(types[i]))
+
+    def _read_field_types(self, path: str) -> dict[int, pa.DataType]:
+        """A data file's top-level column types by field id, from its footer (data files never change: cached)."""
+        schema = pq.read_schema(self._local(path), filesystem=self.fs)
+        return {
+            int(f.metadata[b"PARQUET:field_id"]): f.type
+            for f in schema
+            if f.metadata and b"PARQUET:field_id" in f.metadata
+        }
+
     def remove(self, directory: str, files: Sequence[NewFile]) -> None:
         """Delete files that never got registered (a commit that lost a conflict)."""
         for file in files:
@@ -146,32 +168,79 @@ class LakeStorage:
         return NewFile(name, metadata.num_rows, size, footer_size, file_stats(metadata, kinds))
 
 
-def read_rows(spark: SparkSession, columns: Sequence[LakeColumn], data_paths: Sequence[str]) -> DataFrame:
+def read_rows(
+    spark: SparkSession, storage: LakeStorage, columns: Sequence[LakeColumn], data_paths: Sequence[str]
+) -> DataFrame:
     """Every row of data files (deleted ones too), with ``_etl_file`` (file name) and ``_etl_pos`` (row position).
 
-    Columns are matched by field id, so files written before a rename read correctly.
+    Columns are matched by field id, so files written before a rename read correctly. Files that store a
+    text-held column in its own Parquet type (``NATIVE_TEXT_TYPES``) are read apart and their values
+    turned into this writer's text, so every file's rows compare alike.
     """
-    from pyspark.sql import functions as sf
+    groups: dict[frozenset[int], list[str]] = {}
+    for path in data_paths:
+        groups.setdefault(storage.native_columns(path, columns), []).append(path)
+    frames = [_read_files(spark, columns, paths, native) for native, paths in groups.items()]
+    return functools.reduce(lambda a, b: a.unionByName(b), frames)
 
+
+def _read_files(
+    spark: SparkSession, columns: Sequence[LakeColumn], data_paths: Sequence[str], native: frozenset[int]
+) -> DataFrame:
+    from pyspark.sql import functions as sf
+    from pyspark.sql import types as st
+
+    stored = {"uuid": st.BinaryType(), "time": st.LongType()}  # how Spark reads Parquet UUID and TIME(us)
+    schema = st.StructType(
+        [
+            st.StructField(
+                c.name,
+                stored[c.type] if c.column_id in native else spark_type(c.type),
+                True,
+                {FIELD_ID_KEY: c.column_id},
+            )
+            for c in columns
+        ]
+    )
     return (
-        spark.read.schema(lake_schema(columns))
+        spark.read.schema(schema)
         .parquet(*data_paths)
         .select(
-            *[sf.col(c.name) for c in columns],
+            *[_as_text(c) if c.column_id in native else sf.col(c.name) for c in columns],
             _file_name(sf.col("_metadata.file_path")).alias("_etl_file"),
             sf.col("_metadata.row_index").alias("_etl_pos"),
         )
     )
 
 
+def _as_text(column: LakeColumn) -> Column:
+    """A native UUID (16 bytes) or TIME (microseconds) as the text this writer stores for it."""
+    from pyspark.sql import functions as sf
+
+    value = sf.col(column.name)
+    if column.type == "uuid":
+        hexed = sf.lower(sf.hex(value))
+        parts = [sf.substring(hexed, start, length) for start, length in ((1, 8), (9, 4), (13, 4), (17, 4), (21, 12))]
+        text = sf.concat_ws("-", *parts)
+    else:
+        hours, minutes = sf.floor(value / 3_600_000_000), sf.floor(value / 60_000_000) % 60
+        seconds, micros = sf.floor(value / 1_000_000) % 60, value % 1_000_000
+        text = sf.format_string("%02d:%02d:%02d.%06d", hours, minutes, seconds, micros)
+    return sf.when(value.isNotNull(), text).alias(column.name)
+
+
 def read_live(
-    spark: SparkSession, columns: Sequence[LakeColumn], data_paths: Sequence[str], delete_paths: Sequence[str]
+    spark: SparkSession,
+    storage: LakeStorage,
+    columns: Sequence[LakeColumn],
+    data_paths: Sequence[str],
+    delete_paths: Sequence[str],
 ) -> DataFrame:
     """``read_rows`` without the positions in the active delete files."""
     from pyspark.sql import functions as sf
     from pyspark.sql import types as st
 
-    rows = read_rows(spark, columns, data_paths)
+    rows = read_rows(spark, storage, columns, data_paths)
     if not delete_paths:
         return rows
     schema = st.StructType([st.StructField("file_path", st.StringType()), st.StructField("pos", st.LongType())])

@@ -227,7 +227,9 @@ def plan_changes(dest: DuckLakeDestination, segment: TableChanges) -> TablePlan 
         candidates = data_files if scan else []
         if candidates:
             touched = sf.broadcast(dest.to_spark(schema, collapsed.select(key)))
-            stored = read_rows(dest.spark, needed, [f.path for f in candidates]).join(touched, key, "inner")
+            stored = read_rows(dest.spark, dest.storage, needed, [f.path for f in candidates]).join(
+                touched, key, "inner"
+            )
             plan.deletes = _positions(stored, candidates, dest.storage)
         upserts = collapsed.filter(pc.equal(collapsed[ACTION], UPSERT)).select(names)
         if upserts.num_rows:
@@ -277,7 +279,7 @@ def _may_hold(
 
 def _live(dest: DuckLakeDestination, columns: list[LakeColumn], data_files: list[DataFile]) -> DataFrame:
     deletes = [f.delete.path for f in data_files if f.delete is not None]
-    return read_live(dest.spark, columns, [f.path for f in data_files], deletes)
+    return read_live(dest.spark, dest.storage, columns, [f.path for f in data_files], deletes)
 
 
 def _fill_from_lake(upserts: DataFrame, live: DataFrame, key: list[str], toast: list[str]) -> DataFrame:
