@@ -54,7 +54,7 @@ class Destination(Protocol):
         """Apply a batch of streamed changes."""
 
     def flush(self) -> None:
-        """Make every accepted write durable."""
+        """Make every write the calling thread had accepted durable (the engine flushes from the writing thread)."""
 
 
 class InProcessDestination:

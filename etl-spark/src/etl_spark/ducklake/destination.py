@@ -144,15 +144,14 @@ class DuckLakeDestination:
         return WriteResult.DURABLE
 
     def flush(self) -> None:
-        """Write every table's gathered copy rows (streamed changes are durable when ``write_events`` returns)."""
-        for schema, rows in self._copies.take_all():
+        """Write the copy rows this thread gathered (streamed changes are durable when ``write_events`` returns)."""
+        for schema, rows in self._copies.take_own():
             self._write_copy(schema, rows)
 
     def _write_copy(self, schema: TableSchema, rows: pa.Table) -> None:
-        with self._copies.writing(schema.id):
-            frame = self.to_spark(schema, rows) if rows.num_rows else None
-            files = max(1, math.ceil(rows.nbytes / self.config.target_file_size_bytes))
-            self._commit_plans(lambda: [plan_copy(self, schema, frame, files)])
+        frame = self.to_spark(schema, rows) if rows.num_rows else None
+        files = max(1, math.ceil(rows.nbytes / self.config.target_file_size_bytes))
+        self._commit_plans(lambda: [plan_copy(self, schema, frame, files)])
 
     def write_events(self, batch: EventBatch) -> WriteResult:
         rounds = max((len(segments) for segments in batch.changes.values()), default=0)
