@@ -968,9 +968,10 @@ def _migrate_legacy_columns(conn: Connection) -> None:
     """Move attribute numbers recorded by earlier versions of this writer; their types stay unknown (OID 0)."""
     conn.exec_driver_sql(
         f"INSERT INTO {COLUMNS_TABLE} (table_id, column_id, attnum, type_oid, type_modifier)"
-        f" SELECT table_id, column_id, attnum, 0, -1 FROM {LEGACY_COLUMNS_TABLE}"
+        f" SELECT table_id, column_id, attnum, 0, -1 FROM {LEGACY_COLUMNS_TABLE} o WHERE NOT EXISTS"
+        f" (SELECT 1 FROM {COLUMNS_TABLE} n WHERE n.table_id = o.table_id AND n.column_id = o.column_id)"
     )
-    conn.exec_driver_sql(f"DROP TABLE {LEGACY_COLUMNS_TABLE}")
+    conn.exec_driver_sql(f"DROP TABLE IF EXISTS {LEGACY_COLUMNS_TABLE}")
 
 
 def _is_integer(text: str) -> bool:

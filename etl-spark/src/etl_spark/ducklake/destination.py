@@ -13,6 +13,7 @@ skipped exactly. See docs/destinations/ducklake.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -157,7 +158,7 @@ class DuckLakeDestination:
         rounds = max((len(segments) for segments in batch.changes.values()), default=0)
         for index in range(rounds):
             segments = [segs[index] for segs in batch.changes.values() if index < len(segs)]
-            self._commit_plans(lambda segments=segments: [p for s in segments if (p := self._plan_changes(s))])
+            self._commit_plans(partial(map, self._plan_changes, segments))
         return WriteResult.DURABLE
 
     def _plan_changes(self, segment: TableChanges) -> TablePlan | None:
@@ -183,13 +184,19 @@ class DuckLakeDestination:
         return TablePreview(int(total[0]) if total else 0, rows, f"DuckDB {duckdb.__version__}")
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _commit_plans(self, make: Any) -> None:
+    def _commit_plans(self, make: Callable[[], Iterable[TablePlan | None]]) -> None:
+        """Make the plans (Spark work, data files written) and commit them as one snapshot; recompute on conflict.
+
+        Data files of plans that do not get committed, a failure half-way through making them included, are
+        removed.
+        """
         for attempt in range(self.config.commit_attempts):
             base = self.catalog.latest_snapshot()
-            plans: list[TablePlan] = make()
-            if not plans:
-                return
+            plans: list[TablePlan] = []
             try:
+                plans.extend(plan for plan in make() if plan is not None)
+                if not plans:
+                    return
                 self.catalog.commit(
                     partial(_apply_all, plans, self.storage),
                     base_snapshot=base,

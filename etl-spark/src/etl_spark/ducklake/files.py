@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 
 FIELD_ID_KEY: Final = "parquet.field.id"
 NATIVE_TEXT_TYPES: Final = ("uuid", "time")
-"""Lake types this writer stores as text, which DuckDB writes in Parquet's own UUID and TIME types (when it
-rewrites files in compaction, say). Scans read such files' columns in that form and turn them into the text."""
+"""Lake types this writer stores as text, which DuckDB writes in Parquet's own UUID and TIME types (in every
+file it writes: compaction, its own inserts). Scans read such files' columns in that form and turn them into
+the text."""
 DELETE_FIELD_IDS: Final = {"file_path": 2147483646, "pos": 2147483645, "_ducklake_internal_snapshot_id": 2147483539}
 STAGING: Final = "_etl_staging/"
 
@@ -60,12 +61,24 @@ def spark_type(type_name: str) -> DataType:
     return st.StringType()
 
 
-def lake_schema(columns: Sequence[LakeColumn]) -> StructType:
-    """The Spark schema of a table's files: one field per column, with its field id."""
+def lake_schema(columns: Sequence[LakeColumn], native: frozenset[int] = frozenset()) -> StructType:
+    """The Spark schema of a table's files: one field per column, with its field id.
+
+    Columns in ``native`` (``NATIVE_TEXT_TYPES``) are typed as Spark reads Parquet UUID and TIME(us).
+    """
     from pyspark.sql import types as st
 
+    stored = {"uuid": st.BinaryType(), "time": st.LongType()}
     return st.StructType(
-        [st.StructField(c.name, spark_type(c.type), True, {FIELD_ID_KEY: c.column_id}) for c in columns]
+        [
+            st.StructField(
+                c.name,
+                stored[c.type] if c.column_id in native else spark_type(c.type),
+                True,
+                {FIELD_ID_KEY: c.column_id},
+            )
+            for c in columns
+        ]
     )
 
 
@@ -188,22 +201,9 @@ def _read_files(
     spark: SparkSession, columns: Sequence[LakeColumn], data_paths: Sequence[str], native: frozenset[int]
 ) -> DataFrame:
     from pyspark.sql import functions as sf
-    from pyspark.sql import types as st
 
-    stored = {"uuid": st.BinaryType(), "time": st.LongType()}  # how Spark reads Parquet UUID and TIME(us)
-    schema = st.StructType(
-        [
-            st.StructField(
-                c.name,
-                stored[c.type] if c.column_id in native else spark_type(c.type),
-                True,
-                {FIELD_ID_KEY: c.column_id},
-            )
-            for c in columns
-        ]
-    )
     return (
-        spark.read.schema(schema)
+        spark.read.schema(lake_schema(columns, native))
         .parquet(*data_paths)
         .select(
             *[_as_text(c) if c.column_id in native else sf.col(c.name) for c in columns],

@@ -174,8 +174,20 @@ def _directory(dest: DuckLakeDestination, schema: TableSchema, handle: Handle | 
     return dest.catalog.table_directory(schema.name.schema, schema.name.name)
 
 
-def plan_copy(dest: DuckLakeDestination, schema: TableSchema, rows: DataFrame | None, files: int) -> TablePlan:
+def _handle(dest: DuckLakeDestination, schema: TableSchema) -> Handle | None:
+    """The table's place in the lake, ``None`` before its first write; a lake table that is gone errors."""
     handle = dest.catalog.handle(schema.id)
+    if handle is None and dest.catalog.tracked(schema.id):
+        raise TableError(
+            f"{schema.name}: its DuckLake table is gone (dropped in the lake, or replaced by a new table that took"
+            " its name before its rename reached the lake)",
+            hint="resync the table (etl resync --table ...) to copy it again",
+        )
+    return handle
+
+
+def plan_copy(dest: DuckLakeDestination, schema: TableSchema, rows: DataFrame | None, files: int) -> TablePlan:
+    handle = _handle(dest, schema)
     change, new_ids, columns = _target_columns(dest, schema, handle)
     plan = TablePlan(schema, handle, _directory(dest, schema, handle), change, new_ids, _sources(columns))
     if rows is not None:
@@ -186,14 +198,8 @@ def plan_copy(dest: DuckLakeDestination, schema: TableSchema, rows: DataFrame | 
 def plan_changes(dest: DuckLakeDestination, segment: TableChanges) -> TablePlan | None:
     """The plan for one table's changes, or ``None`` when all of them were applied before."""
     schema = segment.schema
-    handle = dest.catalog.handle(schema.id)
+    handle = _handle(dest, schema)
     changes = segment.table
-    if handle is None and dest.catalog.tracked(schema.id):
-        raise TableError(
-            f"{schema.name}: its DuckLake table is gone (dropped in the lake, or replaced by a new table that took"
-            " its name before its rename reached the lake)",
-            hint="resync the table (etl resync --table ...) to copy it again",
-        )
     if handle is not None:
         changes = after(changes, handle.watermark)
         dest.catalog.check_no_inlined_data(handle.table)

@@ -3,7 +3,7 @@
 The lake columns stand for the source schema this writer last applied: per column, the Postgres
 attribute number and type it recorded. ``etl.schema.match_columns`` pairs that schema with the new
 one by the engine's own rules (attribute number, which a rename keeps; else name; else a rename in
-place), so the lake takes a column for renamed exactly when the engine did. A lake column whose
+place), so the lake does not guess renames by rules of its own. A lake column whose
 source is unknown (DuckDB added it) is matched by name only. Everything else is a drop or an add;
 an add gets a new column id, never a reused one.
 """
