@@ -238,12 +238,26 @@ def test_table_renames_and_schema_moves_are_followed(lake: Any, kit: Any) -> Non
     destination.write_events(b.commit().update(moved, {**rows[2], "qty": 30}).build())
     assert lake.query("SELECT id, qty FROM lake.archive.orders_v2 ORDER BY id") == [(1, 10), (3, 30), (4, 2)]
 
-    # A name the lake already holds: only that table errors, the lake is left as it was.
-    clash = replace(LOG, name=TableName("archive", "orders_v2"))
-    with pytest.raises(TableError, match="the lake has a table of that name") as raised:
-        destination.write_events(b.commit().insert(clash, {"a": "y", "b": 2}).build())
+    # A swap at the source (orders_v2 -> orders_old, log -> orders_v2): the log's change comes first and takes
+    # the name; the table that held it is parked until its own next change names it again. Nothing is lost.
+    swapped = replace(LOG, name=TableName("archive", "orders_v2"))
+    destination.write_events(b.commit().insert(swapped, {"a": "y", "b": 2}).build())
+    parked = f"orders_v2_etl_parked_{ORDERS.id}"
+    assert lake.query(f"SELECT count(*) FROM lake.archive.{parked}") == [(3,)]
+    assert lake.query("SELECT a, b FROM lake.archive.orders_v2 ORDER BY b") == [("x", 1), ("y", 2)]
+    retired = replace(ORDERS, name=TableName("archive", "orders_old"))
+    destination.write_events(b.commit().delete(retired, {"id": 4}).build())
+    assert lake.query("SELECT id FROM lake.archive.orders_old ORDER BY id") == [(1,), (3,)]
+
+    # A name held by a lake table this pipeline does not keep: only the renamed table errors.
+    con = lake.duckdb()
+    con.execute("CREATE TABLE lake.main.mine (x int)")
+    con.close()
+    clash = replace(LOG, name=TableName("main", "mine"))
+    with pytest.raises(TableError, match="a table of that name that this pipeline does not keep") as raised:
+        destination.write_events(b.commit().insert(clash, {"a": "z", "b": 3}).build())
     assert raised.value.table_id == LOG.id
-    assert lake.query("SELECT a, b FROM lake.public.log") == [("x", 1)]
+    assert lake.query("SELECT a, b FROM lake.archive.orders_v2 ORDER BY b") == [("x", 1), ("y", 2)]
 
 
 def test_changes_to_a_table_dropped_in_the_lake_error_that_table(lake: Any, kit: Any) -> None:

@@ -207,3 +207,14 @@ def test_copied_batches_are_gathered_into_chunks_until_flush(lake: Any, kit: Any
     assert lake.query("SELECT count(*), count(DISTINCT id) FROM lake.public.gathered") == [(400, 400)]
     assert lake.query("SELECT count(*) FROM ducklake_list_files('lake', 'gathered', schema => 'public')") == [(2,)]
     assert lake.query("SELECT count(*) FROM lake.public.empty") == [(0,)]
+
+
+def test_a_table_copied_under_a_name_another_source_table_holds_parks_that_one(lake: Any, kit: Any) -> None:
+    # The source table was dropped and created again (a new OID), or renamed while another took its name.
+    before = TableSchema(16410, TableName("public", "reused"), (ColumnSchema("id", 23, primary_key=True),))
+    after = TableSchema(16411, before.name, before.columns)
+    destination = kit.make_destination(lake)
+    destination.write_table_rows(before, kit.rows_table(before, [{"id": 1}, {"id": 2}]))
+    destination.write_table_rows(after, kit.rows_table(after, [{"id": 3}]))
+    assert lake.query("SELECT id FROM lake.public.reused") == [(3,)]
+    assert lake.query("SELECT id FROM lake.public.reused_etl_parked_16410 ORDER BY id") == [(1,), (2,)]

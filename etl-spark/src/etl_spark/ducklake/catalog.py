@@ -578,14 +578,16 @@ class Transaction:
         return schema_id
 
     def create_table(self, schema_name: str, name: str, columns: Sequence[NewColumn]) -> LakeTable:
-        """Create a table, ending any active table of the same name (this writer owns that name)."""
+        """Create a table. An active table of the same name is parked when it holds another source table of this
+        pipeline (renamed at the source, or dropped there), else ended: this writer owns the name."""
         schema_id = self.schema_id(schema_name)
-        existing = self._run(
-            "SELECT table_id FROM ducklake_table WHERE schema_id = :s AND table_name = :n AND end_snapshot IS NULL",
-            {"s": schema_id, "n": name},
-        ).scalar()
-        if existing is not None:
-            self.drop_table(int(existing))
+        holder = self._holder(schema_id, name)
+        if holder is not None:
+            table_id, source_table_id = holder
+            if source_table_id is None:
+                self.drop_table(table_id)
+            else:
+                self._park(table_id, source_table_id)
         table_id = self._catalog_id()
         self._run(
             "INSERT INTO ducklake_table VALUES (:id, :u, :s, NULL, :schema, :n, :p, :rel)",
@@ -623,16 +625,16 @@ class Transaction:
         its row ends and one with the same id begins. Its files stay where they are: a table moved to another
         schema gets its directory as an absolute path, since a relative one is read under the schema's."""
         schema_id = self.schema_id(schema_name)
-        taken = self._run(
-            "SELECT table_id FROM ducklake_table WHERE schema_id = :s AND table_name = :n AND end_snapshot IS NULL",
-            {"s": schema_id, "n": name},
-        ).scalar()
-        if taken is not None:
-            raise TableError(
-                f"cannot rename DuckLake table {table.schema_name}.{table.name} to {schema_name}.{name}:"
-                " the lake has a table of that name",
-                hint="drop or rename that lake table, then resync this one (etl resync --table ...)",
-            )
+        holder = self._holder(schema_id, name)
+        if holder is not None and holder[0] != table.table_id:
+            table_id, source_table_id = holder
+            if source_table_id is None:
+                raise TableError(
+                    f"cannot rename DuckLake table {table.schema_name}.{table.name} to {schema_name}.{name}:"
+                    " the lake has a table of that name that this pipeline does not keep",
+                    hint="drop or rename that lake table, then resync this one (etl resync --table ...)",
+                )
+            self._park(table_id, source_table_id)
         row = self._run(
             "SELECT table_uuid, schema_id, path, path_is_relative FROM ducklake_table"
             " WHERE table_id = :t AND end_snapshot IS NULL",
@@ -659,6 +661,30 @@ class Transaction:
         )
         self._table_schema_changed(table.table_id)
         self._change(f"created_table:{_quote(schema_name)}.{_quote(name)}")  # what DuckDB records for a rename
+
+    def _holder(self, schema_id: int, name: str) -> tuple[int, int | None] | None:
+        """The active table of that name: its id, and the source table this pipeline keeps in it (if any)."""
+        row = self._run(
+            f"SELECT t.table_id, k.source_table_id FROM ducklake_table t LEFT JOIN {STATE_TABLE} k"
+            " ON k.table_id = t.table_id AND k.pipeline_id = :p"
+            " WHERE t.schema_id = :s AND t.table_name = :n AND t.end_snapshot IS NULL",
+            {"p": self.catalog.pipeline_id, "s": schema_id, "n": name},
+        ).first()
+        if row is None:
+            return None
+        return int(row.table_id), None if row.source_table_id is None else int(row.source_table_id)
+
+    def _park(self, table_id: int, source_table_id: int) -> None:
+        """Move a table of this pipeline out of the way of a name another of its source tables took. It goes to
+        ``<name>_etl_parked_<source table OID>``; its own next change gives it its source table's name again."""
+        table = self.table(table_id)
+        self.rename_table(table, table.schema_name, f"{table.name}_etl_parked_{source_table_id}")
+        log.warning(
+            "parked a ducklake table whose name another source table took",
+            table=f"{table.schema_name}.{table.name}",
+            parked_as=f"{table.name}_etl_parked_{source_table_id}",
+            source_table_id=source_table_id,
+        )
 
     def drop_table(self, table_id: int) -> None:
         self._run(f"DELETE FROM {COLUMNS_TABLE} WHERE table_id = :t", {"t": table_id})

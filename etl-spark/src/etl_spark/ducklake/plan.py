@@ -179,8 +179,7 @@ def _handle(dest: DuckLakeDestination, schema: TableSchema) -> Handle | None:
     handle = dest.catalog.handle(schema.id)
     if handle is None and dest.catalog.tracked(schema.id):
         raise TableError(
-            f"{schema.name}: its DuckLake table is gone (dropped in the lake, or replaced by a new table that took"
-            " its name before its rename reached the lake)",
+            f"{schema.name}: its DuckLake table is gone (dropped in the lake by DuckDB or another writer)",
             hint="resync the table (etl resync --table ...) to copy it again",
         )
     return handle
