@@ -151,7 +151,7 @@ class BatchBuilder:
     def __init__(self, lsn: int = 0x1000) -> None:
         self.lsn = lsn
         self.ordinal = 0
-        self._changes: list[tuple[TableSchema, dict[str, Any]]] = []
+        self._changes: list[tuple[TableSchema, dict[str, Any] | None]] = []
         self._events: list[Event] = []
         self._relation: dict[int, TableSchema] = {}
 
@@ -184,6 +184,14 @@ class BatchBuilder:
             (schema, {"op": op, "row": row, "old": old, "old_is_key": old_is_key, "missing": list(missing), **position})
         )
         return position
+
+    def relation(self, schema: TableSchema) -> BatchBuilder:
+        """A schema version with no change of its own in the batch (the DDL trigger reports one at the DDL)."""
+        self._relation[schema.id] = schema
+        self._events.append(RelationEvent(**self._position(), schema=schema))
+        self.ordinal -= 1
+        self._changes.append((schema, None))
+        return self
 
     def insert(self, schema: TableSchema, row: dict[str, Any]) -> BatchBuilder:
         position = self._add(schema, op="I", row=row, old=None, old_is_key=False)
@@ -237,7 +245,8 @@ class BatchBuilder:
                 segment = (schema, [])
                 current[schema.id] = segment
                 segments.append(segment)
-            segment[1].append(change)
+            if change is not None:
+                segment[1].append(change)
         for schema, items in segments:
             changes.setdefault(schema.id, []).append(TableChanges(schema, _change_table(schema, items)))
         events = list(self._events)

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from etl.destination.memory import MemoryDestination, row_sort_key
 from etl.errors import TableError
+from etl.lsn import Lsn
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl_spark.ducklake import plan as plan_module
 from etl_spark.ducklake.catalog import engine_for
@@ -270,3 +271,32 @@ def test_changes_to_a_table_dropped_in_the_lake_error_that_table(lake: Any, kit:
     with pytest.raises(TableError, match="its DuckLake table is gone") as raised:  # not a new table with one row
         destination.write_events(batch)
     assert raised.value.table_id == ORDERS.id
+
+
+def test_a_schema_version_with_no_change_of_its_own_reaches_the_lake(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake)
+    destination.write_table_rows(ORDERS, kit.rows_table(ORDERS, [{"id": 1, "note": "n", "qty": 1, "amount": None}]))
+    b = kit.BatchBuilder()
+    destination.write_events(b.commit().insert(ORDERS, {"id": 2, "note": "m", "qty": 2, "amount": None}).build())
+    b.commit()  # ALTER TABLE orders RENAME TO orders2; ALTER TABLE orders2 ADD COLUMN extra text
+    altered = replace(
+        ORDERS,
+        name=TableName("public", "orders2"),
+        columns=(*ORDERS.columns, ColumnSchema("extra", 25, attnum=5)),
+        snapshot_lsn=Lsn(b.lsn),
+    )
+    ddl = b.relation(altered).build()
+    destination.write_events(ddl)
+    assert lake.query("SELECT * FROM lake.public.orders2 ORDER BY id") == [
+        (1, "n", 1, None, None),
+        (2, "m", 2, None, None),
+    ]
+    applied = snapshot(lake)
+    destination.write_events(ddl)  # a replay: nothing new
+    older = kit.BatchBuilder()
+    destination.write_events(older.commit().relation(ORDERS.with_snapshot(Lsn(older.lsn))).build())
+    assert snapshot(lake) == applied  # an older version replayed cannot roll the lake back
+
+    # The DDL's transaction goes on in the next batch: its changes are not taken for replays.
+    destination.write_events(b.insert(altered, {"id": 3, "note": "o", "qty": 3, "amount": None, "extra": "e"}).build())
+    assert lake.query("SELECT id, extra FROM lake.public.orders2 ORDER BY id") == [(1, None), (2, None), (3, "e")]

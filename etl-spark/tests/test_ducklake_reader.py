@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import socket
+import sqlite3
+import threading
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from etl.errors import DestinationError
 from etl.schema import ColumnSchema, TableName, TableSchema
@@ -47,3 +50,27 @@ def test_preview_reads_the_table_with_duckdb(lake: Any, kit: Any) -> None:
     assert preview.reader.startswith("DuckDB 1.5")
     with pytest.raises(KeyError):
         destination.preview(TableName("sales", "missing"), 3)
+
+
+@pytest.mark.parametrize("lake", ["sqlite"], indirect=True)
+def test_a_sqlite_catalog_is_read_while_this_process_writes_it(lake: Any, kit: Any) -> None:
+    # DuckDB's copy of SQLite does not see this process's locks: reading the live file in the middle of a
+    # commit took the writer's journal for a crashed one and failed ("attempt to write a readonly database").
+    destination = kit.make_destination(lake)
+    destination.write_table_rows(ITEMS, kit.rows_table(ITEMS, [{"id": 1, "label": "one"}]))
+    writer = sqlite3.connect(make_url(lake.url).database, isolation_level=None, check_same_thread=False)
+    writer.execute("PRAGMA cache_size = 1")  # changed pages spill: a synced journal is on disk, as in a commit
+    writer.execute("BEGIN IMMEDIATE")
+    writer.executemany("INSERT INTO ducklake_tag VALUES (?, 0, NULL, 'k', ?)", [(i, "v" * 200) for i in range(2000)])
+    commit = threading.Timer(1.0, writer.execute, ["COMMIT"])
+    commit.start()
+    try:
+        con = open_lake(lake.url)  # waits for the commit, then reads a snapshot
+        try:
+            assert con.execute("SELECT id, label FROM lake.sales.items").fetchall() == [(1, "one")]
+            assert con.execute("SELECT count(*) FROM __ducklake_metadata_lake.ducklake_tag").fetchall() == [(2000,)]
+        finally:
+            con.close()
+    finally:
+        commit.join()
+        writer.close()

@@ -52,6 +52,9 @@ if TYPE_CHECKING:
     from etl_spark.ducklake.destination import DuckLakeDestination
 
 SNAPSHOT_COLUMN = "_ducklake_internal_snapshot_id"
+BEFORE_FIRST = -1
+"""A transaction ordinal below every change's: a watermark at ``(lsn, BEFORE_FIRST)`` lets all changes at
+``lsn`` in."""
 
 
 @dataclass
@@ -204,7 +207,7 @@ def plan_changes(dest: DuckLakeDestination, segment: TableChanges) -> TablePlan 
         dest.catalog.check_no_inlined_data(handle.table)
     watermark = last_position(changes)
     if watermark is None:
-        return None
+        return _plan_schema(dest, schema, handle) if segment.table.num_rows == 0 else None
     change, new_ids, columns = _target_columns(dest, schema, handle)
     plan = TablePlan(
         schema, handle, _directory(dest, schema, handle), change, new_ids, _sources(columns), watermark=watermark
@@ -261,6 +264,25 @@ def plan_changes(dest: DuckLakeDestination, segment: TableChanges) -> TablePlan 
     finally:
         collapsed.unpersist()
     return plan
+
+
+def _plan_schema(dest: DuckLakeDestination, schema: TableSchema, handle: Handle | None) -> TablePlan | None:
+    """A schema version with no change of its own in the batch (the DDL trigger reports it at the DDL).
+
+    It is applied when it is newer than every change the table holds (its commit LSN is past the
+    watermark), and moves the watermark to just before that transaction's first change. So a replay of
+    it, or of any older version, is skipped and cannot roll the lake's schema back. A version made in a
+    transaction that changed the table before the DDL is not newer; it arrives with the next change.
+    """
+    lsn = int(schema.snapshot_lsn)
+    if handle is None or lsn <= handle.watermark[0]:
+        return None
+    change, new_ids, columns = _target_columns(dest, schema, handle)
+    if not change and (handle.table.schema_name, handle.table.name) == (schema.name.schema, schema.name.name):
+        return None
+    return TablePlan(
+        schema, handle, handle.table.directory, change, new_ids, _sources(columns), watermark=(lsn, BEFORE_FIRST)
+    )
 
 
 def _may_hold(

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import os
 import shutil
+import sqlite3
 import tempfile
 import threading
+import time
+import weakref
+from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -89,9 +94,22 @@ def connect_duckdb(*extensions: str) -> duckdb.DuckDBPyConnection:
 
 
 def open_lake(catalog_url: str, alias: str = "lake", *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
-    """DuckDB with the lake attached as ``alias`` (read-only unless asked otherwise)."""
+    """DuckDB with the lake attached as ``alias`` (read-only unless asked otherwise).
+
+    A SQLite catalog is read from a consistent snapshot taken with Python's own SQLite (``sqlite3``,
+    the library the writer uses). DuckDB reaches SQLite through a second copy of the library, and two
+    copies in one process do not see each other's POSIX locks: closing the file in one drops the
+    other's. DuckDB reading the live catalog while this process writes it can then fail ("attempt to
+    write a readonly database") or even damage it. A write attach uses the live file: do that only
+    with the pipeline stopped.
+    """
     target, extension = duckdb_target(catalog_url)
+    snapshot = _sqlite_snapshot(make_url(catalog_url).database or "") if extension == "sqlite" and read_only else None
+    if snapshot is not None:
+        target = f"ducklake:sqlite:{snapshot}"
     con = connect_duckdb(extension)
+    if snapshot is not None:
+        weakref.finalize(con, os.remove, snapshot)
     try:
         con.execute(f"ATTACH '{_sql_string(target)}' AS {alias}" + (" (READ_ONLY)" if read_only else ""))
     except Exception as exc:
@@ -105,6 +123,35 @@ def open_lake(catalog_url: str, alias: str = "lake", *, read_only: bool = True) 
             hint="check that the catalog exists and is reachable with these credentials",
         ) from None
     return con
+
+
+def _sqlite_snapshot(path: str, wait: float = 60) -> str:
+    """A consistent copy of a SQLite database (the backup API), in a temporary file; it waits up to ``wait``
+    seconds for a writer's transaction to end."""
+    if not Path(path).is_file():
+        raise DestinationError(f"no DuckLake catalog at {path}", hint="check the catalog URL; the pipeline creates it")
+    deadline = time.monotonic() + wait
+
+    def give_up_at_deadline(_status: int, _remaining: int, _total: int) -> None:
+        if time.monotonic() > deadline:
+            raise DestinationError(
+                f"the DuckLake catalog {path} stayed locked by a writer for {wait:.0f} s",
+                hint="retry; if it persists, look for a process stuck in a catalog transaction",
+            )
+
+    handle, copy = tempfile.mkstemp(prefix="etl-catalog-", suffix=".sqlite")
+    os.close(handle)
+    try:
+        source_uri = f"{Path(path).resolve().as_uri()}?mode=ro"
+        with (
+            closing(sqlite3.connect(source_uri, uri=True, timeout=wait)) as source,
+            closing(sqlite3.connect(copy)) as to,
+        ):
+            source.backup(to, progress=give_up_at_deadline)
+    except BaseException:
+        os.remove(copy)
+        raise
+    return copy
 
 
 def _sql_string(value: str) -> str:
