@@ -271,6 +271,11 @@ def test_changes_to_a_table_dropped_in_the_lake_error_that_table(lake: Any, kit:
     with pytest.raises(TableError, match="its DuckLake table is gone") as raised:  # not a new table with one row
         destination.write_events(batch)
     assert raised.value.table_id == ORDERS.id
+    # The resync the hint asks for works.
+    destination.drop_table_for_copy(ORDERS)
+    destination.write_table_rows(ORDERS, kit.rows_table(ORDERS, [{"id": 1, "note": "n", "qty": 1, "amount": None}]))
+    destination.write_events(batch)
+    assert lake.query("SELECT id FROM lake.public.orders ORDER BY id") == [(1,), (2,)]
 
 
 def test_a_schema_version_with_no_change_of_its_own_reaches_the_lake(lake: Any, kit: Any) -> None:

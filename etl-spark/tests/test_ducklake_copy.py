@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from etl.destination.base import WriteResult
+from etl.errors import TableError
 from etl.schema import ColumnSchema, TableName, TableSchema
 
 NUMERIC_10_2 = ((10 << 16) | 2) + 4
@@ -218,3 +219,13 @@ def test_a_table_copied_under_a_name_another_source_table_holds_parks_that_one(l
     destination.write_table_rows(after, kit.rows_table(after, [{"id": 3}]))
     assert lake.query("SELECT id FROM lake.public.reused") == [(3,)]
     assert lake.query("SELECT id FROM lake.public.reused_etl_parked_16410 ORDER BY id") == [(1,), (2,)]
+
+
+def test_a_table_another_pipeline_keeps_under_the_name_is_left_alone(lake: Any, kit: Any) -> None:
+    first = TableSchema(16420, TableName("public", "shared"), (ColumnSchema("id", 23, primary_key=True),))
+    second = TableSchema(16421, first.name, first.columns)
+    kit.make_destination(lake, pipeline_id=1).write_table_rows(first, kit.rows_table(first, [{"id": 1}]))
+    with pytest.raises(TableError, match="pipeline 1 keeps a table of that name") as raised:
+        kit.make_destination(lake, pipeline_id=2).write_table_rows(second, kit.rows_table(second, [{"id": 2}]))
+    assert "own lake" in (raised.value.hint or "")
+    assert lake.query("SELECT id FROM lake.public.shared") == [(1,)]

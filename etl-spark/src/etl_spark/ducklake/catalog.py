@@ -477,6 +477,17 @@ class Catalog:
         )
 
 
+@dataclass(frozen=True)
+class _Holder:
+    """An active lake table that holds a name, and who keeps it."""
+
+    table_id: int
+    source_table_id: int | None
+    """The source table this pipeline keeps in it, if this pipeline keeps it."""
+    other_pipeline: int | None
+    """The other pipeline that keeps it, if another one does."""
+
+
 @dataclass
 class Transaction:
     """The inside of one snapshot commit; ids are allocated from the latest snapshot."""
@@ -583,11 +594,16 @@ class Transaction:
         schema_id = self.schema_id(schema_name)
         holder = self._holder(schema_id, name)
         if holder is not None:
-            table_id, source_table_id = holder
-            if source_table_id is None:
-                self.drop_table(table_id)
+            if holder.source_table_id is not None:
+                self._park(holder.table_id, holder.source_table_id)
+            elif holder.other_pipeline is not None:
+                raise TableError(
+                    f"cannot create DuckLake table {schema_name}.{name}: pipeline {holder.other_pipeline} keeps a"
+                    " table of that name in this lake",
+                    hint="give each pipeline its own lake, or leave the table out of one of the publications",
+                )
             else:
-                self._park(table_id, source_table_id)
+                self.drop_table(holder.table_id)
         table_id = self._catalog_id()
         self._run(
             "INSERT INTO ducklake_table VALUES (:id, :u, :s, NULL, :schema, :n, :p, :rel)",
@@ -626,15 +642,14 @@ class Transaction:
         schema gets its directory as an absolute path, since a relative one is read under the schema's."""
         schema_id = self.schema_id(schema_name)
         holder = self._holder(schema_id, name)
-        if holder is not None and holder[0] != table.table_id:
-            table_id, source_table_id = holder
-            if source_table_id is None:
+        if holder is not None and holder.table_id != table.table_id:
+            if holder.source_table_id is None:
                 raise TableError(
                     f"cannot rename DuckLake table {table.schema_name}.{table.name} to {schema_name}.{name}:"
                     " the lake has a table of that name that this pipeline does not keep",
                     hint="drop or rename that lake table, then resync this one (etl resync --table ...)",
                 )
-            self._park(table_id, source_table_id)
+            self._park(holder.table_id, holder.source_table_id)
         row = self._run(
             "SELECT table_uuid, schema_id, path, path_is_relative FROM ducklake_table"
             " WHERE table_id = :t AND end_snapshot IS NULL",
@@ -662,17 +677,21 @@ class Transaction:
         self._table_schema_changed(table.table_id)
         self._change(f"created_table:{_quote(schema_name)}.{_quote(name)}")  # what DuckDB records for a rename
 
-    def _holder(self, schema_id: int, name: str) -> tuple[int, int | None] | None:
-        """The active table of that name: its id, and the source table this pipeline keeps in it (if any)."""
+    def _holder(self, schema_id: int, name: str) -> _Holder | None:
+        """The active table of that name, and who keeps it."""
         row = self._run(
-            f"SELECT t.table_id, k.source_table_id FROM ducklake_table t LEFT JOIN {STATE_TABLE} k"
-            " ON k.table_id = t.table_id AND k.pipeline_id = :p"
+            f"SELECT t.table_id, k.pipeline_id, k.source_table_id FROM ducklake_table t LEFT JOIN {STATE_TABLE} k"
+            " ON k.table_id = t.table_id"
             " WHERE t.schema_id = :s AND t.table_name = :n AND t.end_snapshot IS NULL",
-            {"p": self.catalog.pipeline_id, "s": schema_id, "n": name},
+            {"s": schema_id, "n": name},
         ).first()
         if row is None:
             return None
-        return int(row.table_id), None if row.source_table_id is None else int(row.source_table_id)
+        if row.pipeline_id is None:
+            return _Holder(int(row.table_id), None, None)
+        if int(row.pipeline_id) == self.catalog.pipeline_id:
+            return _Holder(int(row.table_id), int(row.source_table_id), None)
+        return _Holder(int(row.table_id), None, int(row.pipeline_id))
 
     def _park(self, table_id: int, source_table_id: int) -> None:
         """Move a table of this pipeline out of the way of a name another of its source tables took. It goes to

@@ -132,7 +132,7 @@ class DuckLakeDestination:
             txn.forget(schema.id)
 
         self._copies.discard(schema.id)
-        if self.catalog.handle(schema.id) is not None:
+        if self.catalog.tracked(schema.id):  # also when the lake table itself is gone: forget it
             self.catalog.commit(drop)
             log.info("dropped ducklake table for copy", table=str(schema.name))
 
