@@ -74,16 +74,17 @@ def spark() -> Iterator[Any]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A SQLite-catalog case does not depend on the Postgres major: run it once, not once per major."""
+    """A SQLite-catalog case does not depend on the Postgres major: run it with the first major only."""
+
+    def params(item: pytest.Item) -> dict[str, Any]:
+        return dict(getattr(getattr(item, "callspec", None), "params", {}))
+
+    first = min((params(i)["pg_major"] for i in items if "pg_major" in params(i)), default=None)
     keep, drop = [], []
     for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        majors = sorted({p.get("pg_major") for p in [params]} - {None})
-        first = min((i.callspec.params.get("pg_major", 0) for i in items if hasattr(i, "callspec")), default=0)
-        if params.get("lake") == "sqlite" and majors and majors[0] != first:
-            drop.append(item)
-        else:
-            keep.append(item)
+        p = params(item)
+        repeated = p.get("lake") == "sqlite" and p.get("pg_major", first) != first
+        (drop if repeated else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
