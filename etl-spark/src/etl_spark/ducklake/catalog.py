@@ -51,6 +51,9 @@ class CommitConflict(Exception):
 SourceColumn = tuple[int | None, int, int]
 """What this writer records of the source column a lake column holds: attribute number, type OID, type modifier."""
 
+UNKNOWN_SOURCE_TYPE = (0, -1)
+"""The type recorded when it is not known (InvalidOid): equal to no source type."""
+
 
 @dataclass(frozen=True)
 class LakeColumn:
@@ -697,11 +700,12 @@ class Transaction:
         """Move a table of this pipeline out of the way of a name another of its source tables took. It goes to
         ``<name>_etl_parked_<source table OID>``; its own next change gives it its source table's name again."""
         table = self.table(table_id)
-        self.rename_table(table, table.schema_name, f"{table.name}_etl_parked_{source_table_id}")
+        parked = f"{table.name}_etl_parked_{source_table_id}"
+        self.rename_table(table, table.schema_name, parked)
         log.warning(
             "parked a ducklake table whose name another source table took",
             table=f"{table.schema_name}.{table.name}",
-            parked_as=f"{table.name}_etl_parked_{source_table_id}",
+            parked_as=parked,
             source_table_id=source_table_id,
         )
 
@@ -1010,10 +1014,11 @@ class Transaction:
 
 
 def _migrate_legacy_columns(conn: Connection) -> None:
-    """Move attribute numbers recorded by earlier versions of this writer; their types stay unknown (OID 0)."""
+    """Move attribute numbers recorded by earlier versions of this writer; their types stay unknown."""
     conn.exec_driver_sql(
         f"INSERT INTO {COLUMNS_TABLE} (table_id, column_id, attnum, type_oid, type_modifier)"
-        f" SELECT table_id, column_id, attnum, 0, -1 FROM {LEGACY_COLUMNS_TABLE} o WHERE NOT EXISTS"
+        f" SELECT table_id, column_id, attnum, {UNKNOWN_SOURCE_TYPE[0]}, {UNKNOWN_SOURCE_TYPE[1]}"
+        f" FROM {LEGACY_COLUMNS_TABLE} o WHERE NOT EXISTS"
         f" (SELECT 1 FROM {COLUMNS_TABLE} n WHERE n.table_id = o.table_id AND n.column_id = o.column_id)"
     )
     conn.exec_driver_sql(f"DROP TABLE IF EXISTS {LEGACY_COLUMNS_TABLE}")

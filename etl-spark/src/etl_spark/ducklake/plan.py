@@ -90,9 +90,8 @@ class TablePlan:
             txn.set_watermark(self.schema.id, table.table_id, (0, 0))
             return table
         table = txn.table(self.handle.table.table_id)
-        name = self.schema.name
-        if (table.schema_name, table.name) != (name.schema, name.name):
-            txn.rename_table(table, name.schema, name.name)
+        if _renamed(table, self.schema):
+            txn.rename_table(table, self.schema.name.schema, self.schema.name.name)
             table = txn.table(table.table_id)
         if self.schema_diff:
             for old, new_name in self.schema_diff.renames:
@@ -165,6 +164,11 @@ def _target_columns(
         column_id, type_name, nullable = by_name[c.name]
         columns.append(LakeColumn(column_id, c.name, type_name, nullable, c.attnum, (c.type_oid, c.type_modifier)))
     return change, new_ids, columns
+
+
+def _renamed(table: LakeTable, schema: TableSchema) -> bool:
+    """Whether the source table's name (or schema) is no longer the lake table's."""
+    return (table.schema_name, table.name) != (schema.name.schema, schema.name.name)
 
 
 def _sources(columns: Sequence[LakeColumn]) -> dict[int, SourceColumn]:
@@ -278,7 +282,7 @@ def _plan_schema(dest: DuckLakeDestination, schema: TableSchema, handle: Handle 
     if handle is None or lsn <= handle.watermark[0]:
         return None
     change, new_ids, columns = _target_columns(dest, schema, handle)
-    if not change and (handle.table.schema_name, handle.table.name) == (schema.name.schema, schema.name.name):
+    if not change and not _renamed(handle.table, schema):
         return None
     return TablePlan(
         schema, handle, handle.table.directory, change, new_ids, _sources(columns), watermark=(lsn, BEFORE_FIRST)

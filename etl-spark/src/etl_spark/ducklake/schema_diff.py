@@ -4,7 +4,8 @@ The lake columns stand for the source schema this writer last applied: per colum
 attribute number and type it recorded. ``etl.schema.match_columns`` pairs that schema with the new
 one by the engine's own rules (attribute number, which a rename keeps; else name; else a rename in
 place), so the lake does not guess renames by rules of its own. A lake column whose
-source is unknown (DuckDB added it) is matched by name only. Everything else is a drop or an add;
+source is unknown (DuckDB added it) is matched by name only: an unknown type is never taken for
+renamed in place. Everything else is a drop or an add;
 an add gets a new column id, never a reused one.
 """
 
@@ -14,14 +15,11 @@ from dataclasses import dataclass, field
 
 from etl.errors import TableError
 from etl.schema import ColumnSchema, TableSchema, match_columns
-from etl_spark.ducklake.catalog import LakeColumn, NewColumn
+from etl_spark.ducklake.catalog import UNKNOWN_SOURCE_TYPE, LakeColumn, NewColumn
 from etl_spark.ducklake.types import lake_type
 
 # Type changes DuckDB reads without rewriting files (a new column row with the same id).
 _PROMOTIONS = {("int16", "int32"), ("int16", "int64"), ("int32", "int64"), ("float32", "float64")}
-
-_UNKNOWN_TYPE = (0, -1)
-"""InvalidOid: equal to no source type, so a column of unknown type is never taken for renamed in place."""
 
 
 @dataclass
@@ -40,7 +38,7 @@ def diff(current: tuple[LakeColumn, ...], target: TableSchema) -> SchemaDiff:
     applied = TableSchema(
         target.id,
         target.name,
-        tuple(ColumnSchema(c.name, *(c.source_type or _UNKNOWN_TYPE), attnum=c.attnum) for c in current),
+        tuple(ColumnSchema(c.name, *(c.source_type or UNKNOWN_SOURCE_TYPE), attnum=c.attnum) for c in current),
     )
     used: set[int] = set()
     for index, column in match_columns(applied, target):
