@@ -70,7 +70,14 @@ def test_tables_live_in_the_configured_schema(pg_database: TestDatabase) -> None
         "SELECT table_schema, table_name FROM information_schema.tables"
         " WHERE table_schema IN ('etl', 'Pipeline State', 'public') ORDER BY 1, 2"
     )
-    expected = ["etl_destination_tables", "etl_progress", "etl_store_version", "etl_table_schemas", "etl_table_states"]
+    expected = [
+        "etl_destination_tables",
+        "etl_progress",
+        "etl_resync_requests",
+        "etl_store_version",
+        "etl_table_schemas",
+        "etl_table_states",
+    ]
     assert tables == [
         *(("Pipeline State", t) for t in expected),
         *(("etl", t) for t in expected),
@@ -130,7 +137,7 @@ def _add_column(conn: sa.Connection, schema: str | None) -> None:
 class FuturePostgresStore(PostgresStore):
     """The store as a later release with one more migration would be."""
 
-    migrations = (*MIGRATIONS, Migration(2, "progress timestamps", _add_column))
+    migrations = (*MIGRATIONS, Migration(MIGRATIONS[-1].version + 1, "progress timestamps", _add_column))
 
 
 def test_migrations_upgrade_and_an_older_release_refuses_a_newer_schema(pg_database: TestDatabase) -> None:
@@ -140,7 +147,8 @@ def test_migrations_upgrade_and_an_older_release_refuses_a_newer_schema(pg_datab
     upgraded = FuturePostgresStore.from_config(store_options(pg_database.connection()), 1)
     assert upgraded.get_progress(APPLY_WORKER) == 42
     upgraded.close()
-    assert pg_database.execute("SELECT version FROM etl.etl_store_version ORDER BY 1") == [(1,), (2,)]
+    versions = pg_database.execute("SELECT version FROM etl.etl_store_version ORDER BY 1")
+    assert versions == [(m.version,) for m in FuturePostgresStore.migrations]
 
     with pytest.raises(StoreError, match="was written by a newer etl-store-postgres") as caught:
         open_store(pg_database)
@@ -174,7 +182,8 @@ def test_two_processes_creating_a_store_at_once(pg_database: TestDatabase) -> No
     for thread in threads:
         thread.join()
     assert results == ["ok"] * 3
-    assert pg_database.execute("SELECT version FROM etl.etl_store_version") == [(1,)]
+    versions = pg_database.execute("SELECT version FROM etl.etl_store_version ORDER BY 1")
+    assert versions == [(m.version,) for m in MIGRATIONS], "each migration ran once"
 
 
 def _advisory_lock_holders(db: TestDatabase) -> list[int]:

@@ -48,7 +48,7 @@ def test_file_is_in_wal_mode_and_marked_as_an_etl_store(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         assert conn.execute("PRAGMA application_id").fetchone() == (0x45544C31,)
-        assert conn.execute("SELECT version FROM etl_store_version").fetchall() == [(1,)]
+        assert conn.execute("SELECT version FROM etl_store_version").fetchall() == [(m.version,) for m in MIGRATIONS]
 
 
 def test_random_bytes_are_refused(tmp_path: Path) -> None:
@@ -89,10 +89,13 @@ def _fail(conn: sa.Connection, schema: str | None) -> None:
     raise sa.exc.OperationalError("step 3", {}, sqlite3.OperationalError("migration step failed"))
 
 
+NEXT = MIGRATIONS[-1].version + 1
+
+
 class FutureSqliteStore(SqliteStore):
     """The store as a later release with one more migration would be."""
 
-    migrations = (*MIGRATIONS, Migration(2, "a future table", _add_table))
+    migrations = (*MIGRATIONS, Migration(NEXT, "a future table", _add_table))
 
 
 def test_migrations_upgrade_an_older_file_and_an_older_release_refuses_it(tmp_path: Path) -> None:
@@ -105,18 +108,34 @@ def test_migrations_upgrade_an_older_file_and_an_older_release_refuses_it(tmp_pa
     assert upgraded.get_table_state(1) == TableState(TableStateKind.READY)
     upgraded.close()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT version FROM etl_store_version ORDER BY version").fetchall() == [(1,), (2,)]
+        versions = conn.execute("SELECT version FROM etl_store_version ORDER BY version").fetchall()
+        assert versions == [(m.version,) for m in FutureSqliteStore.migrations]
     conn.close()
 
     with pytest.raises(StoreError, match="was written by a newer etl-store-sqlite") as caught:
         SqliteStore(path, 1)
-    assert "version 2" in caught.value.message
+    assert f"version {NEXT}" in caught.value.message
     assert caught.value.hint == "upgrade the package: pip install --upgrade etl-store-sqlite"
+
+
+def test_a_file_of_the_first_release_gains_the_resync_requests(tmp_path: Path) -> None:
+    class FirstReleaseStore(SqliteStore):
+        migrations = MIGRATIONS[:1]
+
+    path = tmp_path / "state.db"
+    first = FirstReleaseStore(path, 1)
+    first.update_table_states({1: TableState(TableStateKind.READY)})
+    first.close()
+    store = SqliteStore(path, 1)
+    store.request_resync(1)
+    assert store.get_table_state(1) == TableState(TableStateKind.READY)
+    assert store.take_resync_requests() == {1}
+    store.close()
 
 
 def test_a_failing_migration_changes_nothing(tmp_path: Path) -> None:
     class BrokenSqliteStore(SqliteStore):
-        migrations = (*MIGRATIONS, Migration(2, "breaks half-way", _fail))
+        migrations = (*MIGRATIONS, Migration(NEXT, "breaks half-way", _fail))
 
     path = tmp_path / "state.db"
     with pytest.raises(StoreError, match="migration step failed"):

@@ -8,6 +8,7 @@ when that connection ends, including when the holding process dies.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -106,7 +107,11 @@ class PostgresStore(SqlStore):
     def _release(self) -> None:
         if self._lock_conn is not None:
             conn, self._lock_conn = self._lock_conn, None
-            conn.close()  # ending the session releases its advisory locks
+            # Ending the session releases the lock too, but only once the server has processed the disconnect:
+            # unlock first, so that a next holder (a restart of this pipeline) finds it free at once.
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("SELECT pg_advisory_unlock_all()")
+            conn.close()
         super()._release()
 
     # -- opening ------------------------------------------------------------------------------------

@@ -74,6 +74,8 @@ class TableState:
 
     def __str__(self) -> str:
         if self.kind is TableStateKind.ERRORED:
+            if self.retry is RetryKind.TIMED and self.retry_at is not None:
+                return f"errored (retried at {self.retry_at:%Y-%m-%d %H:%M:%S} UTC): {self.reason}"
             return f"errored: {self.reason}"
         return f"{self.kind.value}@{self.lsn}" if self.lsn is not None else self.kind.value
 
@@ -182,6 +184,19 @@ class Store(Protocol):
     def delete_table_state(self, table_id: TableId) -> None:
         """Forget everything about a table that left the publication: its state and history, schemas,
         destination metadata and table sync progress. The destination's objects are not touched."""
+
+    # -- requests from the pipeline's owner ------------------------------------------------------------
+    def request_resync(self, table_id: TableId) -> None:
+        """Ask the pipeline to copy a table again (``etl resync``), from any process, without the pipeline lock.
+
+        The request is durable and reaches a pipeline running in another process through
+        ``take_resync_requests``; asking twice before it is taken asks once. Only whoever can write the
+        store can ask, which is what makes the request trustworthy (nothing in the source's WAL is).
+        A store whose state lives in one process (memory) raises ``StoreError``.
+        """
+
+    def take_resync_requests(self) -> set[TableId]:
+        """The tables asked for since the last call, read from storage (not a cache), and forget them."""
 
 
 class StoreFactory(Protocol):

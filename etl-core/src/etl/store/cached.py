@@ -241,6 +241,18 @@ class CachedStore:
             self._forget_copy(table_id)
             self._states.pop(table_id, None)
 
+    # -- requests from the pipeline's owner ----------------------------------------------------------
+    def request_resync(self, table_id: TableId) -> None:
+        _check_table_id(table_id)
+        with self._mutex:
+            if self._closed:
+                raise StoreError(f"{self.describe()} for pipeline {self.pipeline_id} is closed")
+            self._persist_resync_request(table_id)
+
+    def take_resync_requests(self) -> set[TableId]:
+        with self._mutex:
+            return self._take_resync_requests()
+
     def _forget_copy(self, table_id: TableId) -> None:
         self._metadata.pop(table_id, None)
         self._schemas.pop(table_id, None)
@@ -270,6 +282,17 @@ class CachedStore:
 
     def _persist_reset_tables_for_resync(self, rows: list[StateRow]) -> None:
         """Append the INIT rows (as ``_persist_table_states``) and delete the apply worker's progress."""
+
+    def _persist_resync_request(self, table_id: TableId) -> None:
+        """Record a request where a pipeline in another process reads it; this cache is not such a place."""
+        raise StoreError(
+            f"the {self.describe()} keeps its state inside one process, so no other process can reach the pipeline",
+            hint="call Pipeline.resync() of the embedded pipeline, or use a store the pipeline shares"
+            ' ([store] type = "sqlite" or "postgres")',
+        )
+
+    def _take_resync_requests(self) -> set[TableId]:
+        return set()
 
     def _persist_delete_table_state(self, table_id: TableId) -> None:
         """Delete everything stored about the table."""

@@ -1,7 +1,8 @@
 """The memory store: pipeline state that lives as long as the process.
 
 For tests, examples and pipelines that may start over from scratch after every restart (a restart
-copies every table again). It keeps no lock: its state cannot be shared with another process.
+copies every table again). It keeps no lock: its state cannot be shared with another process, so
+resync requests reach only a pipeline of this process (``Pipeline.resync``), never ``etl resync``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from etl.config import validate
+from etl.schema import TableId
 from etl.store.cached import CachedStore
 
 
@@ -28,3 +30,14 @@ class MemoryStore(CachedStore):
         if not isinstance(config, cls.Config):
             validate(cls.Config, config, "store", "store")
         return cls(pipeline_id)
+
+    def __init__(self, pipeline_id: int) -> None:
+        super().__init__(pipeline_id)
+        self._resync_requests: set[TableId] = set()
+
+    def _persist_resync_request(self, table_id: TableId) -> None:
+        self._resync_requests.add(table_id)
+
+    def _take_resync_requests(self) -> set[TableId]:
+        taken, self._resync_requests = self._resync_requests, set()
+        return taken

@@ -73,6 +73,7 @@ class Tables:
     schemas: sa.Table
     progress: sa.Table
     destination: sa.Table
+    resync_requests: sa.Table
 
     @property
     def schema(self) -> str | None:
@@ -80,7 +81,7 @@ class Tables:
 
     @property
     def data_tables(self) -> tuple[sa.Table, ...]:
-        return (self.states, self.schemas, self.progress, self.destination)
+        return (self.states, self.schemas, self.progress, self.destination, self.resync_requests)
 
 
 def define_tables(schema: str | None) -> Tables:
@@ -140,6 +141,18 @@ def define_tables(schema: str | None) -> Tables:
             sa.Column("status", sa.String(16), nullable=False),
             sa.Column("extra", sa.Text, nullable=False, comment="JSON object"),
         ),
+        resync_requests=_resync_requests_table(md),
+    )
+
+
+def _resync_requests_table(md: sa.MetaData) -> sa.Table:
+    # Tables that `etl resync` asked the running pipeline to copy again (see Store.request_resync).
+    return sa.Table(
+        "etl_resync_requests",
+        md,
+        sa.Column("pipeline_id", sa.BigInteger, primary_key=True),
+        sa.Column("table_id", sa.BigInteger, primary_key=True),
+        sa.Column("requested_at", UtcDateTime, nullable=False),
     )
 
 
@@ -152,12 +165,18 @@ class Migration:
 
 
 def _create_initial_tables(conn: sa.Connection, schema: str | None) -> None:
-    for table in define_tables(schema).data_tables:
+    tables = define_tables(schema)  # these four have kept their first shape
+    for table in (tables.states, tables.schemas, tables.progress, tables.destination):
         table.create(conn)
+
+
+def _create_resync_requests(conn: sa.Connection, schema: str | None) -> None:
+    _resync_requests_table(sa.MetaData(schema=schema)).create(conn)
 
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "table states, schemas, progress, destination tables", _create_initial_tables),
+    Migration(2, "resync requests", _create_resync_requests),
 )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any, ClassVar, NoReturn
 
 import sqlalchemy as sa
@@ -241,6 +242,20 @@ class SqlStore(CachedStore):
             if rows:
                 self._insert_states(conn, rows)
             conn.execute(self._delete(self._tables.progress, worker=APPLY_WORKER))
+
+    def _persist_resync_request(self, table_id: TableId) -> None:
+        t = self._tables.resync_requests
+        insert = self._insert(t).values(pipeline_id=self.pipeline_id, table_id=table_id, requested_at=datetime.now(UTC))
+        with self._transaction("recording a resync request") as conn:
+            conn.execute(insert.on_conflict_do_nothing(index_elements=[t.c.pipeline_id, t.c.table_id]))
+
+    def _take_resync_requests(self) -> set[TableId]:
+        t = self._tables.resync_requests
+        with self._transaction("taking resync requests") as conn:
+            taken = {row.table_id for row in conn.execute(self._mine(sa.select(t.c.table_id), t))}
+            for table_id in taken:  # only what was read: a request made meanwhile stays for the next call
+                conn.execute(self._delete(t, table_id=table_id))
+        return taken
 
     def _persist_delete_table_state(self, table_id: TableId) -> None:
         with self._transaction("deleting a table's state") as conn:

@@ -557,6 +557,18 @@ class ConcurrentStoreContract(DurableStoreContract):
         assert reopened.get_table_schemas() == [make_schema(T1, 1)]
         assert reopened.get_destination_metadata(T2) == sample_metadata()
 
+    def test_resync_requests_reach_the_lock_holder_once(self, make_store: MakeStore) -> None:
+        """``etl resync`` asks through its own instance, without the lock; the running pipeline takes it once."""
+        running, asking = make_store(), make_store()
+        running.acquire_lock()
+        asking.request_resync(T1)
+        asking.request_resync(T1)
+        asking.request_resync(T2)
+        assert running.take_resync_requests() == {T1, T2}
+        assert running.take_resync_requests() == set()
+        asking.request_resync(T2)
+        assert make_store().take_resync_requests() == {T2}, "a request is durable until taken"
+
 
 def _start_holder(cls: type[Any], config: dict[str, Any], pipeline_id: int) -> subprocess.Popen[bytes]:
     """A subprocess that opens the store from ``config``, takes the lock and waits."""
