@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from etl.errors import SourceError
@@ -15,13 +16,16 @@ from etl.lsn import Lsn
 from etl.postgres import pgoutput as pg
 from etl.postgres.connection import connect
 from etl.postgres.ddl import (
+    FUNCTION_NAME,
     MESSAGE_PREFIX,
+    MESSAGES_TABLE,
     TRIGGER_NAME,
     SchemaChange,
     ddl_trigger_installed,
     install_ddl_trigger,
     install_sql,
     parse_schema_change,
+    schema_change_recorded,
     uninstall_ddl_trigger,
 )
 from etl.schema import ReplicaIdentity, TableName
@@ -290,16 +294,54 @@ def test_parse_rejects_what_it_cannot_read(content: bytes, expected: str) -> Non
 
 
 def test_a_failing_catalog_read_never_fails_the_users_ddl(db: TestDatabase, role: str, slot: str) -> None:
-    """The trigger warns and emits nothing when it cannot build the message; the ALTER TABLE itself succeeds."""
+    """The trigger warns and emits nothing when it cannot build the message; the ALTER TABLE itself succeeds.
+
+    The function runs as its owner: here that owner is an ordinary role that may not read a catalog view.
+    """
     db.execute("REVOKE SELECT ON pg_catalog.pg_publication_tables FROM PUBLIC")
+    db.execute(f"ALTER FUNCTION {FUNCTION_NAME}() OWNER TO {role}")
     notices: list[str] = []
+    try:
+        with connect(db.connection(user=role)) as user_conn:
+            user_conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+            user_conn.execute("CREATE TABLE mine (id int PRIMARY KEY)")
+            db.execute("ALTER PUBLICATION pub ADD TABLE mine")
+            user_conn.execute("SET synchronous_commit = on")
+            user_conn.execute("ALTER TABLE mine ADD COLUMN x int")
+            cols = user_conn.execute(
+                "SELECT count(*) FROM pg_attribute WHERE attrelid = 'mine'::regclass AND attnum > 0"
+            )
+            assert cols.fetchone() == (2,)
+    finally:
+        db.execute(f"ALTER FUNCTION {FUNCTION_NAME}() OWNER TO postgres")
+    assert any("no schema change message for table public.mine" in n for n in notices)
+    assert changes(db, slot) == []
+
+
+def test_the_trigger_records_its_messages_and_no_other_role_can(db: TestDatabase, role: str, slot: str) -> None:
+    """Only a message the trigger emitted has its LSN in the record; an ordinary role can forge the message,
+    not the record. A table's owner altering its table gets the record all the same (the function runs as
+    the superuser who installed it)."""
     with connect(db.connection(user=role)) as user_conn:
-        user_conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
         user_conn.execute("CREATE TABLE mine (id int PRIMARY KEY)")
         db.execute("ALTER PUBLICATION pub ADD TABLE mine")
         user_conn.execute("SET synchronous_commit = on")
         user_conn.execute("ALTER TABLE mine ADD COLUMN x int")
-        cols = user_conn.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 'mine'::regclass AND attnum > 0")
-        assert cols.fetchone() == (2,)
-    assert any("no schema change message for table public.mine" in n for n in notices)
-    assert changes(db, slot) == []
+        forged = user_conn.execute("SELECT pg_logical_emit_message(true, %s, 'forged')::text", (MESSAGE_PREFIX,))
+        row = forged.fetchone()
+        assert row is not None
+        forged_lsn = Lsn.parse(row[0])
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            user_conn.execute(f"INSERT INTO {MESSAGES_TABLE} (lsn, table_oid) VALUES (%s, 0)", (str(forged_lsn),))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            user_conn.execute(f"DELETE FROM {MESSAGES_TABLE}")
+    messages = [m for m in decoded(db, slot) if isinstance(m, pg.LogicalMessage) and m.prefix == MESSAGE_PREFIX]
+    assert len(messages) == 2
+    with connect(db.connection(user=role)) as reader:  # the pipeline's role need not be a superuser
+        assert schema_change_recorded(reader, messages[0].lsn)
+        assert messages[1].lsn == forged_lsn and not schema_change_recorded(reader, forged_lsn)
+
+
+def test_messages_of_a_trigger_that_records_nothing_are_not_trusted(pg_database: TestDatabase) -> None:
+    with pg_database.connect() as conn:
+        assert not schema_change_recorded(conn, Lsn(42)), "no record table: an earlier trigger, or none"

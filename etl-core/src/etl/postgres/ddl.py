@@ -11,6 +11,13 @@ The trigger emits every live column and the published column names of each publi
 engine keeps what its own publication publishes (``SchemaChange.table_schema``). Creating an event
 trigger needs superuser; the SQL of ``install_sql()`` has no dependency on this package, so an
 administrator can run it by hand.
+
+Any role that may log in can call ``pg_logical_emit_message`` and put a message with this prefix in
+the WAL. So the trigger also records the LSN of each message it emits, in the same transaction, in
+``etl.schema_change_messages``, a table only its owner (the superuser who installed the trigger) can
+write; the function runs as that owner (``SECURITY DEFINER``, with a fixed ``search_path``). The
+engine acts on a message only when its LSN is recorded there (``schema_change_recorded``): a forged
+message has an LSN the table never holds.
 """
 
 from __future__ import annotations
@@ -36,11 +43,13 @@ FORMAT_VERSION: Final = 1
 TRIGGER_SCHEMA: Final = "etl"
 FUNCTION_NAME: Final = f"{TRIGGER_SCHEMA}.emit_schema_change"
 TRIGGER_NAME: Final = "etl_schema_change"
+MESSAGES_TABLE: Final = f"{TRIGGER_SCHEMA}.schema_change_messages"
+"""Where the trigger records the LSN of every message it emits (see the module docstring)."""
 MIN_SERVER_VERSION: Final = 140000
 """Logical messages reach a pgoutput client from Postgres 14 on (the ``messages`` option)."""
 
-# The function body. It is not SECURITY DEFINER: it runs as the role that ran the ALTER TABLE,
-# which may read the catalogs and emit messages like any role. The message is emitted in the
+# The function body. It runs as its owner (SECURITY DEFINER) so that it may record the message's
+# LSN in MESSAGES_TABLE, which no other role may write. The message is emitted in the
 # (sub)transaction of the DDL itself, never inside an EXCEPTION block: a subtransaction that holds
 # nothing but a logical message is decoded after its parent's changes, out of order (seen on 15
 # and 18). Only building the payload is guarded, so an unexpected catalog error never fails the
@@ -49,6 +58,7 @@ _FUNCTION_BODY: Final = f"""
 DECLARE
     rel oid;
     payload text;
+    message_lsn pg_lsn;
 BEGIN
     FOR rel IN
         WITH RECURSIVE changed(relid) AS (
@@ -104,7 +114,8 @@ BEGIN
             payload := NULL;
         END;
         IF payload IS NOT NULL THEN
-            PERFORM pg_logical_emit_message(true, '{MESSAGE_PREFIX}', payload);
+            message_lsn := pg_logical_emit_message(true, '{MESSAGE_PREFIX}', payload);
+            INSERT INTO {MESSAGES_TABLE} (lsn, table_oid) VALUES (message_lsn, rel);
         END IF;
     END LOOP;
 END;
@@ -114,8 +125,18 @@ END;
 def install_sql() -> str:
     """The SQL that installs (or updates) the trigger; idempotent, needs superuser, no other dependency."""
     return f"""CREATE SCHEMA IF NOT EXISTS {TRIGGER_SCHEMA};
+REVOKE CREATE ON SCHEMA {TRIGGER_SCHEMA} FROM PUBLIC;
+GRANT USAGE ON SCHEMA {TRIGGER_SCHEMA} TO PUBLIC;
+CREATE TABLE IF NOT EXISTS {MESSAGES_TABLE} (
+    lsn pg_lsn PRIMARY KEY,
+    table_oid oid NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT now()
+);
+REVOKE ALL ON TABLE {MESSAGES_TABLE} FROM PUBLIC;
+GRANT SELECT ON TABLE {MESSAGES_TABLE} TO PUBLIC;
 CREATE OR REPLACE FUNCTION {FUNCTION_NAME}() RETURNS event_trigger
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $etl$
 {_FUNCTION_BODY.strip()}
@@ -130,6 +151,7 @@ def uninstall_sql() -> str:
     """The SQL that removes the trigger and its function (and the schema when nothing else is in it)."""
     return f"""DROP EVENT TRIGGER IF EXISTS {TRIGGER_NAME};
 DROP FUNCTION IF EXISTS {FUNCTION_NAME}();
+DROP TABLE IF EXISTS {MESSAGES_TABLE};
 DO $etl$ BEGIN
     DROP SCHEMA IF EXISTS {TRIGGER_SCHEMA};
 EXCEPTION WHEN dependent_objects_still_exist THEN NULL;
@@ -191,6 +213,21 @@ def ddl_trigger_installed(conn: psycopg.Connection[Any]) -> bool:
         (TRIGGER_NAME,),
     ).fetchone()
     return row is not None and str(row[0]).strip() == _FUNCTION_BODY.strip()
+
+
+def schema_change_recorded(conn: psycopg.Connection[Any], lsn: Lsn) -> bool:
+    """True when the trigger recorded a message at ``lsn``: the message is the trigger's, not a forgery.
+
+    False also when the table is missing (a trigger of an earlier version, which records nothing).
+    """
+    try:
+        with conn.transaction():
+            row = conn.execute(
+                f"SELECT EXISTS (SELECT FROM {MESSAGES_TABLE} WHERE lsn = %s::pg_lsn)", (str(lsn),)
+            ).fetchone()
+    except psycopg.errors.UndefinedTable:
+        return False
+    return bool(row and row[0])
 
 
 # -- the message ---------------------------------------------------------------------------------------
