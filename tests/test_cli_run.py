@@ -81,3 +81,28 @@ def test_resync_rejects_a_table_outside_the_publication(source: TestDatabase, tm
     result = etl("resync", "-c", str(config), "--table", "public.nope")
     assert result.returncode == 1
     assert "not in publication 'pub'" in result.stderr and "public.t" in result.stderr
+
+
+def test_resync_reaches_the_running_pipeline_through_the_store(source: TestDatabase, tmp_path: Path) -> None:
+    config = write_pipeline(tmp_path, source)
+    with PipelineProcess(config, log_level="info") as run:
+        run.start()
+        wait_for_status(config, "ready")
+        assert run.output().count("table copied") == 1
+        result = etl("resync", "-c", str(config), "--table", "public.t")
+        assert result.returncode == 0, result.stderr
+        assert "resync of public.t requested" in result.stdout
+        deadline = time.monotonic() + 60
+        while run.output().count("table copied") < 2:
+            run.ensure_alive()
+            assert time.monotonic() < deadline, f"the table was not copied again:\n{run.output()[-3000:]}"
+            time.sleep(0.2)
+        assert "why=requested" in run.output()
+        wait_for_status(config, "ready")
+
+
+def test_resync_refuses_the_memory_store(source: TestDatabase, tmp_path: Path) -> None:
+    config = write_config(tmp_path / "p.toml", pipeline_config(source, destination={"type": "null"}))
+    result = etl("resync", "-c", str(config), "--table", "public.t")
+    assert result.returncode == 1
+    assert "memory store lives inside the running pipeline's process" in result.stderr

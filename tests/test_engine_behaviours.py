@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from etl.destination.memory import MemoryDestination
 from etl.pipeline import Pipeline
-from etl.replication.apply import RESYNC_MESSAGE_PREFIX
 from etl.schema import TableName
 from etl.store.base import TableStateKind
 from etl.store.memory import MemoryStore
@@ -72,8 +70,7 @@ def test_single_table_resync_while_others_stream(pg_database: TestDatabase, star
     wait_until(lambda: all_ready(pipeline, 2), "tables ready", pipeline)
     # Damage the destination's copy of a, as a faulty destination might; a resync must repair it.
     destination.drop_table_for_copy(destination.schema("public.a"))
-    request = json.dumps({"pipeline_id": 1, "table_id": oid(db, "a")})
-    db.execute("SELECT pg_logical_emit_message(true, %s, %s)", (RESYNC_MESSAGE_PREFIX, request))
+    pipeline.resync(oid(db, "a"))
     db.execute("INSERT INTO b VALUES (51, 'during resync'); UPDATE a SET v = 'changed' WHERE id < 10")
     wait_until(
         lambda: destination_matches(db, destination, "public.a", "public.b") and all_ready(pipeline, 2),

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import structlog
 from etl.config import load_config
 from etl.errors import ConfigError
 from etl.factory import validate_plugins
-from etl.log import configure_logging
+from etl.log import configure_logging, redact_text
 
 GOOD = """
 [pipeline]
@@ -150,3 +152,84 @@ def test_plugin_section_secrets_are_masked_in_repr(tmp_path: Path) -> None:
         assert "store-pw" not in shown and "url-pw" not in shown
         assert "host='db'" in shown or "ducklake" in shown
     assert config.store.options()["password"] == "store-pw"  # the value itself is intact
+
+
+# -- sharp edges of input ------------------------------------------------------------------------------
+
+
+def test_file_that_is_not_utf8_is_named_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "pipeline.toml"
+    path.write_bytes(GOOD.replace('"my_pub"', '"caf\xe9"').encode("latin-1"))
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={"PGPASSWORD": "x"})
+    assert str(path) in err.value.message and "not UTF-8" in err.value.message
+    assert "line 4" in err.value.message and err.value.hint is not None and "UTF-8" in err.value.hint
+
+
+def test_directory_instead_of_a_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path)
+    assert err.value.message == f"{tmp_path}: is a directory, not a config file"
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    # root reads any file whatever its mode; a write-only sysctl file is refused to root too (EACCES)
+    path = write(tmp_path, GOOD)
+    if os.geteuid() == 0:
+        path = Path("/proc/sys/vm/compact_memory")
+        if not path.exists():
+            pytest.skip("running as root, and no file here that root may not read")
+    else:
+        path.chmod(0)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert err.value.message == f"{path}: permission denied reading the config file"
+    assert err.value.hint is not None and "readable" in err.value.hint
+
+
+def test_booleans_are_not_integers_but_numbers_from_the_environment_are(tmp_path: Path) -> None:
+    for old, new, key in [
+        ("id = 1", "id = true", "pipeline.id"),
+        ("port = 5432", "port = false", "source.port"),
+        ("max_bytes = 8388608", "max_bytes = true", "batch.max_bytes"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            load_config(write(tmp_path, GOOD.replace(old, new)), environ={"PGPASSWORD": "x"})
+        assert f"{key}: expected an integer, got the boolean {new.split()[-1]}" in err.value.message
+    # not a strict int: ${VAR} gives text, which still reads as a number
+    path = write(tmp_path, GOOD.replace("port = 5432", 'port = "${PGPORT}"').replace("id = 1", 'id = "${ID}"'))
+    config = load_config(path, environ={"PGPASSWORD": "x", "PGPORT": "6543", "ID": "7"})
+    assert (config.source.port, config.pipeline.id) == (6543, 7)
+
+
+def test_shutdown_timeout_defaults_to_30_and_is_at_least_1(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, GOOD), environ={"PGPASSWORD": "x"}).pipeline.shutdown_timeout_s == 30
+    path = write(tmp_path, GOOD.replace("[source]", "shutdown_timeout_s = 0\n[source]"))
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={"PGPASSWORD": "x"})
+    assert "pipeline.shutdown_timeout_s: Input should be greater than or equal to 1" in err.value.message
+
+
+def test_messages_about_secret_keys_survive_log_redaction(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as unset:
+        load_config(write(tmp_path, GOOD), environ={})
+    path = write(tmp_path, GOOD.replace('password = "${PGPASSWORD}"', "password = 5"))
+    with pytest.raises(ConfigError) as invalid:
+        load_config(path)
+    for error in (unset.value, invalid.value):
+        assert redact_text(error.message) == error.message, error.message
+        assert error.hint is None or redact_text(error.hint) == error.hint, error.hint
+    assert "environment variable PGPASSWORD, used by source.password, is not set" in unset.value.message
+    assert "source.password (secret): Input should be a valid string" in invalid.value.message
+    # ... while real secrets in text are still masked
+    assert "hunter2" not in redact_text("password: hunter2") and "hunter2" not in redact_text("PGPASSWORD=hunter2")
+
+
+def test_logs_leave_out_keys_without_a_value(capsys: pytest.CaptureFixture[str], restore_logging: None) -> None:
+    configure_logging("json", "info")
+    structlog.get_logger("t").error("no such table", hint=None, table="public.t", rows=0)
+    line = json.loads(capsys.readouterr().err)
+    assert "hint" not in line and line["table"] == "public.t" and line["rows"] == 0
+    configure_logging("console", "info")
+    structlog.get_logger("t").error("no such table", hint=None)
+    assert "hint" not in capsys.readouterr().err

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING, NoReturn
 
 import structlog
 
@@ -17,6 +21,9 @@ from etl.config import PipelineConfig, load_config
 from etl.errors import EtlError
 from etl.log import configure_logging
 from etl.plugins import load_registry
+
+if TYPE_CHECKING:
+    from etl.pipeline import Pipeline
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     with_config("status", "print table states, progress and replication slot lag")
     resync = with_config("resync", "copy one table again while the others keep streaming")
     resync.add_argument("--table", required=True, metavar="SCHEMA.NAME", help="the published table to copy again")
+    reset = with_config(
+        "reset", "drop the pipeline's replication slots and copy every table again at the next run (pipeline stopped)"
+    )
+    reset.add_argument(
+        "--recopy", action="store_true", required=True, help="say that every table is to be copied again"
+    )
     commands.add_parser("plugins", help="list installed destinations and stores")
     demo = commands.add_parser(
         "demo",
@@ -72,11 +85,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             return cmd_run(config, args.config)
         if args.command == "check":
-            return cmd_check(config)
+            return cmd_check(config, args.config)
         if args.command == "status":
             return cmd_status(config, args.config)
         if args.command == "resync":
-            return cmd_resync(config, args.table)
+            return cmd_resync(config, args.config, args.table)
+        if args.command == "reset":
+            return cmd_reset(config, args.config)
     except EtlError as exc:
         log.error(exc.message, hint=exc.hint)
         return 1
@@ -94,33 +109,111 @@ def cmd_plugins() -> int:
     return 1 if registry.broken else 0
 
 
+EXIT_UNDRAINED = 3
+"""``etl run`` stopped without a clean drain: ``[pipeline] shutdown_timeout_s`` passed, or a second signal came.
+Durable progress is kept (delivery is at-least-once), so the next run resumes from it."""
+
+
 def cmd_run(config: PipelineConfig, path: str) -> int:
+    """Run until SIGINT/SIGTERM, then drain; exit 0 after a clean stop, ``EXIT_UNDRAINED`` when the drain
+    does not end within ``shutdown_timeout_s`` (or on a second signal)."""
     from etl.factory import build_destination, build_store
     from etl.pipeline import Pipeline
 
     store = build_store(config, path)
     destination = build_destination(config, store, path)
     pipeline = Pipeline(config, store, destination)
-    pipeline.start()
-
-    def stop(signum: int, _frame: FrameType | None) -> None:
-        log.info("stopping: draining the batch in flight", signal=signal.Signals(signum).name)
-        pipeline.request_stop()
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+    bound = _BoundedStop(pipeline, config.pipeline.shutdown_timeout_s)
+    previous = {sig: signal.signal(sig, bound.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while not pipeline.wait(timeout=0.5):
-            pass
+        pipeline.start()  # a signal during the start is honoured: the pipeline stops as soon as it runs
+        try:
+            while not pipeline.wait(timeout=0.5):
+                pass
+        finally:
+            bound.begin()  # the pipeline also ends on its own (an error): its shutdown is bounded the same way
+            if not pipeline.shutdown(timeout=bound.remaining()):
+                bound.exit_undrained()
+        return 0
     finally:
-        pipeline.shutdown()
-    return 0
+        bound.finish()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
-def cmd_check(config: PipelineConfig) -> int:
+class _BoundedStop:
+    """Bounds the stop of ``etl run``: ``timeout`` seconds from the first signal (or from the pipeline's own
+    end) to a clean drain, else an exit with ``EXIT_UNDRAINED``; a second signal exits at once.
+
+    The exit is ``os._exit``: threads blocked in I/O on a frozen server (a ``ThreadPoolExecutor``'s among
+    them, which Python joins at exit) would otherwise keep the process alive. A watchdog thread exits even
+    when the main thread itself is blocked (closing a destination, say). The signal handler only sets events:
+    it runs between two bytecodes of the main thread, which may be holding a lock (a log write's).
+    """
+
+    def __init__(self, pipeline: Pipeline, timeout: float) -> None:
+        self.pipeline = pipeline
+        self.timeout = timeout
+        self.signal: signal.Signals | None = None
+        self._deadline: float | None = None
+        self._begun = threading.Event()
+        self._second_signal = threading.Event()
+        self._lock = threading.Lock()
+        self._finished = False
+        threading.Thread(target=self._watch, name="etl-shutdown-watchdog", daemon=True).start()
+
+    def on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signal is not None:
+            self._second_signal.set()
+            return
+        self.signal = signal.Signals(signum)
+        self.pipeline.request_stop()
+        self.begin()
+
+    def begin(self) -> None:
+        if self._deadline is None:
+            self._deadline = time.monotonic() + self.timeout
+        self._begun.set()
+
+    def remaining(self) -> float:
+        return max(0.0, (self._deadline or time.monotonic()) - time.monotonic())
+
+    def finish(self) -> None:
+        """The run is over (cleanly or by an error it reports itself): the watchdog must not exit any more."""
+        with self._lock:
+            self._finished = True
+
+    def exit_undrained(self, why: str | None = None) -> NoReturn:
+        with self._lock:  # held until the exit: finish() cannot slip in between
+            log.error(
+                "exiting without a clean drain: " + (why or f"the pipeline did not stop within {self.timeout:g}s"),
+                exit_code=EXIT_UNDRAINED,
+                progress="durable progress is kept; delivery is at-least-once, so the next run resumes from it"
+                " (changes after it may be delivered again)",
+                busy=sorted(t.name for t in threading.enumerate() if t is not threading.current_thread()),
+                hint="the threads still busy are listed: an unresponsive source or destination is the usual cause;"
+                " raise [pipeline] shutdown_timeout_s if clean drains need longer",
+            )
+            for stream in (sys.stderr, sys.stdout):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(EXIT_UNDRAINED)
+
+    def _watch(self) -> None:
+        self._begun.wait()
+        if self.signal is not None:
+            log.info("stopping: draining the batch in flight", signal=self.signal.name, timeout_s=self.timeout)
+        second = self._second_signal.wait(self.remaining())
+        with self._lock:
+            if self._finished:
+                return
+        self.exit_undrained("a second signal came" if second else None)
+
+
+def cmd_check(config: PipelineConfig, path: str) -> int:
     from etl.postgres.checks import run_checks
 
-    checks = run_checks(config)
+    checks = run_checks(config, path)
     for check in checks:
         echo(check.line())
     failed = sum(c.failed for c in checks)
@@ -130,12 +223,14 @@ def cmd_check(config: PipelineConfig) -> int:
 
 def cmd_status(config: PipelineConfig, path: str) -> int:
     from etl.factory import build_store
+    from etl.pipeline import apply_slot_was_used
     from etl.postgres.connection import connect
-    from etl.replication.slots import slot_prefix
+    from etl.replication.slots import apply_slot, slot_prefix
     from etl.store.base import APPLY_WORKER, table_sync_worker
 
     store = build_store(config, path)
     try:
+        slot_expected = apply_slot_was_used(store)
         states = store.get_table_states()
         names = {s.id: str(s.name) for s in store.get_table_schemas()}
         echo(f"pipeline {config.pipeline.id} (store: {config.store.type})")
@@ -153,37 +248,71 @@ def cmd_status(config: PipelineConfig, path: str) -> int:
         slots = conn.execute(
             "SELECT slot_name, active, confirmed_flush_lsn::text, wal_status,"
             " pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn))"
-            " FROM pg_replication_slots WHERE slot_name = %s OR slot_name LIKE %s ORDER BY 1",
-            (apply_prefix, sync_prefix + "%"),
+            " FROM pg_replication_slots WHERE slot_name = %s OR starts_with(slot_name, %s) ORDER BY 1",
+            (apply_prefix, sync_prefix),
         ).fetchall()
     _table(["slot", "active", "confirmed flush", "wal status", "lag"], [tuple(map(str, s)) for s in slots])
+    slot = apply_slot(config.pipeline.id)
+    lost = [s for s in slots if s[0] == slot and s[3] == "lost"]
+    if lost or (slot_expected and not any(s[0] == slot for s in slots)):
+        what = "was invalidated" if lost else "is gone although the store holds progress for it"
+        echo(
+            f"PROBLEM: replication slot {slot} {what}: the changes since are lost, and the pipeline stops at its"
+            f" next start. Copy every table again: etl reset --recopy -c {path}"
+        )
+        return 1
     return 0
 
 
-def cmd_resync(config: PipelineConfig, table: str) -> int:
-    """Ask the pipeline, through its own replication stream, to copy one table again.
+def cmd_resync(config: PipelineConfig, path: str, table: str) -> int:
+    """Ask the pipeline, through its store, to copy one table again.
 
-    The request is a transactional logical message on the source, so the running pipeline acts on it
-    at a precise point of the stream; a stopped pipeline acts on it when it next starts.
+    Only whoever can write the store can ask; the running pipeline takes the request within seconds, a
+    stopped one when it next starts. (Nothing in the source's WAL is trusted for this: any role may write there.)
     """
+    from etl.factory import build_store
     from etl.postgres.catalog import publication_tables
     from etl.postgres.connection import connect
-    from etl.replication.apply import RESYNC_MESSAGE_PREFIX
     from etl.schema import TableName
 
+    if config.store.type == "memory":
+        raise EtlError(
+            "the memory store lives inside the running pipeline's process; `etl resync` cannot reach it",
+            hint="restart the pipeline (a memory store copies every table at each start), or use a durable store"
+            ' ([store] type = "sqlite" or "postgres")',
+        )
     wanted = TableName.parse(table)
     with connect(config.source) as conn:
         published = {t.name: t for t in publication_tables(conn, config.pipeline.publication)}
-        if wanted not in published:
-            raise EtlError(
-                f"table {wanted} is not in publication '{config.pipeline.publication}'",
-                hint="published tables: " + ", ".join(sorted(str(n) for n in published)),
-            )
-        request = json.dumps({"pipeline_id": config.pipeline.id, "table_id": published[wanted].id})
-        lsn = conn.execute(
-            "SELECT pg_logical_emit_message(true, %s, %s)::text", (RESYNC_MESSAGE_PREFIX, request)
-        ).fetchone()
-    echo(f"resync of {wanted} requested at {lsn[0] if lsn else '?'}; the pipeline copies it again when it gets there")
+    if wanted not in published:
+        raise EtlError(
+            f"table {wanted} is not in publication '{config.pipeline.publication}'",
+            hint="published tables: " + ", ".join(sorted(str(n) for n in published)),
+        )
+    store = build_store(config, path)
+    try:
+        store.request_resync(published[wanted].id)
+    finally:
+        store.close()
+    echo(
+        f"resync of {wanted} requested; the running pipeline copies it again within seconds, a stopped one at its start"
+    )
+    return 0
+
+
+def cmd_reset(config: PipelineConfig, path: str) -> int:
+    """Drop the pipeline's slots and set every table back to Init: the way out of a slot that cannot go on."""
+    from etl.factory import build_store
+    from etl.pipeline import reset_for_recopy
+
+    store = build_store(config, path)
+    try:
+        store.acquire_lock()
+        slots, tables = reset_for_recopy(config, store)
+    finally:
+        store.close()
+    echo(f"dropped slots: {', '.join(slots) if slots else 'none'}")
+    echo(f"{tables} tables are copied again when the pipeline next runs")
     return 0
 
 

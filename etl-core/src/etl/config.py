@@ -12,16 +12,30 @@ import re
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
 
 from etl.errors import ConfigError
-from etl.log import redact_value
+from etl.log import redact_text, redact_value
 
 M = TypeVar("M", bound=BaseModel)
 
 _ENV_REF = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _not_a_bool(value: Any) -> Any:
+    # pydantic reads true/false as 1/0 for an int field; in a config file that is always a mistake
+    if isinstance(value, bool):
+        raise ValueError(f"expected an integer, got the boolean {str(value).lower()}")
+    return value
+
+
+Integer = Annotated[int, BeforeValidator(_not_a_bool)]
+"""An ``int`` setting that refuses booleans but, unlike a strict int, still reads ``"5432"`` (from ``${VAR}``).
+
+Plugin config models should use it for their integer settings too.
+"""
 
 
 class Section(BaseModel):
@@ -32,7 +46,7 @@ class PostgresConnection(Section):
     """Connection settings shared by the source and the Postgres store."""
 
     host: str = "127.0.0.1"
-    port: int = Field(5432, ge=1, le=65535)
+    port: Integer = Field(5432, ge=1, le=65535)
     database: str = "postgres"
     user: str = "postgres"
     password: SecretStr | None = None
@@ -40,10 +54,10 @@ class PostgresConnection(Section):
     sslrootcert: str | None = None
     sslcert: str | None = None
     sslkey: str | None = None
-    connect_timeout: int = Field(10, ge=1, description="seconds")
-    keepalives_idle: int = Field(30, ge=1, description="seconds before TCP keepalives start")
-    keepalives_interval: int = Field(10, ge=1)
-    keepalives_count: int = Field(3, ge=1)
+    connect_timeout: Integer = Field(10, ge=1, description="seconds")
+    keepalives_idle: Integer = Field(30, ge=1, description="seconds before TCP keepalives start")
+    keepalives_interval: Integer = Field(10, ge=1)
+    keepalives_count: Integer = Field(3, ge=1)
     application_name: str = "etl"
 
     def conninfo(self, **overrides: str) -> dict[str, str]:
@@ -76,20 +90,29 @@ class PostgresConnection(Section):
 
 
 class PipelineSection(Section):
-    id: int = Field(ge=0, description="unique per store; names the replication slots")
+    id: Integer = Field(ge=0, description="unique per store; names the replication slots")
     publication: str = Field(min_length=1)
-    table_sync_workers: int = Field(4, ge=1, description="tables copied at once")
-    copy_connections: int = Field(2, ge=1, description="parallel COPY connections per table")
+    table_sync_workers: Integer = Field(4, ge=1, description="tables copied at once")
+    copy_connections: Integer = Field(2, ge=1, description="parallel COPY connections per table")
     invalidated_slot: Literal["stop", "recreate"] = "stop"
-    """What to do when the slot was invalidated (WAL removed): stop with instructions, or recreate and resync."""
+    """What to do when a slot was invalidated (WAL removed) or is gone although the store holds progress for it:
+    stop with instructions, or recreate it and copy again (every table for the apply slot; one for a sync slot)."""
+    table_error_retry_delay_ms: Integer = Field(
+        10_000, ge=1, description="first wait before an errored table whose cause may pass is copied again"
+    )
+    table_error_retry_max_attempts: Integer = Field(
+        5, ge=0, description="timed retries of an errored table (the wait doubles each time) before it waits for you"
+    )
     install_ddl_trigger: bool = True
     """Install the source-side DDL event trigger when the role may (superuser)."""
+    shutdown_timeout_s: Integer = Field(30, ge=1, description="seconds `etl run` waits for a drain after a signal")
+    """How long ``etl run`` lets the pipeline drain after SIGTERM/SIGINT before it exits without a clean drain."""
 
 
 class BatchSection(Section):
-    max_fill_ms: int = Field(1000, ge=1, description="flush a batch after this long")
-    max_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="flush a batch past this size")
-    spill_threshold_bytes: int = Field(
+    max_fill_ms: Integer = Field(1000, ge=1, description="flush a batch after this long")
+    max_bytes: Integer = Field(8 * 1024 * 1024, ge=1024, description="flush a batch past this size")
+    spill_threshold_bytes: Integer = Field(
         64 * 1024 * 1024, ge=1024, description="spill an in-progress streamed transaction to disk past this"
     )
 
@@ -111,25 +134,67 @@ class PluginSection(BaseModel):
             yield key, redact_value(key, value)
 
 
+class MetricsSection(Section):
+    """Prometheus metrics and health checks (see docs/observability.md)."""
+
+    listen: str | None = Field(
+        None,
+        pattern=r"^(\[[0-9A-Fa-f:.]+\]|[^:\s\[\]]+):[0-9]{1,5}$",
+        description="host:port serving /metrics, /healthz and /readyz; unset: no listener (the registry stays)",
+    )
+    sample_interval_s: Integer = Field(10, ge=1, description="how often the source is asked for its WAL position")
+    stuck_after_s: Integer = Field(
+        120, ge=1, description="/readyz fails when the apply worker's read loop has not turned for this long"
+    )
+
+
 class PipelineConfig(Section):
     pipeline: PipelineSection
     source: PostgresConnection
     batch: BatchSection = BatchSection()
     store: PluginSection = PluginSection(type="memory")
     destination: PluginSection = PluginSection(type="memory")
+    metrics: MetricsSection | None = None
+    """With a ``[metrics]`` section the source is sampled for lag and retained WAL; with ``listen`` also served."""
 
 
 def load_config(path: str | Path, environ: dict[str, str] | None = None) -> PipelineConfig:
     """Read and validate a pipeline file; raise ``ConfigError`` naming the file and key on failure."""
     path = Path(path)
+    text = _read_text(path)
     try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     raw = interpolate_env(raw, os.environ if environ is None else environ, str(path))
     return validate(PipelineConfig, raw, str(path))
+
+
+def _read_text(path: Path) -> str:
+    """The file's text, decoded as UTF-8 (what TOML requires); ``ConfigError`` when it cannot be read."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file", hint="check the path given to -c/--config") from None
+    except IsADirectoryError:
+        raise ConfigError(
+            f"{path}: is a directory, not a config file", hint="give the path of the pipeline's TOML file"
+        ) from None
+    except PermissionError:
+        raise ConfigError(
+            f"{path}: permission denied reading the config file",
+            hint="make the file readable by the user that runs etl (chmod/chown), or run etl as its owner",
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8-sig")  # tolerate the byte order mark some editors write
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{path}: not UTF-8 text: byte 0x{data[exc.start]:02x} on line {line} cannot be decoded",
+            hint="TOML files are UTF-8: save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+        ) from None
 
 
 def validate(model: type[M], data: Any, source: str, prefix: str = "") -> M:
@@ -149,7 +214,12 @@ def format_errors(exc: ValidationError, prefix: str = "") -> str:
             message = "required key is missing"
         elif err["type"] == "extra_forbidden":
             message = "unknown key (check the spelling; see docs/configuration.md)"
-        lines.append(f"  {key}: {message}")
+        elif err["type"] == "value_error":
+            message = message.removeprefix("Value error, ")
+        line = f"  {key}: {message}"
+        if redact_text(line) != line:  # "password: <message>" would read as a secret in logs and be masked
+            line = f"  {key} (secret): {message}"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -167,9 +237,10 @@ def interpolate_env(value: Any, environ: Any, source: str, key: str = "") -> Any
         if name is None:
             return "$"
         if name not in environ:
+            # Worded so that no key sits before a colon: "password: ..." would be masked as a secret in logs.
             raise ConfigError(
-                f"{source}: {key}: environment variable {name} is not set",
-                hint=f"export {name}=... before starting, or write the value in the file",
+                f"{source}: environment variable {name}, used by {key}, is not set",
+                hint=f"export {name} in the environment of etl before starting it, or write the value in the file",
             )
         return str(environ[name])
 

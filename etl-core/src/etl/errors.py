@@ -51,11 +51,18 @@ class DestinationError(EtlError):
 
 
 class TableError(EtlError):
-    """A problem confined to one table (bad value, unsupported type); that table goes Errored."""
+    """A problem confined to one table (bad value, unsupported type); that table goes Errored.
 
-    def __init__(self, message: str, *, hint: str | None = None, table_id: int | None = None) -> None:
+    ``transient`` says the cause may pass by itself (a destination-side failure of this one table, say):
+    the engine then copies the table again on a timer. Otherwise the table waits for the user.
+    """
+
+    def __init__(
+        self, message: str, *, hint: str | None = None, table_id: int | None = None, transient: bool = False
+    ) -> None:
         super().__init__(message, hint=hint)
         self.table_id = table_id
+        self.transient = transient
 
 
 @contextmanager

@@ -145,6 +145,10 @@ class EventBatch:
     _events: Callable[[], Iterator[Event]] = field(repr=False)
     last_commit_lsn: Lsn = Lsn.ZERO
     """End LSN of the last transaction that commits in this batch; progress after a durable write."""
+    last_commit_ts: datetime | None = None
+    """Commit time of that transaction on the source (``None`` when no transaction commits in this batch)."""
+    schema_changes: int = 0
+    """Relation events (new schema versions) in the batch, for metrics."""
 
     def events(self) -> Iterator[Event]:
         return self._events()
@@ -167,7 +171,7 @@ class EventBatch:
                     yield event
 
         changes = {t: segs for t, segs in self.changes.items() if t != table_id}
-        return EventBatch(changes, events, self.last_commit_lsn)
+        return replace(self, changes=changes, _events=events)
 
     def row_count(self) -> int:
         return sum(seg.table.num_rows for segs in self.changes.values() for seg in segs)

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from etl.config import PipelineConfig, PluginSection, validate
 from etl.destination.base import Destination, DestinationContext
 from etl.errors import ConfigError
 from etl.plugins import Registry, load_registry
 from etl.store.base import Store
+
+
+def validate_plugin(
+    registry: Registry, kind: Literal["store", "destination"], section: PluginSection, source: str
+) -> None:
+    """Check that the plugin ``section`` names is installed and accepts its options, without building it."""
+    _plugin(registry, kind, section, source)
 
 
 def _plugin(registry: Registry, kind: str, section: PluginSection, source: str) -> tuple[Any, Any]:

@@ -35,6 +35,13 @@ def redact_value(key: str, value: Any) -> Any:
     return value
 
 
+def _drop_none(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Leave out keys whose value is None (``hint=None`` of an error without a hint, say): they tell nothing."""
+    for key in [k for k, v in event.items() if v is None and k != "event"]:
+        del event[key]
+    return event
+
+
 def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     for key, value in list(event.items()):
         event[key] = redact_value(key, value)
@@ -53,6 +60,7 @@ def configure_logging(fmt: LogFormat = "console", level: str = "info") -> None:
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _drop_none,
         _redact,
     ]
     structlog.configure(

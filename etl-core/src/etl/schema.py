@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Protocol
 
+from etl.errors import EtlError
 from etl.lsn import Lsn
 
 TableId = int
 """A table is identified by its Postgres relation OID, stable across renames."""
+
+
+class TableNameError(EtlError, ValueError):
+    """Text that is not a table name (an ``EtlError`` for the CLI, a ``ValueError`` for callers that expect one)."""
+
+
+_TABLE_NAME_HINT = (
+    "write it as schema.table or table (schema public); put a part that holds a dot, a capital letter, a space or"
+    ' a quote in double quotes, doubling any quote inside, as in SQL: public."Order Items" or "my.schema".orders'
+)
 
 
 @dataclass(frozen=True, order=True)
@@ -20,22 +32,97 @@ class TableName:
 
     @classmethod
     def parse(cls, text: str) -> TableName:
-        """Parse ``schema.name`` (``public`` when no schema is given)."""
-        schema, dot, name = text.rpartition(".")
-        if not name:
-            raise ValueError(f"not a table name: {text!r} (expected 'schema.table')")
-        return cls(schema if dot else "public", name)
+        """Parse ``schema.table`` or ``table`` (schema ``public``), as Postgres reads a qualified name.
+
+        A part is either a plain identifier, folded to lower case as Postgres does (``Orders`` is
+        ``orders``), or a double-quoted identifier taken as written, with ``""`` for a quote inside
+        (``public."a.b"`` and ``"public.a".b`` are two different tables). ``str()`` renders the form
+        this reads back. Raises ``TableNameError`` naming the problem otherwise.
+        """
+        parts = _split_qualified(text)
+        if len(parts) == 1:
+            return cls("public", parts[0])
+        if len(parts) == 2:
+            return cls(parts[0], parts[1])
+        raise TableNameError(
+            f"not a table name: {text!r}: it has {len(parts)} dot-separated parts, expected schema.table",
+            hint=_TABLE_NAME_HINT,
+        )
 
     def quoted(self) -> str:
         """The name as a safely quoted SQL identifier."""
         return f"{quote_ident(self.schema)}.{quote_ident(self.name)}"
 
     def __str__(self) -> str:
-        return f"{self.schema}.{self.name}"
+        """``schema.table`` for people: each part quoted only where needed, so ``parse`` reads it back."""
+        return f"{display_ident(self.schema)}.{display_ident(self.name)}"
 
 
 def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+_PLAIN_IDENT = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+def display_ident(name: str) -> str:
+    """``name`` as is when it is a plain lower-case identifier, else double-quoted (the rule of Postgres's
+    ``quote_ident``, except that keywords stay unquoted: this is for reading, ``quote_ident`` is for SQL)."""
+    return name if _PLAIN_IDENT.fullmatch(name) else quote_ident(name)
+
+
+def _split_qualified(text: str) -> list[str]:
+    """The parts of a dotted name with quoted identifiers; ``TableNameError`` on malformed text."""
+
+    def fail(problem: str) -> TableNameError:
+        return TableNameError(f"not a table name: {text!r}: {problem}", hint=_TABLE_NAME_HINT)
+
+    parts: list[str] = []
+    body = text.strip()
+    i, end = 0, len(body)
+    if not body:
+        raise fail("it is empty")
+    while True:
+        if i < end and body[i] == '"':
+            part, i = [], i + 1
+            while True:
+                close = body.find('"', i)
+                if close < 0:
+                    raise fail("a double quote is not closed")
+                part.append(body[i:close])
+                if body.startswith('"', close + 1):  # "" is a quote inside the name
+                    part.append('"')
+                    i = close + 2
+                    continue
+                i = close + 1
+                break
+            name = "".join(part)
+            if not name:
+                raise fail('"" is an empty name')
+        else:
+            start = i
+            while i < end and body[i] not in '."':
+                i += 1
+            name = body[start:i]
+            if not name:
+                where = "at its start" if start == 0 else "at its end" if start == end else "between two dots"
+                raise fail(f"a name is missing {where}")
+            if i < end and body[i] == '"':
+                raise fail(f"a double quote inside the unquoted name {name!r}")
+            if any(ch.isspace() for ch in name):
+                raise fail(f"the unquoted name {name!r} holds a space")
+            name = name.translate(_ASCII_LOWER)  # Postgres folds unquoted names (ASCII letters only)
+        parts.append(name)
+        if i == end:
+            return parts
+        if body[i] != ".":
+            raise fail(f"unexpected {body[i]!r} after the quoted name {name!r}")
+        i += 1
+        if i == end:
+            raise fail("a name is missing at its end")
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
 class ReplicaIdentity(StrEnum):

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field
 
-from etl.config import validate
+from etl.config import Integer, validate
 from etl.errors import PipelineLockedError, StoreError
 from etl.store.migrations import driver_message
 from etl.store.sql import SqlStore
@@ -33,7 +33,7 @@ class SqliteStore(SqlStore):
         model_config = ConfigDict(extra="forbid", frozen=True)
 
         path: Path = Field(description="the SQLite file; created when missing (its directory must exist)")
-        busy_timeout_ms: int = Field(5000, ge=0, description="how long a write waits for another writer")
+        busy_timeout_ms: Integer = Field(5000, ge=0, description="how long a write waits for another writer")
 
     @classmethod
     def from_config(cls, config: Config | Mapping[str, Any], pipeline_id: int) -> SqliteStore:

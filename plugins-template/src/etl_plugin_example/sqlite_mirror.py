@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from etl.config import Integer
 from etl.destination.base import DestinationContext, WriteResult
 from etl.errors import DestinationError, TableError, TransientError
 from etl.events import (
@@ -71,7 +72,7 @@ class SqliteMirrorDestination:
         model_config = ConfigDict(extra="forbid", frozen=True)
 
         path: Path = Field(description="the SQLite file; created when missing (its directory must exist)")
-        busy_timeout_ms: int = Field(5000, ge=0, description="how long a write waits for another writer")
+        busy_timeout_ms: Integer = Field(5000, ge=0, description="how long a write waits for another writer")
 
     def __init__(self, path: Path, busy_timeout_ms: int = 5000) -> None:
         self.path = Path(path)

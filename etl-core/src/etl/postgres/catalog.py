@@ -147,10 +147,24 @@ def _leaves(conn: psycopg.Connection[Any], root: TableId) -> tuple[TableName, ..
            ORDER BY n.nspname, c.relname""",
         (root,),
     ).fetchall()
-    skipped = [f"{schema}.{name}" for schema, name, kind in rows if kind != "r"]
+    skipped = [str(TableName(schema, name)) for schema, name, kind in rows if kind != "r"]
     if skipped:
         log.warning("partitions that are not tables are not copied", root=root, partitions=skipped)
     return tuple(TableName(schema, name) for schema, name, kind in rows if kind == "r")
+
+
+def estimated_rows(conn: psycopg.Connection[Any], tables: Sequence[TableName]) -> int | None:
+    """The planner's row count of ``tables`` together (``reltuples``); ``None`` when none was ever analyzed."""
+    if not tables:
+        return None
+    row = conn.execute(
+        "SELECT sum(greatest(reltuples, 0))::bigint, bool_and(reltuples < 0)"
+        " FROM pg_catalog.pg_class WHERE oid = ANY(%s::regclass[])",
+        ([t.quoted() for t in tables],),
+    ).fetchone()
+    if row is None or row[0] is None or row[1]:
+        return None
+    return int(row[0])
 
 
 def table_schema(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 
-from etl.config import PipelineConfig
+from etl.config import PipelineConfig, PluginSection
 from etl.errors import EtlError
+from etl.factory import validate_plugin
+from etl.plugins import Registry, load_registry
 from etl.postgres.connection import connect
 from etl.postgres.ddl import ddl_trigger_installed
 from etl.replication.slots import apply_slot
@@ -35,14 +37,44 @@ class Check:
         return f"{text}\n      fix: {self.fix}" if self.fix and not self.ok else text
 
 
-def run_checks(config: PipelineConfig) -> list[Check]:
-    """Every check, in order; stops after a failed connection (nothing else can be checked)."""
+def run_checks(config: PipelineConfig, source: str = "config", registry: Registry | None = None) -> list[Check]:
+    """Every check, in order: the source (the rest of its checks are skipped when it cannot be reached), then
+    the store and destination sections. ``source`` names the config file in messages."""
+    plugins = _plugin_checks(config, source, registry)
     try:
         conn = connect(config.source)
     except EtlError as exc:
-        return [Check("source reachable", False, exc.message, exc.hint)]
+        return [Check("source reachable", False, exc.message, exc.hint), *plugins]
     with conn:
-        return [Check("source reachable", True, f"connected to {config.source.describe()}"), *_checks(conn, config)]
+        return [
+            Check("source reachable", True, f"connected to {config.source.describe()}"),
+            *_checks(conn, config),
+            *plugins,
+        ]
+
+
+def _plugin_checks(config: PipelineConfig, source: str, registry: Registry | None) -> list[Check]:
+    """The store and destination sections name installed plugins and hold options those accept.
+
+    Only the options are validated: nothing is opened or started (no store file, no Spark session).
+    """
+    try:
+        registry = registry or load_registry()
+    except EtlError as exc:
+        return [Check("plugins", False, exc.message, exc.hint)]
+    checks = []
+    sections: tuple[tuple[Literal["store", "destination"], PluginSection], ...] = (
+        ("store", config.store),
+        ("destination", config.destination),
+    )
+    for kind, section in sections:
+        try:
+            validate_plugin(registry, kind, section, source)
+        except EtlError as exc:
+            checks.append(Check(kind, False, exc.message, exc.hint or "fix the section, see docs/configuration.md"))
+        else:
+            checks.append(Check(kind, True, f"{kind} '{section.type}': the options are valid"))
+    return checks
 
 
 def _one(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> Any:

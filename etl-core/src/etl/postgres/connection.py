@@ -73,20 +73,29 @@ def conninfo_string(config: PostgresConnection, **overrides: str) -> str:
     return make_conninfo(**conninfo_params(config, overrides))
 
 
-def connect(config: PostgresConnection, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
+def connect(
+    config: PostgresConnection, *, autocommit: bool = True, retried: bool = False, **kwargs: Any
+) -> psycopg.Connection[Any]:
     """Open a normal connection to ``config`` with the pinned session settings.
 
     Raises ``TransientError`` when the server is unreachable or busy (retrying may help) and
     ``SourceError`` when retrying will not help (authentication, missing database, bad TLS setup).
+    ``retried``: the caller retries a ``TransientError`` by itself, so its hint may say so.
     """
     try:
         return psycopg.connect(conninfo_string(config), autocommit=autocommit, **kwargs)
     except psycopg.OperationalError as exc:
-        raise connection_error(config, exc) from None
+        raise connection_error(config, exc, retried=retried) from None
 
 
-def connection_error(config: PostgresConnection, exc: BaseException, what: str = "connect to") -> EtlError:
-    """An error for a failed connection attempt that names the target (never the password) and a hint."""
+def connection_error(
+    config: PostgresConnection, exc: BaseException, what: str = "connect to", *, retried: bool = False
+) -> EtlError:
+    """An error for a failed connection attempt that names the target (never the password) and a hint.
+
+    ``retried`` says whether the caller tries again by itself (a pipeline worker) or gives up (a
+    one-shot command): only then does the hint of a ``TransientError`` say that it is retried.
+    """
     detail = _scrub(str(exc).strip(), config)
     lowered = detail.lower()
     target = config.describe()
@@ -104,9 +113,10 @@ def connection_error(config: PostgresConnection, exc: BaseException, what: str =
         else:
             hint = "check the source settings (host, port, database, user, sslmode and certificates)"
         return SourceError(f"cannot {what} Postgres at {target}: {detail}", hint=hint)
+    reachable = "check that the server is running and reachable from here (host, port, firewall)"
     return TransientError(
         f"cannot {what} Postgres at {target}: {detail}",
-        hint="check that the server is running and reachable from here (host, port, firewall); it is retried",
+        hint=f"{reachable}; it is retried" if retried else reachable,
     )
 
 

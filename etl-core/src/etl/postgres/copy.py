@@ -5,13 +5,21 @@ Each COPY row arrives as one protocol message, so rows are gathered as raw CSV b
 empty fields are NULL, quoted ones are ''), then each column is converted by ``codecs.decode_text_column``.
 No Python object is made per value. Copies run inside ``REPEATABLE READ`` transactions that import
 the slot's exported snapshot, so every range sees the table as of the slot's consistent point.
+
+No wait on the server is unbounded: connecting is bounded by ``connect_timeout``, and every later wait
+by ``read_timeout`` (a server that sends nothing for that long, a frozen one say, counts as a lost
+connection: ``TransientError``). Every wait also watches the caller's ``stop`` event and gives up
+within ``_STOP_POLL`` seconds once it is set, raising ``CopyStopped``.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import selectors
+import socket
 import threading
+import time
 from collections.abc import Generator, Iterator
 from types import TracebackType
 from typing import Any, Final
@@ -20,14 +28,15 @@ import psycopg
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import structlog
-from psycopg import pq, sql
+from psycopg import pq
 from psycopg.errors import error_from_result
+from psycopg.pq.abc import PGconn, PGresult
 
 from etl.config import PostgresConnection
 from etl.errors import EtlError, SourceError, TableError, TransientError
 from etl.postgres.catalog import CtidRange, PublishedTable, ctid_ranges
 from etl.postgres.codecs import arrow_field, decode_text_column
-from etl.postgres.connection import connect
+from etl.postgres.connection import connect, connection_error, conninfo_string
 from etl.schema import TableName, TableSchema, quote_ident
 
 log = structlog.get_logger(__name__)
@@ -37,6 +46,13 @@ MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
 RANGES_PER_CONNECTION: Final = 4
 """Ranges planned per connection and table, so that uneven ranges still spread evenly."""
 _STOP_POLL: Final = 0.5  # seconds between checks of the stop flag while waiting for the server
+COPY_READ_TIMEOUT_S: Final = 300.0
+"""How long a copy connection waits for the server to send (or take) anything before it counts as lost.
+
+A COPY streams rows as its scan finds them, so a healthy server goes quiet this long only when a row
+filter rejects every row of a very long stretch of a table, or the COPY waits for a lock (behind an
+``ALTER TABLE``, say); either way the copy is retried. A frozen or vanished server is noticed here.
+"""
 
 _PARSE_OPTIONS: Final = pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False)
 _CONVERT_OPTIONS_ARGS: Final[dict[str, Any]] = {
@@ -47,7 +63,11 @@ _CONVERT_OPTIONS_ARGS: Final[dict[str, Any]] = {
 
 
 class _Stopped(Exception):
-    """The copy was asked to stop."""
+    """The copy's own consumer went away (the iterator was closed): stop quietly."""
+
+
+class CopyStopped(TransientError):
+    """The caller's ``stop`` event was set before the copy finished; the table was not copied in full."""
 
 
 def copy_range(  # noqa: PLR0917 - the order of the COPY's parts
@@ -59,14 +79,17 @@ def copy_range(  # noqa: PLR0917 - the order of the COPY's parts
     row_filter: str | None,
     *,
     batch_rows: int = 65536,
+    stop: threading.Event | None = None,
+    read_timeout: float = COPY_READ_TIMEOUT_S,
 ) -> Generator[pa.RecordBatch, None, None]:
     """Copy the rows of ``source`` in ``ctid_range`` (``None``: all) that pass ``row_filter``.
 
     Runs on its own connection in a ``REPEATABLE READ`` transaction that imports ``snapshot`` (``None``:
     a fresh snapshot). Batches hold ``schema``'s columns in order, at most ``batch_rows`` rows each; an
     empty range yields no batch. ``source`` is the table itself or, for a partitioned table, a leaf.
+    Setting ``stop`` makes it raise ``CopyStopped`` within a second; ``read_timeout``: see the module.
     """
-    with _CopySession(config, snapshot) as session:
+    with _CopySession(config, snapshot, cancel=stop, read_timeout=read_timeout) as session:
         yield from session.copy(schema, source, ctid_range, row_filter, batch_rows)
 
 
@@ -78,6 +101,8 @@ def copy_table(
     connections: int,
     *,
     batch_rows: int = 65536,
+    stop: threading.Event | None = None,
+    read_timeout: float = COPY_READ_TIMEOUT_S,
 ) -> Generator[pa.RecordBatch, None, None]:
     """Copy every row of ``table`` (a partitioned table from its leaves) over ``connections`` connections.
 
@@ -87,24 +112,34 @@ def copy_table(
     slow. An error in any worker stops the others and is raised here; closing the iterator early stops
     them too. Keep the connection that exported ``snapshot`` idle until the copy is done. Without a
     snapshot each connection reads its own, so only a single-connection copy is then consistent.
+    Setting ``stop`` makes it raise ``CopyStopped`` within a second (a frozen server included);
+    ``read_timeout``: see the module.
     """
     if connections < 1:
         raise ValueError(f"connections must be at least 1, got {connections}")
     _check_columns(schema)
     parts = 1 if connections == 1 else connections * RANGES_PER_CONNECTION
-    with connect(config) as conn:
+    with connect(config, retried=True) as conn, _Unblock(conn, config, stop, read_timeout, "plan the copy"):
         tasks = [(source, rng) for source in table.sources for rng in ctid_ranges(conn, source, parts)]
     if not tasks:  # a partitioned table without partitions
         return
     workers = min(connections, len(tasks))
     log.info("copying table", table=str(table.name), ranges=len(tasks), connections=workers)
     if workers <= 1:
-        with _CopySession(config, snapshot) as session:
+        with _CopySession(config, snapshot, cancel=stop, read_timeout=read_timeout) as session:
             for source, rng in tasks:
                 yield from session.copy(schema, source, rng, table.row_filter, batch_rows)
         return
     yield from _ParallelCopy(
-        config, schema, tasks, row_filter=table.row_filter, snapshot=snapshot, workers=workers, batch_rows=batch_rows
+        config,
+        schema,
+        tasks,
+        row_filter=table.row_filter,
+        snapshot=snapshot,
+        workers=workers,
+        batch_rows=batch_rows,
+        cancel=stop,
+        read_timeout=read_timeout,
     ).run()
 
 
@@ -123,9 +158,11 @@ class _ParallelCopy:
         snapshot: str | None,
         workers: int,
         batch_rows: int,
+        cancel: threading.Event | None,
+        read_timeout: float,
     ) -> None:
         self.config, self.schema, self.row_filter, self.snapshot = config, schema, row_filter, snapshot
-        self.batch_rows = batch_rows
+        self.batch_rows, self.cancel, self.read_timeout = batch_rows, cancel, read_timeout
         self.tasks: queue.SimpleQueue[tuple[TableName, CtidRange]] = queue.SimpleQueue()
         for task in tasks:
             self.tasks.put(task)
@@ -141,7 +178,12 @@ class _ParallelCopy:
         running = len(self.threads)
         try:
             while running:
-                item = self.out.get()
+                if self.cancel is not None and self.cancel.is_set():
+                    raise CopyStopped(f"the copy of {self.schema.name} was stopped")
+                try:
+                    item = self.out.get(timeout=_STOP_POLL)
+                except queue.Empty:
+                    continue
                 if item is self._DONE:
                     running -= 1
                 elif isinstance(item, BaseException):
@@ -156,7 +198,9 @@ class _ParallelCopy:
 
     def _work(self) -> None:
         try:
-            with _CopySession(self.config, self.snapshot, self.stop) as session:
+            with _CopySession(
+                self.config, self.snapshot, self.stop, cancel=self.cancel, read_timeout=self.read_timeout
+            ) as session:
                 while not self.stop.is_set():
                     try:
                         source, rng = self.tasks.get_nowait()
@@ -184,27 +228,101 @@ class _ParallelCopy:
 
 
 class _CopySession:
-    """One connection in a read-only ``REPEATABLE READ`` transaction on the snapshot; copies ranges."""
+    """One connection in a read-only ``REPEATABLE READ`` transaction on the snapshot; copies ranges.
 
-    def __init__(self, config: PostgresConnection, snapshot: str | None, stop: threading.Event | None = None) -> None:
+    It speaks libpq's asynchronous API directly, so that every wait on the server (connecting
+    included) is a ``select`` that watches ``stop`` (the session's owner went away: ``_Stopped``),
+    ``cancel`` (the caller's stop request: ``CopyStopped``) and ``read_timeout``.
+    """
+
+    def __init__(
+        self,
+        config: PostgresConnection,
+        snapshot: str | None,
+        stop: threading.Event | None = None,
+        *,
+        cancel: threading.Event | None = None,
+        read_timeout: float = COPY_READ_TIMEOUT_S,
+    ) -> None:
         self.config = config
         self.stop = stop
-        self.conn = connect(config)
+        self.cancel = cancel
+        self.read_timeout = read_timeout
+        self.pgconn = self._connect()
+        self._selector = selectors.DefaultSelector()
         try:
-            self.conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            self._selector.register(self.pgconn.socket, selectors.EVENT_READ)
+            self._command("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "start the copy")
             if snapshot is not None:
-                self.conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+                self._command(f"SET TRANSACTION SNAPSHOT {_literal(snapshot)}", "start the copy")
         except psycopg.Error as exc:
-            self.conn.close()
+            self.close()
             if exc.sqlstate in ("22023", "42704"):  # invalid parameter value / undefined object (18+)
                 raise SourceError(
                     f"cannot import snapshot {snapshot!r} on {config.describe()}: {exc.diag.message_primary}",
                     hint="the exporting replication connection must stay open and idle until the copy has started",
                 ) from None
             raise _copy_error(exc, config, "start the copy") from None
+        except BaseException:
+            self.close()
+            raise
 
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self.conn.pgconn.socket, selectors.EVENT_READ)
+    def _connect(self) -> PGconn:
+        """Connect within ``connect_timeout``, giving up early when asked to stop."""
+        config = self.config
+        deadline = time.monotonic() + config.connect_timeout
+        pgconn: PGconn = pq.PGconn.connect_start(conninfo_string(config).encode())
+        try:
+            while True:
+                if pgconn.status == pq.ConnStatus.BAD:
+                    raise psycopg.OperationalError(_libpq_message(pgconn))
+                status = pgconn.connect_poll()
+                if status == pq.PollingStatus.OK:
+                    break
+                if status == pq.PollingStatus.FAILED:
+                    raise psycopg.OperationalError(_libpq_message(pgconn))
+                events = selectors.EVENT_READ if status == pq.PollingStatus.READING else selectors.EVENT_WRITE
+                with selectors.DefaultSelector() as selector:
+                    selector.register(pgconn.socket, events)
+                    while not selector.select(max(0.0, min(_STOP_POLL, deadline - time.monotonic()))):
+                        self._check_stop(None)
+                        if time.monotonic() >= deadline:
+                            raise psycopg.OperationalError(f"timeout expired after {config.connect_timeout}s")
+                self._check_stop(None)
+        except psycopg.OperationalError as exc:
+            pgconn.finish()
+            raise connection_error(config, exc, retried=True) from None
+        except BaseException:
+            pgconn.finish()
+            raise
+        pgconn.nonblocking = 1
+        pgconn.notice_handler = _log_notice
+        return pgconn
+
+    def _command(self, command: str, doing: str) -> None:
+        """Run one statement that returns no rows."""
+        pgconn = self.pgconn
+        try:
+            pgconn.send_query(command.encode())
+            self._flush(None)
+            results: list[PGresult] = []
+            while True:
+                while pgconn.is_busy():
+                    self._wait(selectors.EVENT_READ, None)
+                    pgconn.consume_input()
+                result = pgconn.get_result()
+                if result is None:
+                    break
+                results.append(result)
+        except psycopg.OperationalError as exc:
+            raise _copy_error(exc, self.config, doing) from None
+        for result in results:
+            if result.status != pq.ExecStatus.COMMAND_OK:
+                raise error_from_result(result)
+
+    def close(self) -> None:
+        self._selector.close()
+        self.pgconn.finish()
 
     def __enter__(self) -> _CopySession:
         return self
@@ -212,8 +330,7 @@ class _CopySession:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._selector.close()
-        self.conn.close()
+        self.close()
 
     def copy(
         self,
@@ -234,6 +351,7 @@ class _CopySession:
         chunks = _ReadAhead(self._csv_chunks(query, batch_rows, f"copy {source}", halt), halt, f"copy-read-{source}")
         try:
             for chunk in chunks:
+                self._check_stop(None)
                 # one parse block per chunk: one Arrow chunk per column, so no concatenation afterwards
                 options = pacsv.ReadOptions(column_names=names, block_size=len(chunk) + 1)
                 text = pacsv.read_csv(pa.py_buffer(chunk), options, _PARSE_OPTIONS, convert)
@@ -246,12 +364,10 @@ class _CopySession:
         self, query: str, batch_rows: int, doing: str, halt: threading.Event
     ) -> Generator[bytearray, None, None]:
         """Run ``query`` (a COPY TO STDOUT) and yield its rows in buffers of up to ``batch_rows`` rows."""
-        pgconn = self.conn.pgconn
+        pgconn = self.pgconn
         try:
             pgconn.send_query(query.encode())
-            while pgconn.flush() == 1:
-                self._wait(selectors.EVENT_WRITE | selectors.EVENT_READ, halt)
-                pgconn.consume_input()
+            self._flush(halt)
             while pgconn.is_busy():
                 self._wait(selectors.EVENT_READ, halt)
                 pgconn.consume_input()
@@ -288,18 +404,105 @@ class _CopySession:
         except psycopg.OperationalError as exc:
             raise _copy_error(exc, self.config, doing) from None
 
-    def _wait(self, events: int, halt: threading.Event) -> None:
-        """Wait for the socket with the GIL released; check the stop flags now and then."""
-        if self._selector.get_key(self.conn.pgconn.socket).events != events:
-            self._selector.modify(self.conn.pgconn.socket, events)
-        while not self._selector.select(_STOP_POLL):
-            if self._stopping(halt):
-                raise _Stopped
-        if self._stopping(halt):
+    def _flush(self, halt: threading.Event | None) -> None:
+        pgconn = self.pgconn
+        while pgconn.flush() == 1:
+            self._wait(selectors.EVENT_WRITE | selectors.EVENT_READ, halt)
+            pgconn.consume_input()
+
+    def _wait(self, events: int, halt: threading.Event | None) -> None:
+        """Wait for the socket with the GIL released; check the stop flags now and then.
+
+        ``TransientError`` when the server stays silent for ``read_timeout`` seconds.
+        """
+        socket_fd = self.pgconn.socket
+        if self._selector.get_key(socket_fd).events != events:
+            self._selector.modify(socket_fd, events)
+        deadline = time.monotonic() + self.read_timeout
+        while not self._selector.select(min(_STOP_POLL, max(0.0, deadline - time.monotonic()))):
+            self._check_stop(halt)
+            if time.monotonic() >= deadline:
+                raise _silent_server(self.config, self.read_timeout)
+        self._check_stop(halt)
+
+    def _check_stop(self, halt: threading.Event | None) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise CopyStopped(f"the copy from {self.config.describe()} was stopped")
+        if (halt is not None and halt.is_set()) or (self.stop is not None and self.stop.is_set()):
             raise _Stopped
 
-    def _stopping(self, halt: threading.Event) -> bool:
-        return halt.is_set() or (self.stop is not None and self.stop.is_set())
+
+def _silent_server(config: PostgresConnection, read_timeout: float) -> TransientError:
+    return TransientError(
+        f"the copy connection to {config.describe()} got nothing from the server for {read_timeout:g}s;"
+        " counting it as lost",
+        hint="check that the source server is running and responsive; the copy is retried",
+    )
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _libpq_message(pgconn: PGconn) -> str:
+    return pgconn.get_error_message().strip() or "connection failed"
+
+
+def _log_notice(result: PGresult) -> None:
+    """Pass a server notice on to the log (libpq would print it to stderr)."""
+    severity = (result.error_field(pq.DiagnosticField.SEVERITY_NONLOCALIZED) or b"NOTICE").decode()
+    text = (result.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) or b"").decode(errors="replace")
+    (log.warning if severity == "WARNING" else log.info)("postgres notice", severity=severity, message=text)
+
+
+class _Unblock:
+    """Unblocks a psycopg ``conn`` busy in a call on the server when ``stop`` is set (``CopyStopped``) or the
+    call takes longer than ``read_timeout`` (``TransientError``), by shutting down the socket under it.
+
+    For the few calls made through psycopg, whose waits cannot watch an event of ours.
+    """
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        config: PostgresConnection,
+        stop: threading.Event | None,
+        read_timeout: float,
+        doing: str,
+    ) -> None:
+        self.conn, self.config, self.stop, self.read_timeout, self.doing = conn, config, stop, read_timeout, doing
+        self.fired: BaseException | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="copy-unblock", daemon=True)
+
+    def __enter__(self) -> _Unblock:
+        if self.stop is not None and self.stop.is_set():
+            raise CopyStopped(f"the copy from {self.config.describe()} was stopped")
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._done.set()
+        self._thread.join()
+        if self.fired is not None:  # whatever the call raised (or not), the connection is gone
+            raise self.fired from None
+        if isinstance(exc, psycopg.OperationalError):
+            raise _copy_error(exc, self.config, self.doing) from None
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + self.read_timeout
+        while not self._done.wait(_STOP_POLL):
+            if self.stop is not None and self.stop.is_set():
+                self.fired = CopyStopped(f"the copy from {self.config.describe()} was stopped")
+            elif time.monotonic() >= deadline:
+                self.fired = _silent_server(self.config, self.read_timeout)
+            else:
+                continue
+            with socket.socket(fileno=os.dup(self.conn.pgconn.socket)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)  # the blocked call sees the connection end
+            return
 
 
 class _ReadAhead:

@@ -178,6 +178,8 @@ class ReplicationConnection:
         self._flush_pending = False
         self._streaming = False
         self._closed = False
+        self._skipped: PublicationMissingError | None = None
+        pgconn.notice_handler = self._on_notice
 
     # -- lifecycle -----------------------------------------------------------------------------------
     @classmethod
@@ -202,7 +204,6 @@ class ReplicationConnection:
             pgconn.finish()
             raise connection_error(config, exc, "open a replication connection to") from None
         pgconn.nonblocking = 1
-        pgconn.notice_handler = _log_notice
         log.debug("replication connection opened", target=config.describe(), server_version=pgconn.server_version)
         return cls(pgconn, config)
 
@@ -366,6 +367,8 @@ class ReplicationConnection:
     # -- streaming -----------------------------------------------------------------------------------
     def read(self, timeout: float) -> XLogData | Keepalive | None:
         """The next message, waiting at most ``timeout`` seconds; ``None`` when none came in time."""
+        if self._skipped is not None:
+            raise self._skipped
         pgconn = self._pgconn
         deadline = 0.0
         try:
@@ -445,6 +448,16 @@ class ReplicationConnection:
             raise self._lost(exc) from None
 
     # -- internals -----------------------------------------------------------------------------------
+    def _on_notice(self, result: PGresult) -> None:
+        text = _log_notice(result)
+        # Postgres 18 warns and goes on decoding without a publication it cannot find at a WAL position
+        # (dropped, perhaps created again later): the changes there are skipped. Stop instead, as 15 does.
+        if text.startswith("skipped loading publication"):
+            self._skipped = PublicationMissingError(
+                f"replication on {self._config.describe()}: the server {text}, so it skips the changes there",
+                hint="create it on the source: CREATE PUBLICATION <name> FOR TABLE <tables>",
+            )
+
     def _wait(self, events: int, timeout: float | None) -> int:
         """Wait for the socket; return the ready events (0 on timeout)."""
         if timeout is not None and timeout <= 0:
@@ -489,6 +502,26 @@ class SlotNotFoundError(SourceError):
     """The named replication slot does not exist."""
 
 
+class SlotLostError(SourceError):
+    """A slot that progress was kept for is gone or invalidated: the server no longer keeps the changes since."""
+
+    @classmethod
+    def of(cls, slot: str, state: SlotState, consequence: str, recovery: str) -> SlotLostError:
+        what = (
+            f"was invalidated ({state.invalidation_reason})"
+            if state.exists and state.invalidated
+            else "is gone (it was dropped outside etl)"
+        )
+        return cls(
+            f"replication slot {slot} {what}: the changes since its position are no longer kept; {consequence}",
+            hint=recovery,
+        )
+
+
+class PublicationMissingError(SourceError):
+    """The server found no publication of that name where it decoded the stream."""
+
+
 def replication_error(error: psycopg.Error, target: str, doing: str) -> EtlError:
     """Translate a server error of a replication command into an ``EtlError`` with a hint."""
     sqlstate = error.sqlstate or ""
@@ -500,7 +533,9 @@ def replication_error(error: psycopg.Error, target: str, doing: str) -> EtlError
     if sqlstate == "42704" and "replication slot" in lowered:
         return SlotNotFoundError(message, hint="the slot was dropped; the pipeline must create it and copy again")
     if sqlstate == "42704" and "publication" in lowered:
-        return SourceError(message, hint="create it on the source: CREATE PUBLICATION <name> FOR TABLE <tables>")
+        return PublicationMissingError(
+            message, hint="create it on the source: CREATE PUBLICATION <name> FOR TABLE <tables>"
+        )
     if sqlstate == "55006":  # object_in_use
         return TransientError(message, hint="another process uses this slot; stop it, or wait until it lets go")
     if sqlstate == "55000" and ("invalidated" in lowered or "can no longer" in lowered):
@@ -527,12 +562,13 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _log_notice(result: PGresult) -> None:
-    """Pass server notices on to the log (e.g. "skipped loading publication" on Postgres 18)."""
+def _log_notice(result: PGresult) -> str:
+    """Pass a server notice on to the log; return its text."""
     severity = (result.error_field(pq.DiagnosticField.SEVERITY_NONLOCALIZED) or b"NOTICE").decode()
     text = (result.error_field(pq.DiagnosticField.MESSAGE_PRIMARY) or b"").decode(errors="replace")
     emit = log.warning if severity == "WARNING" else log.info
     emit("postgres notice", severity=severity, message=text)
+    return text
 
 
 def _message(pgconn: PGconn) -> str:

@@ -2,13 +2,16 @@
 
 It applies the changes of Ready tables (and of SyncDone tables from their hand-over LSN on), keeps
 the table sync pool busy with tables that need a copy, answers sync workers waiting for a catch-up
-position, notices tables added to or removed from the publication, and owns durable progress.
+position, notices tables added to or removed from the publication, copies again the tables the
+owner asked for (``Store.request_resync``) and the errored ones whose timed retry is due, and owns
+durable progress.
 """
 
 from __future__ import annotations
 
-import json
 import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
 
 import structlog
 
@@ -18,17 +21,19 @@ from etl.postgres import pgoutput as pg
 from etl.postgres.catalog import PublishedTable, publication_tables
 from etl.postgres.connection import connect
 from etl.postgres.replication import ReplicationConnection
+from etl.replication import retries
 from etl.replication.context import WorkerContext
 from etl.replication.slots import table_sync_slot
 from etl.replication.stream import StreamWorker
 from etl.replication.tablesync import TableSyncWorker
 from etl.replication.writer import BatchWriter
 from etl.schema import TableId
-from etl.store.base import APPLY_WORKER, RetryKind, TableState, TableStateKind
+from etl.store.base import APPLY_WORKER, TableState, TableStateKind
 
 log = structlog.get_logger(__name__)
 
 RESYNC_MESSAGE_PREFIX = "etl.resync"
+"""The prefix earlier versions of ``etl resync`` sent requests with, in the WAL where any role could forge them."""
 REFRESH_INTERVAL_S = 5.0
 NEEDS_SYNC_WORKER = (TableStateKind.INIT, TableStateKind.DATA_SYNC, TableStateKind.FINISHED_COPY)
 
@@ -64,8 +69,18 @@ class ApplyWorker(StreamWorker):
         return self.ctx.states.waiting_on_apply
 
     def table_failed(self, table_id: TableId, error: TableError) -> None:
-        log.error("table failed; it is excluded until resynced", table_id=table_id, error=error.message)
-        self.ctx.states.set(table_id, TableState.errored(error.message, error.hint, RetryKind.MANUAL))
+        table = self.tables.get(table_id)
+        state = self.ctx.table_failed(table_id, table.name if table else str(table_id), error)
+        log.error(
+            "table failed; its changes are no longer applied",
+            table=str(table.name) if table else table_id,
+            error=error.message,
+            retry=state.retry.value,
+            retry_at=state.retry_at.isoformat() if state.retry_at else None,
+        )
+
+    def schema_change_recorded(self, lsn: Lsn) -> bool:
+        return self.ctx.schema_change_recorded(lsn)
 
     # -- life cycle ------------------------------------------------------------------------------------
     def after_commit(self, end_lsn: Lsn) -> None:
@@ -121,8 +136,12 @@ class ApplyWorker(StreamWorker):
             states.set_many(added)
         for table_id in [t for t in known if t not in published]:
             self._remove_table(table_id)
+            if table_id in self.tables:
+                self.ctx.metrics.forget_tables([str(self.tables[table_id].name)])
         self.tables = published
         self._reap_sync_workers()
+        self._copy_again(self.ctx.store.take_resync_requests(), requested=True)
+        self._copy_again(retries.due(states.snapshot(), datetime.now(UTC)), requested=False)
         self._start_sync_workers()
 
     def _remove_table(self, table_id: TableId) -> None:
@@ -151,23 +170,39 @@ class ApplyWorker(StreamWorker):
                 worker.thread.start()
                 free -= 1
 
+    # -- copies again ------------------------------------------------------------------------------------
+    def _copy_again(self, table_ids: Iterable[TableId], *, requested: bool) -> None:
+        """Set tables back to Init, so the pool copies them again: asked for by the owner, or a timed retry.
+
+        Runs between transactions; what is buffered of those tables is written first, since the copy
+        replaces their destination objects.
+        """
+        wanted = []
+        for table_id in sorted(table_ids):
+            table = self.tables.get(table_id)
+            if table is None:
+                log.warning("resync asked for a table outside the publication; ignored", table_id=table_id)
+            elif table_id in self.sync_workers:
+                log.info("resync asked for a table being copied; its copy goes on", table=str(table.name))
+            else:
+                wanted.append(table_id)
+                if requested:
+                    self.ctx.retries.forget(table_id)
+                log.info("copying a table again", table=str(table.name), why="requested" if requested else "retry")
+        if not wanted:
+            return
+        self.flush()
+        self.writer.wait()
+        for table_id in wanted:
+            self.ctx.schemas.forget(table_id)
+        self.ctx.states.set_many({t: TableState.init() for t in wanted})
+
     # -- control messages ----------------------------------------------------------------------------------
     def on_message(self, message: pg.LogicalMessage) -> None:
         super().on_message(message)
-        if message.prefix != RESYNC_MESSAGE_PREFIX:
-            return
-        request = json.loads(message.content)
-        if request.get("pipeline_id") != self.ctx.pipeline_id:
-            return
-        table_id = int(request["table_id"])
-        self._reap_sync_workers()
-        if table_id in self.sync_workers:
-            log.info("resync requested for a table being synced; ignored", table_id=table_id)
-            return
-        log.info("resync requested", table_id=table_id, lsn=str(self.final_lsn))
-        # The destination object is about to be dropped: nothing of this table may still be in flight.
-        self.flush()
-        self.writer.wait()
-        self.ctx.schemas.forget(table_id)
-        self.ctx.states.set(table_id, TableState.init())
-        self._next_refresh = 0.0
+        if message.prefix == RESYNC_MESSAGE_PREFIX:
+            log.warning(
+                "a resync message in the WAL was ignored: requests come through the store (etl resync)",
+                lsn=str(message.lsn),
+                hint="any role can write such messages; see docs/architecture.md, Failure modes",
+            )

@@ -240,6 +240,7 @@ class ChangeBuilder:
         """The last ``start_lsn`` of a change and its int (the same for every change of a transaction)."""
         self._ordinal = 0
         self._last_commit_lsn = Lsn.ZERO
+        self._last_commit_ts: datetime | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -252,6 +253,7 @@ class ChangeBuilder:
         self._changes = 0
         self._commits = 0
         self._size = 0
+        self._relations = 0
 
     # -- state ---------------------------------------------------------------------------------------
     @property
@@ -288,6 +290,7 @@ class ChangeBuilder:
         self._in_transaction = False
         self._commits += 1
         self._last_commit_lsn = end_lsn
+        self._last_commit_ts = commit_ts
         log = self._log
         if (
             log and isinstance(log[-1], tuple) and log[-1][0] == "B"
@@ -308,6 +311,7 @@ class ChangeBuilder:
         segments.append(segment)
         self._open[table_id] = segment
         self._changes += 1
+        self._relations += 1
         self._log.append(("R", int(start_lsn), self._commit_lsn, self._ordinal, schema))
 
     def insert(self, table_id: TableId, new: Sequence[Value], start_lsn: Lsn) -> None:
@@ -415,8 +419,15 @@ class ChangeBuilder:
             for table_id, segments in self._segments.items()
         }
         log, segment_list = self._log, self._segment_list
+        committed, relations = self._commits, self._relations
         self._reset()
-        return EventBatch(changes, lambda: _events(log, segment_list, tables), self._last_commit_lsn)
+        return EventBatch(
+            changes,
+            lambda: _events(log, segment_list, tables),
+            self._last_commit_lsn,
+            self._last_commit_ts if committed else None,
+            relations,
+        )
 
     # -- internals -----------------------------------------------------------------------------------------
     def _start(self, table_id: TableId) -> _Segment:

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from etl.config import PipelineConfig
 from etl.destination.base import Destination
+from etl.lsn import Lsn
+from etl.metrics import PipelineMetrics
+from etl.postgres import ddl
+from etl.postgres.connection import connect
+from etl.replication.progress import CopyProgress
+from etl.replication.retries import TableRetries
 from etl.replication.schemas import SchemaTracker
 from etl.replication.states import TableStates
-from etl.store.base import Store
+from etl.schema import TableId, TableName
+from etl.store.base import Store, TableState
 
 
 @dataclass
@@ -21,6 +29,10 @@ class WorkerContext:
     schemas: SchemaTracker
     protocol_version: int
     streaming: bool
+    retries: TableRetries
+    fail: Callable[[BaseException], None]
+    """Stop the whole pipeline with this error (``Pipeline.wait`` raises it)."""
+    metrics: PipelineMetrics
     stop: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -30,3 +42,26 @@ class WorkerContext:
     @property
     def publication(self) -> str:
         return self.config.pipeline.publication
+
+    def resync_command(self, name: TableName | str) -> str:
+        return f"etl resync -c <pipeline file> --table {name}"
+
+    def table_failed(self, table_id: TableId, name: TableName | str, error: BaseException) -> TableState:
+        """Record the table as Errored, with a timed retry when the failure may pass; return the state."""
+        state = self.retries.errored(table_id, error, self.resync_command(name))
+        self.states.set(table_id, state)
+        self.metrics.errors.labels("table").inc()
+        return state
+
+    def copy_progress(self, table_id: TableId) -> Callable[[CopyProgress], None]:
+        """Where a table's copy reports its progress: the store, for ``etl status`` in another process."""
+
+        def report(progress: CopyProgress) -> None:
+            pass
+
+        return report
+
+    def schema_change_recorded(self, lsn: Lsn) -> bool:
+        """Ask the source whether its DDL trigger recorded the message at ``lsn`` (``ddl.schema_change_recorded``)."""
+        with connect(self.config.source) as conn:
+            return ddl.schema_change_recorded(conn, lsn)

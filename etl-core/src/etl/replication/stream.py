@@ -71,6 +71,8 @@ class StreamWorker:
         self._last_status = 0.0
         self._last_tick = 0.0
         self.idle_lsn = Lsn.ZERO  # a keepalive position reached with nothing pending
+        self.last_turn = time.monotonic()
+        """When the read loop last began a turn (health checks: a loop that stopped turning is stuck)."""
         self._handlers: dict[type[pg.Message], Callable[[Any], None]] = {
             pg.Begin: self._on_begin,
             pg.Commit: self._on_commit,
@@ -110,10 +112,27 @@ class StreamWorker:
             return
         if not self.applies(change.table_id, self.final_lsn):
             return
+        if not self.schema_change_recorded(message.lsn):
+            log.warning(
+                "schema change message ignored: the DDL trigger did not record it, so another role forged it",
+                lsn=str(message.lsn),
+                table_id=change.table_id,
+                hint="revoke EXECUTE on pg_logical_emit_message from roles that need not call it"
+                " (docs/schema-changes.md); if the trigger predates this version, reinstall it",
+            )
+            return
         schema = self.schemas.observe_ddl(change, self.final_lsn)
         if schema is not None:
             self._mark_batch()  # a transaction may change the schema and no row: flush it in time all the same
             self.builder.relation(schema, message.lsn)
+
+    def schema_change_recorded(self, lsn: Lsn) -> bool:
+        """Whether the DDL trigger recorded the schema change message at ``lsn`` (``ddl.schema_change_recorded``).
+
+        Any role can emit a message with the trigger's prefix; only recorded ones are acted on.
+        Without a way to ask the source, nothing is trusted.
+        """
+        return False
 
     def finished(self) -> bool:
         return self.stop.is_set()
@@ -140,6 +159,7 @@ class StreamWorker:
     def _read_once(self) -> None:
         """One turn: wait for a message, handle it and every message already received after it (a burst),
         then do the bookkeeping (tick, batch flush, status) once for the whole burst."""
+        self.last_turn = time.monotonic()
         item = self.conn.read(self._read_timeout())
         if item is None:
             if self.nothing_pending() and self.awaiting_position():
@@ -295,14 +315,15 @@ class StreamWorker:
         """Hand the current batch to the writer (waiting for the write in flight first)."""
         if self.builder.is_empty and not self.builder.has_commits:
             return
-        try:
-            batch = self.builder.build()
-        except TableError as exc:  # a value of one table cannot be converted
-            if exc.table_id is None:
-                raise
-            self.table_failed(exc.table_id, exc)
-            self.builder.discard_table(exc.table_id)
-            batch = self.builder.build()
+        while True:
+            try:
+                batch = self.builder.build()
+                break
+            except TableError as exc:  # a value of one table cannot be converted: that table errors, alone
+                if exc.table_id is None:
+                    raise
+                self.table_failed(exc.table_id, exc)
+                self.builder.discard_table(exc.table_id)
         self._batch_started = None
         while not self.writer.wait(timeout=1.0):  # backpressure: keep the server informed meanwhile
             self.send_status()
@@ -312,10 +333,14 @@ class StreamWorker:
         raise error
 
     # -- feedback ------------------------------------------------------------------------------------
+    def confirmed_lsn(self) -> Lsn:
+        """What the slot may forget: the durable position, or the idle position when nothing is pending."""
+        return max(self.writer.durable_lsn, self.idle_lsn if self.nothing_pending() else Lsn.ZERO)
+
     def send_status(self, force: bool = False, reply: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_status < STATUS_INTERVAL_S:
             return
-        flushed = max(self.writer.durable_lsn, self.idle_lsn if self.nothing_pending() else Lsn.ZERO)
+        flushed = self.confirmed_lsn()
         self.conn.send_status(write=self.received_lsn, flush=flushed, apply=flushed, reply=reply)
         self._last_status = now

@@ -13,19 +13,26 @@ import threading
 import pyarrow as pa
 import structlog
 
-from etl.errors import EtlError, SourceError, TableError, TransientError
+from etl.errors import EtlError, TableError, TransientError
 from etl.lsn import Lsn
-from etl.postgres.catalog import PublishedTable, table_schema
+from etl.postgres.catalog import PublishedTable, estimated_rows, table_schema
 from etl.postgres.codecs import arrow_field
 from etl.postgres.connection import connect
 from etl.postgres.copy import copy_table
-from etl.postgres.replication import ReplicationConnection, slot_state
+from etl.postgres.replication import (
+    ReplicationConnection,
+    SlotLostError,
+    SlotNotFoundError,
+    SlotState,
+    slot_state,
+)
 from etl.replication.context import WorkerContext
+from etl.replication.progress import CopyTracker
 from etl.replication.slots import table_sync_slot
 from etl.replication.stream import StreamWorker
 from etl.replication.writer import BatchWriter
 from etl.schema import TableId, TableSchema
-from etl.store.base import RetryKind, TableState, TableStateKind, table_sync_worker
+from etl.store.base import TableState, TableStateKind, table_sync_worker
 
 log = structlog.get_logger(__name__)
 
@@ -57,15 +64,38 @@ class TableSyncWorker:
         except TransientError as exc:
             # Back to the start of the current step on the next attempt; the pool restarts the worker.
             self.log.warning("table sync interrupted; will retry", error=str(exc))
-        except EtlError as exc:
-            self.log.error("table sync failed", error=exc.message, hint=exc.hint)
-            states.set(self.table_id, TableState.errored(exc.message, exc.hint, RetryKind.MANUAL))
+        except SlotLostError as exc:
+            self._slot_lost(exc)
         except Exception as exc:
-            self.log.exception("table sync failed")
-            states.set(
-                self.table_id,
-                TableState.errored(f"{type(exc).__name__}: {exc}", "see the log; then `etl resync`", RetryKind.MANUAL),
+            if isinstance(exc, EtlError):
+                self.log.error("table sync failed", error=exc.message, hint=exc.hint)
+            else:
+                self.log.exception("table sync failed")
+            state = self.ctx.table_failed(self.table_id, self.table.name, exc)
+            self.log.info("table errored", retry=state.retry.value, retry_at=state.retry_at)
+            self._drop_slot()  # an errored table must not hold WAL on the source
+
+    def _slot_recovery(self) -> str:
+        return f'{self.ctx.resync_command(self.table.name)}; or set [pipeline] invalidated_slot = "recreate"'
+
+    def _drop_slot(self) -> None:
+        try:
+            with ReplicationConnection.connect(self.ctx.config.source) as rconn:
+                rconn.drop_slot_if_exists(self.slot)
+        except EtlError as exc:
+            self.log.warning(
+                "could not drop the table's slot; it holds WAL until dropped", slot=self.slot, error=str(exc)
             )
+
+    def _slot_lost(self, error: SlotLostError) -> None:
+        """The table's slot vanished or was invalidated mid catch-up: changes of the table may be gone."""
+        if self.ctx.config.pipeline.invalidated_slot == "stop":
+            self.ctx.fail(error)
+            return
+        self.log.warning("table sync slot lost; copying the table again", slot=self.slot, error=error.message)
+        self._drop_slot()
+        self.ctx.schemas.forget(self.table_id)
+        self.ctx.states.set(self.table_id, TableState.init())
 
     # -- copy ----------------------------------------------------------------------------------------
     def copy(self) -> None:
@@ -86,22 +116,26 @@ class TableSyncWorker:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 conn.execute(f"SET TRANSACTION SNAPSHOT '{slot.snapshot_name}'")
                 schema = table_schema(conn, table_id, self.table.column_list).with_snapshot(slot.consistent_point)
+                estimate = estimated_rows(conn, self.table.sources)
             ctx.store.store_table_schema(schema)
-            rows = 0
+            tracker = CopyTracker(str(self.table.name), estimate, ctx.metrics, ctx.copy_progress(table_id))
             wrote = False
             for batch in copy_table(
-                source, schema, self.table, slot.snapshot_name, ctx.config.pipeline.copy_connections
+                source, schema, self.table, slot.snapshot_name, ctx.config.pipeline.copy_connections, stop=ctx.stop
             ):
                 if ctx.stop.is_set():
                     return
                 ctx.destination.write_table_rows(schema, pa.Table.from_batches([batch]))
-                rows += batch.num_rows
+                tracker.advance(batch.num_rows)
                 wrote = True
             if not wrote:
                 ctx.destination.write_table_rows(schema, empty_table(schema))
         ctx.destination.flush()
         ctx.states.set(table_id, TableState(TableStateKind.FINISHED_COPY))
-        self.log.info("table copied", rows=rows, consistent_point=str(slot.consistent_point))
+        done = tracker.finish()
+        self.log.info(
+            "table copied", rows=done.rows, rows_per_s=round(done.rate), consistent_point=str(slot.consistent_point)
+        )
 
     # -- catch-up ------------------------------------------------------------------------------------
     def catch_up(self) -> None:
@@ -120,10 +154,9 @@ class TableSyncWorker:
         target = state.lsn
         with connect(ctx.config.source) as conn:
             slot = slot_state(conn, self.slot)
-        if not slot.exists:
-            raise SourceError(
-                f"the table sync slot {self.slot} is gone",
-                hint=f"resync the table: etl resync --table {self.table.name}",
+        if not slot.exists or slot.invalidated:
+            raise SlotLostError.of(
+                self.slot, slot, f"the copy of {self.table.name} cannot catch up", self._slot_recovery()
             )
         done = slot.confirmed_flush_lsn if slot.confirmed_flush_lsn >= target else self._stream_until(target)
         if done is None:
@@ -139,8 +172,16 @@ class TableSyncWorker:
         key = table_sync_worker(self.table_id)
         start = ctx.store.get_progress(key) or Lsn.ZERO
         with ReplicationConnection.connect(ctx.config.source) as rconn:
-            rconn.start_replication(self.slot, start, [ctx.publication], ctx.protocol_version, ctx.streaming)
-            writer = BatchWriter(ctx.destination, ctx.store, key, self._table_error, start)
+            try:
+                rconn.start_replication(self.slot, start, [ctx.publication], ctx.protocol_version, ctx.streaming)
+            except SlotNotFoundError:
+                raise SlotLostError.of(
+                    self.slot,
+                    SlotState(exists=False),
+                    f"the copy of {self.table.name} cannot catch up",
+                    self._slot_recovery(),
+                ) from None
+            writer = BatchWriter(ctx.destination, ctx.store, key, self._table_error, start, metrics=ctx.metrics)
             stream = CatchUpStream(self, rconn, writer, target)
             try:
                 stream.run()
@@ -165,6 +206,7 @@ class CatchUpStream(StreamWorker):
             writer=writer,
             stop=ctx.stop,
         )
+        self.ctx = ctx
         self.worker_key = table_sync_worker(worker.table_id)
         self.table_id = worker.table_id
         self.target = target
@@ -182,3 +224,6 @@ class CatchUpStream(StreamWorker):
 
     def awaiting_position(self) -> bool:
         return True
+
+    def schema_change_recorded(self, lsn: Lsn) -> bool:
+        return self.ctx.schema_change_recorded(lsn)

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import UTC, datetime
 
 import structlog
 
@@ -13,6 +14,7 @@ from etl.destination.base import Destination, WriteResult
 from etl.errors import DestinationError, TableError, TransientError
 from etl.events import EventBatch
 from etl.lsn import Lsn
+from etl.metrics import PipelineMetrics
 from etl.postgres.replication import backoff_delays
 from etl.store.base import Store
 
@@ -38,8 +40,12 @@ class BatchWriter:
         worker: str,
         on_table_error: Callable[[int, TableError], None],
         durable_lsn: Lsn = Lsn.ZERO,
+        *,
+        metrics: PipelineMetrics | None = None,
     ) -> None:
         self._destination = destination
+        self._destination_name = str(getattr(destination, "name", type(destination).__name__))
+        self._metrics = metrics
         self._store = store
         self._worker = worker
         self._on_table_error = on_table_error
@@ -80,7 +86,9 @@ class BatchWriter:
 
     def _write(self, batch: EventBatch) -> None:
         delays = backoff_delays()
-        for attempt in range(RETRIES + 1):
+        failures = 0
+        started = time.perf_counter()
+        while True:  # ends: written, or a failure re-raised; each TableError takes one table out of the batch
             try:
                 result = self._destination.write_events(batch)
                 if result is WriteResult.ACCEPTED:
@@ -92,10 +100,15 @@ class BatchWriter:
                 self._on_table_error(exc.table_id, exc)
                 batch = batch.without_table(exc.table_id)
             except (TransientError, DestinationError, OSError) as exc:
-                if attempt == RETRIES:
+                if self._metrics is not None:
+                    self._metrics.errors.labels("destination").inc()
+                failures += 1
+                if failures > RETRIES:
                     raise
                 delay = next(delays)
                 log.warning("destination write failed; retrying", worker=self._worker, error=str(exc), retry_in=delay)
                 time.sleep(delay)
         if batch.last_commit_lsn > self.durable_lsn:
             self.durable_lsn = Lsn(self._store.upsert_progress(self._worker, batch.last_commit_lsn))
+        if self._metrics is not None:
+            self._metrics.batch_written(batch, self._destination_name, time.perf_counter() - started, datetime.now(UTC))

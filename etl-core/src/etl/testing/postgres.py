@@ -251,6 +251,49 @@ class TemporaryCluster:
         assert self._root is not None
         return (self._root / "server.log").read_text(errors="replace")
 
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[list[int]]:
+        """Freeze the server for the duration of the block: SIGSTOP the postmaster and all its processes.
+
+        Clients see what a hung server looks like: TCP connections are still accepted (by the kernel)
+        and their sockets stay open, but nothing is ever answered. Everything is thawed (SIGCONT) when
+        the block ends, however it ends; ``thaw()`` does it early. Yields the frozen PIDs, postmaster
+        first. Other users of the cluster freeze too, so keep the block short and tests serial.
+        """
+        pids = self.freeze()
+        try:
+            yield pids
+        finally:
+            self.thaw(pids)
+
+    def freeze(self) -> list[int]:
+        """SIGSTOP the postmaster, then its processes (a stopped postmaster starts no new ones); return the PIDs.
+
+        Prefer ``frozen()``; whoever calls this must call ``thaw()`` with the result, whatever happens.
+        """
+        postmaster = self._postmaster_pid()
+        if postmaster is None or not _alive(postmaster):
+            raise RuntimeError("the cluster is not running, so it cannot be frozen")
+        os.kill(postmaster, signal.SIGSTOP)
+        pids = [postmaster]
+        try:
+            for child in _children(postmaster):
+                with contextlib.suppress(ProcessLookupError):  # exited meanwhile
+                    os.kill(child, signal.SIGSTOP)
+                    pids.append(child)
+        except BaseException:
+            self.thaw(pids)
+            raise
+        log.debug("postgres frozen", pids=pids)
+        return pids
+
+    def thaw(self, pids: list[int]) -> None:
+        """SIGCONT the processes ``freeze()`` stopped: its own first, the postmaster last. Idempotent."""
+        for pid in reversed(pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        log.debug("postgres thawed", pids=pids)
+
     # -- internals -----------------------------------------------------------------------------------
     def _write_settings(self) -> None:
         assert self.datadir is not None
@@ -276,6 +319,22 @@ class TemporaryCluster:
             return int((self.datadir / "postmaster.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
+
+
+def _children(parent: int) -> list[int]:
+    """The PIDs of ``parent``'s child processes, from /proc (Linux)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # exited meanwhile
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")"
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+            children.append(int(entry.name))
+    return children
 
 
 def _alive(pid: int) -> bool:

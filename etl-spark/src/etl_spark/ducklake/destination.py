@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from etl.config import validate
+from etl.config import Integer, validate
 from etl.destination.base import DestinationContext, TablePreview, WriteResult
 from etl.errors import ConfigError, DestinationError, naming_table
 from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
@@ -55,13 +55,13 @@ class DuckLakeConfig(BaseModel):
     catalog: SecretStr = Field(description="sqlite:///path/catalog.sqlite or postgresql://user:pw@host:port/db")
     data_path: str = Field(min_length=1, description="where data files live: a local path or any URI Spark writes")
     spark: SparkSettings = Field(default_factory=SparkSettings)
-    target_file_size_bytes: int = Field(512 * 1024 * 1024, ge=1024 * 1024, description="copy data file size")
-    copy_chunk_bytes: int = Field(
+    target_file_size_bytes: Integer = Field(512 * 1024 * 1024, ge=1024 * 1024, description="copy data file size")
+    copy_chunk_bytes: Integer = Field(
         128 * 1024 * 1024,
         ge=0,
         description="copied rows gathered per table (Arrow bytes, in memory) before one Spark job writes them",
     )
-    commit_attempts: int = Field(10, ge=1, description="retries when another writer commits a conflicting change")
+    commit_attempts: Integer = Field(10, ge=1, description="retries when another writer commits a conflicting change")
     author: str = Field("etl", description="recorded in ducklake_snapshot_changes.author")
 
     @field_validator("catalog")

@@ -1,0 +1,131 @@
+"""The Prometheus series of one pipeline, on a registry of its own.
+
+The engine records into ``PipelineMetrics`` where the thing happens (a batch made durable, a table
+copied, a reconnect); values that belong to the source (its WAL position, the WAL each slot holds)
+are sampled on a timer by ``etl.observe.Sampler``. Nothing here runs per row: counts come from
+Arrow columns once per batch. Per-table labels exist only for tables in the publication and are
+removed when a table leaves it, so label cardinality stays bounded.
+
+Destinations add their own series through ``register_metrics(registry)`` (see docs/plugins.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Final
+
+import pyarrow.compute as pc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from etl.events import OP_COLUMN, EventBatch
+from etl.schema import TableId
+from etl.store.base import TableState, TableStateKind
+
+EVENT_KINDS: Final = {"I": "insert", "U": "update", "D": "delete", "T": "truncate"}
+"""Op codes of change tables -> the ``kind`` label of ``etl_events_total`` (``schema`` besides; a truncate counts
+once per table it empties)."""
+
+LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+ROW_BUCKETS: Final = (1, 10, 100, 1_000, 10_000, 100_000, 1_000_000)
+
+
+class PipelineMetrics:
+    """Every ``etl_*`` series of one pipeline. ``registry`` is what ``/metrics`` serves."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.copied_rows = Counter(
+            "etl_copied_rows", "Rows copied by the initial copy, per table", ["table"], registry=r
+        )
+        self.copy_estimate = Gauge(
+            "etl_copy_table_rows_estimate",
+            "Rows of a table being copied, as the planner estimates",
+            ["table"],
+            registry=r,
+        )
+        self.events = Counter("etl_events", "Changes made durable in the destination, per kind", ["kind"], registry=r)
+        self.batch_write_seconds = Histogram(
+            "etl_batch_write_seconds",
+            "Time to write one streamed batch durably",
+            ["destination"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_rows = Histogram("etl_batch_rows", "Rows per streamed batch", buckets=ROW_BUCKETS, registry=r)
+        self.replication_lag_bytes = Gauge(
+            "etl_replication_lag_bytes", "The source's WAL position minus the pipeline's durable position", registry=r
+        )
+        self.slot_retained_wal_bytes = Gauge(
+            "etl_slot_retained_wal_bytes", "WAL the source keeps for each of the pipeline's slots", ["slot"], registry=r
+        )
+        self.commit_to_durable_seconds = Histogram(
+            "etl_commit_to_durable_seconds",
+            "From a transaction's commit on the source to the moment its changes are durable",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.errors = Counter("etl_errors", "Errors, per kind", ["kind"], registry=r)
+        self.reconnects = Counter(
+            "etl_reconnects", "Reconnects of the apply worker after a lost connection", registry=r
+        )
+        for kind in (*EVENT_KINDS.values(), "schema"):
+            self.events.labels(kind)  # every kind is exported from the start, at 0
+        self._states = _StatesCollector()
+        r.register(self._states)
+
+    def watch_states(self, states: Callable[[], Mapping[TableId, TableState]]) -> None:
+        """Export ``etl_table_states`` and ``etl_table_errors`` from the live table states at each scrape."""
+        self._states.source = states
+
+    def batch_written(self, batch: EventBatch, destination: str, seconds: float, now: datetime) -> None:
+        """A streamed batch is durable: count its changes, its size, its write time and its commit latency."""
+        rows = 0
+        for segments in batch.changes.values():
+            for segment in segments:
+                rows += segment.table.num_rows
+                if segment.table.num_rows:
+                    counts = pc.value_counts(segment.table.column(OP_COLUMN)).to_pylist()
+                    for entry in counts:
+                        self.events.labels(EVENT_KINDS[entry["values"]]).inc(entry["counts"])
+        if batch.schema_changes:
+            self.events.labels("schema").inc(batch.schema_changes)
+        self.batch_rows.observe(rows)
+        self.batch_write_seconds.labels(destination).observe(seconds)
+        if batch.last_commit_ts is not None:
+            self.commit_to_durable_seconds.observe(max(0.0, (now - batch.last_commit_ts).total_seconds()))
+
+    def forget_tables(self, names: Iterable[str]) -> None:
+        """Drop the per-table series of tables that left the publication."""
+        for name in names:
+            for series in (self.copied_rows, self.copy_estimate):
+                with contextlib.suppress(KeyError):  # never labelled: the table was not copied here
+                    series.remove(name)
+
+
+class _StatesCollector(Collector):
+    """``etl_table_states{state}`` and ``etl_table_errors``, read from the live states when scraped."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Mapping[TableId, TableState]] = dict
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        states = self.source()
+        counts = dict.fromkeys((k.value for k in TableStateKind), 0)
+        for state in states.values():
+            counts[state.kind.value] += 1
+        by_state = GaugeMetricFamily("etl_table_states", "Tables of the pipeline in each state", labels=["state"])
+        for kind, count in counts.items():
+            by_state.add_metric([kind], count)
+        yield by_state
+        yield GaugeMetricFamily(
+            "etl_table_errors", "Tables in the errored state", value=counts[TableStateKind.ERRORED.value]
+        )
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        yield GaugeMetricFamily("etl_table_states", "Tables of the pipeline in each state", labels=["state"])
+        yield GaugeMetricFamily("etl_table_errors", "Tables in the errored state")
