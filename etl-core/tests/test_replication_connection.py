@@ -18,6 +18,7 @@ from etl.errors import ConfigError, SourceError, TransientError
 from etl.lsn import Lsn
 from etl.postgres.replication import (
     Keepalive,
+    PublicationMissingError,
     ReplicationConnection,
     SlotNotFoundError,
     SlotState,
@@ -280,15 +281,12 @@ def test_publication_dropped_while_streaming(pg_database: TestDatabase) -> None:
     with start_stream(pg_database) as repl:
         pg_database.execute("DROP PUBLICATION pub")
         pg_database.execute("INSERT INTO t VALUES (1)")
-        if pg_database.major < 18:  # the walsender fails on the missing publication
-            with pytest.raises(SourceError) as info:
-                read_until(repl, b"C")
-            assert "pub" in str(info.value)
-            assert info.value.hint is not None and "CREATE PUBLICATION" in info.value.hint
-        else:  # Postgres 18 skips it with a warning, which reaches our log
-            with structlog.testing.capture_logs() as logs:
-                for _ in range(10):
-                    repl.read(0.2)
+        # Postgres 15 fails on the missing publication; 18 warns and would skip the change: both stop here.
+        with structlog.testing.capture_logs() as logs, pytest.raises(PublicationMissingError) as info:
+            read_until(repl, b"C")
+        assert "pub" in str(info.value)
+        assert info.value.hint is not None and "CREATE PUBLICATION" in info.value.hint
+        if pg_database.major >= 18:  # the warning also reaches the log
             notices = [e for e in logs if e["event"] == "postgres notice"]
             assert any(e["severity"] == "WARNING" and "pub" in e["message"] for e in notices), notices
 

@@ -71,6 +71,7 @@ def test_tables_live_in_the_configured_schema(pg_database: TestDatabase) -> None
         " WHERE table_schema IN ('etl', 'Pipeline State', 'public') ORDER BY 1, 2"
     )
     expected = [
+        "etl_copy_progress",
         "etl_destination_tables",
         "etl_progress",
         "etl_resync_requests",

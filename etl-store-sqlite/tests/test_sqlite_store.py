@@ -6,6 +6,7 @@ import os
 import sqlite3
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from etl.errors import StoreError
 from etl.factory import build_store
 from etl.lsn import Lsn
 from etl.plugins import load_registry
-from etl.store.base import APPLY_WORKER, TableState, TableStateKind
+from etl.store.base import APPLY_WORKER, CopyProgress, TableState, TableStateKind
 from etl.store.cached import STATE_HISTORY_LIMIT
 from etl.store.migrations import MIGRATIONS, Migration
 from etl.testing.store_contract import ConcurrentStoreContract
@@ -122,6 +123,9 @@ def test_a_file_of_the_first_release_gains_the_resync_requests(tmp_path: Path) -
     class FirstReleaseStore(SqliteStore):
         migrations = MIGRATIONS[:1]
 
+        def _load_copy_progress(self, conn: sa.Connection) -> None:
+            pass  # the first release had no copy progress
+
     path = tmp_path / "state.db"
     first = FirstReleaseStore(path, 1)
     first.update_table_states({1: TableState(TableStateKind.READY)})
@@ -131,6 +135,36 @@ def test_a_file_of_the_first_release_gains_the_resync_requests(tmp_path: Path) -
     assert store.get_table_state(1) == TableState(TableStateKind.READY)
     assert store.take_resync_requests() == {1}
     store.close()
+
+
+def test_a_file_of_the_second_release_gains_the_copy_progress(tmp_path: Path) -> None:
+    class SecondReleaseStore(SqliteStore):
+        migrations = MIGRATIONS[:2]
+
+        def _load_copy_progress(self, conn: sa.Connection) -> None:
+            pass  # the second release had no copy progress
+
+    path = tmp_path / "state.db"
+    second = SecondReleaseStore(path, 1)
+    second.update_table_states({1: TableState(TableStateKind.DATA_SYNC)})
+    second.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'etl_copy_progress'").fetchall() == []
+    conn.close()
+    store = SqliteStore(path, 1)
+    progress = CopyProgress(5, 10, datetime(2030, 1, 1, tzinfo=UTC), datetime(2030, 1, 1, 0, 0, 1, tzinfo=UTC))
+    store.record_copy_progress(1, progress)
+    store.close()
+    reopened = SqliteStore(path, 1)
+    assert (reopened.get_table_state(1), reopened.get_copy_progress(1)) == (
+        TableState(TableStateKind.DATA_SYNC),
+        progress,
+    )
+    reopened.close()
+    with sqlite3.connect(path) as conn:
+        versions = conn.execute("SELECT version, description FROM etl_store_version ORDER BY version").fetchall()
+    conn.close()
+    assert versions[2:] == [(3, "copy progress")]
 
 
 def test_a_failing_migration_changes_nothing(tmp_path: Path) -> None:

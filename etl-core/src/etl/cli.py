@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -47,8 +48,22 @@ def _parser() -> argparse.ArgumentParser:
         return sub
 
     with_config("run", "run a pipeline until interrupted (SIGINT/SIGTERM drain and stop it)")
-    with_config("check", "check that the source is ready for the pipeline")
-    with_config("status", "print table states, progress and replication slot lag")
+    check = with_config("check", "check that the source is ready for the pipeline")
+    check.add_argument("--format", choices=["text", "json"], default="text", help="output format (default: text)")
+    status = with_config("status", "print table states, progress and replication slot lag")
+    status.add_argument("--format", choices=["text", "json"], default="text", help="output format (default: text)")
+    status.add_argument(
+        "--watch",
+        action="store_true",
+        help="a live view in the terminal, refreshed until Ctrl-C (needs a durable store)",
+    )
+    status.add_argument(
+        "--interval",
+        type=_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds between two refreshes of --watch (default: 2)",
+    )
     resync = with_config("resync", "copy one table again while the others keep streaming")
     resync.add_argument("--table", required=True, metavar="SCHEMA.NAME", help="the published table to copy again")
     reset = with_config(
@@ -71,6 +86,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure_logging(args.log_format, args.log_level)
@@ -85,9 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             return cmd_run(config, args.config)
         if args.command == "check":
-            return cmd_check(config, args.config)
+            return cmd_check(config, args.config, args.format)
         if args.command == "status":
-            return cmd_status(config, args.config)
+            return cmd_status(config, args.config, args.format, watch=args.watch, interval=args.interval)
         if args.command == "resync":
             return cmd_resync(config, args.config, args.table)
         if args.command == "reset":
@@ -210,58 +235,70 @@ class _BoundedStop:
         self.exit_undrained("a second signal came" if second else None)
 
 
-def cmd_check(config: PipelineConfig, path: str) -> int:
+def cmd_check(config: PipelineConfig, path: str, output: str = "text") -> int:
     from etl.postgres.checks import run_checks
 
     checks = run_checks(config, path)
+    failed = sum(c.failed for c in checks)
+    if output == "json":
+        from etl.status import check_report
+
+        echo(json.dumps(check_report(checks), indent=2))
+        return 1 if failed else 0
     for check in checks:
         echo(check.line())
-    failed = sum(c.failed for c in checks)
     echo(f"{len(checks) - failed} passed, {failed} failed")
     return 1 if failed else 0
 
 
-def cmd_status(config: PipelineConfig, path: str) -> int:
-    from etl.factory import build_store
-    from etl.pipeline import apply_slot_was_used
-    from etl.postgres.connection import connect
-    from etl.replication.slots import apply_slot, slot_prefix
-    from etl.store.base import APPLY_WORKER, table_sync_worker
+def cmd_status(
+    config: PipelineConfig, path: str, output: str = "text", *, watch: bool = False, interval: float = 2.0
+) -> int:
+    """Print the pipeline's status as text or JSON, or show it live (``watch``) until Ctrl-C.
 
+    Exits 1 when the report holds a problem (a lost apply slot); the live view exits 0 on Ctrl-C.
+    """
+    from dataclasses import replace
+
+    from etl.factory import build_store
+    from etl.status import MEMORY_STORE_NOTE, status_report, text_lines, watch_status
+
+    if watch:
+        if output != "text":
+            raise EtlError(
+                "etl status --watch shows a live view for people; it has no JSON form",
+                hint="leave out --watch to print the status as JSON once (run it again to follow it)",
+            )
+        if config.store.type == "memory":
+            raise EtlError(
+                "etl status --watch needs a durable store: the memory store keeps table states inside the"
+                " process of `etl run`, where no other process can read them",
+                hint='use a durable store ([store] type = "sqlite" or "postgres"), or watch the pipeline\'s'
+                " logs and metrics instead",
+            )
+        try:
+            watch_status(config, lambda: build_store(config, path), interval=interval, config_path=path)
+        except KeyboardInterrupt:
+            return 0
+        raise AssertionError("watch_status returns only by Ctrl-C")
     store = build_store(config, path)
     try:
-        slot_expected = apply_slot_was_used(store)
-        states = store.get_table_states()
-        names = {s.id: str(s.name) for s in store.get_table_schemas()}
-        echo(f"pipeline {config.pipeline.id} (store: {config.store.type})")
-        progress = store.get_progress(APPLY_WORKER)
-        echo(f"apply worker durable progress: {progress if progress is not None else 'none'}")
-        rows = []
-        for table_id, state in sorted(states.items(), key=lambda kv: names.get(kv[0], str(kv[0]))):
-            sync = store.get_progress(table_sync_worker(table_id))
-            rows.append((names.get(table_id, str(table_id)), str(state), str(sync) if sync is not None else ""))
-        _table(["table", "state", "sync progress"], rows)
+        report = status_report(config, store, config_path=path)
     finally:
         store.close()
-    with connect(config.source) as conn:
-        apply_prefix, sync_prefix = slot_prefix(config.pipeline.id)
-        slots = conn.execute(
-            "SELECT slot_name, active, confirmed_flush_lsn::text, wal_status,"
-            " pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn))"
-            " FROM pg_replication_slots WHERE slot_name = %s OR starts_with(slot_name, %s) ORDER BY 1",
-            (apply_prefix, sync_prefix),
-        ).fetchall()
-    _table(["slot", "active", "confirmed flush", "wal status", "lag"], [tuple(map(str, s)) for s in slots])
-    slot = apply_slot(config.pipeline.id)
-    lost = [s for s in slots if s[0] == slot and s[3] == "lost"]
-    if lost or (slot_expected and not any(s[0] == slot for s in slots)):
-        what = "was invalidated" if lost else "is gone although the store holds progress for it"
-        echo(
-            f"PROBLEM: replication slot {slot} {what}: the changes since are lost, and the pipeline stops at its"
-            f" next start. Copy every table again: etl reset --recopy -c {path}"
-        )
-        return 1
-    return 0
+    if not report.durable_store:  # a store of its own, empty: the pipeline's state is in the pipeline's process
+        report = replace(report, notes=(*report.notes, MEMORY_STORE_NOTE))
+    if output == "json":
+        echo(json.dumps(report.to_json(), indent=2))
+        return 1 if report.problems else 0
+    heading, tables, slots, problems = text_lines(report)
+    for line in heading:
+        echo(line)
+    _table(["table", "state", "sync progress", "copy"], tables)
+    _table(["slot", "active", "confirmed flush", "wal status", "lag"], slots)
+    for problem in problems:
+        echo(f"PROBLEM: {problem}")
+    return 1 if problems else 0
 
 
 def cmd_resync(config: PipelineConfig, path: str, table: str) -> int:

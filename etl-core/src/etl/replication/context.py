@@ -6,18 +6,20 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import structlog
+
 from etl.config import PipelineConfig
 from etl.destination.base import Destination
+from etl.errors import TransientError
 from etl.lsn import Lsn
 from etl.metrics import PipelineMetrics
 from etl.postgres import ddl
 from etl.postgres.connection import connect
-from etl.replication.progress import CopyProgress
 from etl.replication.retries import TableRetries
 from etl.replication.schemas import SchemaTracker
 from etl.replication.states import TableStates
 from etl.schema import TableId, TableName
-from etl.store.base import Store, TableState
+from etl.store.base import CopyProgress, Store, TableState
 
 
 @dataclass
@@ -54,10 +56,21 @@ class WorkerContext:
         return state
 
     def copy_progress(self, table_id: TableId) -> Callable[[CopyProgress], None]:
-        """Where a table's copy reports its progress: the store, for ``etl status`` in another process."""
+        """Where a table's copy reports its progress: the store, for ``etl status`` in another process.
+
+        A store that is unreachable for a moment (``TransientError``) costs one report, not the copy: the
+        next report or the copy's next state change tries again. Other store errors stop the copy as any
+        write of the store would (a lost pipeline lock, say).
+        """
+        store = self.store
 
         def report(progress: CopyProgress) -> None:
-            pass
+            try:
+                store.record_copy_progress(table_id, progress)
+            except TransientError as exc:
+                structlog.get_logger(__name__).warning(
+                    "could not record the copy's progress; the copy goes on", table_id=table_id, error=exc.message
+                )
 
         return report
 

@@ -1,54 +1,39 @@
 """Progress of one table's initial copy: rows, rate, share of the planner's estimate, time left.
 
-The table sync worker calls ``advance`` once per copied batch; every ``interval`` seconds (and at the
-end) the progress is logged and handed to ``report`` (the store records it, so ``etl status`` in
-another process shows it). The metrics count every batch.
+The table sync worker calls ``advance`` once per copied batch. The progress is handed to ``report``
+(the store records it, so ``etl status`` in another process shows it) when the copy starts, every
+``record_interval`` seconds and at the end, and logged every ``interval`` seconds. The metrics count
+every batch. ``CopyProgress`` itself lives in ``etl.store.base``: it is what the store records.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 import structlog
 
 from etl.metrics import PipelineMetrics
+from etl.store.base import CopyProgress
+
+__all__ = ["RECORD_INTERVAL_S", "REPORT_INTERVAL_S", "CopyProgress", "CopyTracker"]
 
 log = structlog.get_logger(__name__)
 
 REPORT_INTERVAL_S: Final = 10.0
+"""Seconds between two ``copying`` log lines of one table."""
 
-
-@dataclass(frozen=True)
-class CopyProgress:
-    """Where a table's copy stands."""
-
-    rows: int
-    estimate: int | None
-    """Rows the planner expects (``reltuples``); ``None`` when the table was never analyzed."""
-    seconds: float
-    """Since the copy began."""
-
-    @property
-    def rate(self) -> float:
-        return self.rows / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def fraction(self) -> float | None:
-        """Share of the estimate copied (capped at 1: estimates lag behind the table)."""
-        return min(1.0, self.rows / self.estimate) if self.estimate else None
-
-    @property
-    def eta_seconds(self) -> float | None:
-        if not self.estimate or self.rate <= 0:
-            return None
-        return max(0.0, (self.estimate - self.rows) / self.rate)
+RECORD_INTERVAL_S: Final = 2.0
+"""Seconds between two reports to the store (``etl status --watch`` refreshes every 2 s by default)."""
 
 
 class CopyTracker:
-    """Counts a copy's rows into the metrics and reports its progress every ``interval`` seconds."""
+    """Counts a copy's rows into the metrics, reports its progress and logs it every ``interval`` seconds.
+
+    Constructing it reports the start (no rows yet), so a status shows the copy, with its estimate, at once.
+    """
 
     def __init__(
         self,
@@ -56,34 +41,45 @@ class CopyTracker:
         estimate: int | None,
         metrics: PipelineMetrics,
         report: Callable[[CopyProgress], None],
+        *,
         interval: float = REPORT_INTERVAL_S,
+        record_interval: float = RECORD_INTERVAL_S,
     ) -> None:
         self._table = table
         self._estimate = estimate
         self._report = report
         self._interval = interval
+        self._record_interval = record_interval
         self._rows = 0
-        self._started = time.monotonic()
-        self._next_report = self._started + interval
+        self._started_at = datetime.now(UTC)
+        self._started = time.monotonic()  # elapsed time is measured on the monotonic clock
+        self._next_log = self._started + interval
+        self._next_record = self._started + record_interval
         self._counter = metrics.copied_rows.labels(table)
         if estimate is not None:
             metrics.copy_estimate.labels(table).set(estimate)
+        self._report(self.progress())
 
     def advance(self, rows: int) -> None:
         self._rows += rows
         self._counter.inc(rows)
-        if time.monotonic() >= self._next_report:
-            self._next_report = time.monotonic() + self._interval
+        now = time.monotonic()
+        if now >= self._next_log:
+            self._next_log = now + self._interval
             self._log(self.progress())
+        if now >= self._next_record:
+            self._next_record = now + self._record_interval
+            self._report(self.progress())
 
     def finish(self) -> CopyProgress:
         """The final progress, reported (the caller logs the copy's end)."""
-        progress = self.progress()
+        progress = self.progress(finished=True)
         self._report(progress)
         return progress
 
-    def progress(self) -> CopyProgress:
-        return CopyProgress(self._rows, self._estimate, time.monotonic() - self._started)
+    def progress(self, *, finished: bool = False) -> CopyProgress:
+        elapsed = timedelta(seconds=time.monotonic() - self._started)
+        return CopyProgress(self._rows, self._estimate, self._started_at, self._started_at + elapsed, finished)
 
     def _log(self, progress: CopyProgress) -> None:
         fraction, eta = progress.fraction, progress.eta_seconds
@@ -95,4 +91,3 @@ class CopyTracker:
             percent=None if fraction is None else round(100 * fraction, 1),
             eta_s=None if eta is None else round(eta),
         )
-        self._report(progress)

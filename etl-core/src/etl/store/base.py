@@ -5,12 +5,13 @@ A store keeps, per pipeline id:
 - table states, with their history so a state can be rolled back;
 - versioned table schemas, keyed by the LSN from which each version holds;
 - durable progress per worker (the apply worker and each table sync worker), never moving back;
-- destination table metadata (which destination object holds a table, under which schema).
+- destination table metadata (which destination object holds a table, under which schema);
+- where each table's initial copy stands (rows copied so far), for ``etl status`` in another process.
 
 Stores are called from several threads at once and must be thread-safe. Reads are served from a
 cache loaded on open; writes go to durable storage before they return, and a write that fails
 changes nothing. Invalid arguments (a memory-only state kind, an LSN outside the unsigned 64-bit
-range, a naive ``retry_at``, non-JSON ``extra``) raise ``ValueError``/``TypeError``; failures of the
+range, a naive ``retry_at`` or copy time, non-JSON ``extra``) raise ``ValueError``/``TypeError``; failures of the
 storage raise ``StoreError`` (``TransientError`` when a connection was lost and a retry may work).
 Writes after ``close`` raise ``StoreError``.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -104,6 +105,54 @@ class DestinationTableMetadata:
     """Destination-private JSON-serialisable data."""
 
 
+@dataclass(frozen=True)
+class CopyProgress:
+    """Where a table's initial copy stands: counted by the table sync worker, recorded in the store, shown by
+    ``etl status``. Times are timezone-aware (stores give them back in UTC)."""
+
+    rows: int
+    """Rows copied so far."""
+    estimate: int | None
+    """Rows the planner expects (``reltuples``); ``None`` when the table was never analyzed."""
+    started_at: datetime
+    """When the copy began."""
+    recorded_at: datetime
+    """When ``rows`` was counted."""
+    finished: bool = False
+    """The copy wrote its last row (the table moved on to catching up)."""
+
+    @property
+    def seconds(self) -> float:
+        """From the start of the copy to ``recorded_at``."""
+        return max(0.0, (self.recorded_at - self.started_at).total_seconds())
+
+    @property
+    def rate(self) -> float:
+        """Rows per second over the whole copy so far."""
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def fraction(self) -> float | None:
+        """Share copied: 1 once finished, else the share of the estimate (capped at 1: estimates lag behind the
+        table); ``None`` without an estimate."""
+        if self.finished:
+            return 1.0
+        return min(1.0, self.rows / self.estimate) if self.estimate else None
+
+    @property
+    def eta_seconds(self) -> float | None:
+        """Seconds left at the rate so far (0 once finished); ``None`` without an estimate or a rate."""
+        if self.finished:
+            return 0.0
+        if not self.estimate or self.rate <= 0:
+            return None
+        return max(0.0, (self.estimate - self.rows) / self.rate)
+
+    def age(self, now: datetime | None = None) -> float:
+        """Seconds since this was recorded (a copy that stopped reporting has a growing age)."""
+        return max(0.0, ((now or datetime.now(UTC)) - self.recorded_at).total_seconds())
+
+
 @runtime_checkable
 class Store(Protocol):
     """Durable pipeline state. See the module docstring for the contract."""
@@ -173,17 +222,31 @@ class Store(Protocol):
 
     # -- lifecycle operations ------------------------------------------------------------------------
     def prepare_table_for_copy(self, table_id: TableId) -> None:
-        """Delete the table's destination metadata, schemas and sync progress; keep its state."""
+        """Delete the table's destination metadata, schemas, sync progress and copy progress; keep its state."""
 
     def reset_tables_for_resync(self) -> int:
         """Set every table to INIT and delete the apply worker's progress; returns how many tables.
 
-        Schemas, destination metadata and table sync progress are kept.
+        Schemas, destination metadata, table sync progress and copy progress are kept.
         """
 
     def delete_table_state(self, table_id: TableId) -> None:
         """Forget everything about a table that left the publication: its state and history, schemas,
-        destination metadata and table sync progress. The destination's objects are not touched."""
+        destination metadata, table sync progress and copy progress. The destination's objects are not touched."""
+
+    # -- copy progress -------------------------------------------------------------------------------
+    def record_copy_progress(self, table_id: TableId, progress: CopyProgress) -> None:
+        """Record where the table's copy stands, replacing what was recorded before.
+
+        The table sync worker records it when the copy starts, every few seconds and when it ends, so
+        ``etl status`` in another process can show it. It is kept after the copy (the last copy's rows,
+        time and rate) until ``prepare_table_for_copy`` starts the next copy or ``delete_table_state``
+        forgets the table; ``reset_tables_for_resync`` keeps it. ``rows`` and ``estimate`` must be
+        non-negative 64-bit integers and the times timezone-aware (``ValueError``); they come back in UTC.
+        """
+
+    def get_copy_progress(self, table_id: TableId) -> CopyProgress | None:
+        """What ``record_copy_progress`` recorded last for the table, or ``None``."""
 
     # -- requests from the pipeline's owner ------------------------------------------------------------
     def request_resync(self, table_id: TableId) -> None:

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import ClassVar
 
 from etl.errors import StoreError
@@ -23,6 +23,7 @@ from etl.lsn import Lsn
 from etl.schema import TableId, TableSchema
 from etl.store.base import (
     APPLY_WORKER,
+    CopyProgress,
     DestinationTableMetadata,
     TableState,
     TableStateKind,
@@ -66,6 +67,7 @@ class CachedStore:
         self._schemas: dict[TableId, dict[Lsn, TableSchema]] = {}
         self._progress: dict[str, Lsn] = {}
         self._metadata: dict[TableId, DestinationTableMetadata] = {}
+        self._copy_progress: dict[TableId, CopyProgress] = {}
 
     def describe(self) -> str:
         """The store in words, for messages (no secrets)."""
@@ -221,6 +223,18 @@ class CachedStore:
             self._persist_destination_metadata(table_id, metadata)
             self._metadata[table_id] = metadata
 
+    # -- copy progress -------------------------------------------------------------------------------
+    def get_copy_progress(self, table_id: TableId) -> CopyProgress | None:
+        with self._mutex:
+            return self._copy_progress.get(table_id)
+
+    def record_copy_progress(self, table_id: TableId, progress: CopyProgress) -> None:
+        _check_table_id(table_id)
+        progress = _checked_copy_progress(progress)
+        with self._writing():
+            self._persist_copy_progress(table_id, progress)
+            self._copy_progress[table_id] = progress
+
     # -- lifecycle operations ------------------------------------------------------------------------
     def prepare_table_for_copy(self, table_id: TableId) -> None:
         with self._writing():
@@ -257,6 +271,7 @@ class CachedStore:
         self._metadata.pop(table_id, None)
         self._schemas.pop(table_id, None)
         self._progress.pop(table_sync_worker(table_id), None)
+        self._copy_progress.pop(table_id, None)
 
     # -- persistence hooks: write durably (atomically per call) or raise; the cache is not yet changed --
     def _persist_table_states(self, rows: list[StateRow]) -> None:
@@ -277,8 +292,11 @@ class CachedStore:
 
     def _persist_destination_metadata(self, table_id: TableId, metadata: DestinationTableMetadata) -> None: ...
 
+    def _persist_copy_progress(self, table_id: TableId, progress: CopyProgress) -> None:
+        """Add or replace the table's copy progress."""
+
     def _persist_prepare_table_for_copy(self, table_id: TableId) -> None:
-        """Delete the table's destination metadata, schemas and table sync progress."""
+        """Delete the table's destination metadata, schemas, table sync progress and copy progress."""
 
     def _persist_reset_tables_for_resync(self, rows: list[StateRow]) -> None:
         """Append the INIT rows (as ``_persist_table_states``) and delete the apply worker's progress."""
@@ -306,6 +324,32 @@ def _check_table_id(table_id: object) -> None:
 def _check_worker(worker: object) -> None:
     if not isinstance(worker, str) or not worker:
         raise ValueError(f"not a worker key (a non-empty string): {worker!r}")
+
+
+def _check_count(what: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_ID:
+        raise ValueError(f"copy progress {what} must be a non-negative 64-bit integer, got {value!r}")
+
+
+def _checked_copy_progress(progress: object) -> CopyProgress:
+    """The progress as stores keep it (times in UTC), or ``ValueError``/``TypeError``."""
+    if not isinstance(progress, CopyProgress):
+        raise TypeError(f"expected a CopyProgress, got {type(progress).__name__}")
+    _check_count("rows", progress.rows)
+    if progress.estimate is not None:
+        _check_count("estimate", progress.estimate)
+    return replace(
+        progress,
+        started_at=_utc("started_at", progress.started_at),
+        recorded_at=_utc("recorded_at", progress.recorded_at),
+        finished=bool(progress.finished),
+    )
+
+
+def _utc(what: str, value: object) -> datetime:
+    if not isinstance(value, datetime) or value.utcoffset() is None:
+        raise ValueError(f"copy progress {what} must be a timezone-aware datetime, got {value!r}")
+    return value.astimezone(UTC)
 
 
 def _checked_state(state: object) -> TableState:

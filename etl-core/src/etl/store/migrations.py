@@ -74,6 +74,7 @@ class Tables:
     progress: sa.Table
     destination: sa.Table
     resync_requests: sa.Table
+    copy_progress: sa.Table
 
     @property
     def schema(self) -> str | None:
@@ -81,7 +82,7 @@ class Tables:
 
     @property
     def data_tables(self) -> tuple[sa.Table, ...]:
-        return (self.states, self.schemas, self.progress, self.destination, self.resync_requests)
+        return (self.states, self.schemas, self.progress, self.destination, self.resync_requests, self.copy_progress)
 
 
 def define_tables(schema: str | None) -> Tables:
@@ -142,6 +143,7 @@ def define_tables(schema: str | None) -> Tables:
             sa.Column("extra", sa.Text, nullable=False, comment="JSON object"),
         ),
         resync_requests=_resync_requests_table(md),
+        copy_progress=_copy_progress_table(md),
     )
 
 
@@ -153,6 +155,22 @@ def _resync_requests_table(md: sa.MetaData) -> sa.Table:
         sa.Column("pipeline_id", sa.BigInteger, primary_key=True),
         sa.Column("table_id", sa.BigInteger, primary_key=True),
         sa.Column("requested_at", UtcDateTime, nullable=False),
+    )
+
+
+def _copy_progress_table(md: sa.MetaData) -> sa.Table:
+    # Where each table's initial copy stands, for `etl status` (see Store.record_copy_progress). Migration 3
+    # creates it in this shape: to change it, add a migration and keep this shape for migration 3.
+    return sa.Table(
+        "etl_copy_progress",
+        md,
+        sa.Column("pipeline_id", sa.BigInteger, primary_key=True),
+        sa.Column("table_id", sa.BigInteger, primary_key=True),
+        sa.Column("copied_rows", sa.BigInteger, nullable=False),
+        sa.Column("estimated_rows", sa.BigInteger, comment="the planner's estimate; NULL when never analyzed"),
+        sa.Column("started_at", UtcDateTime, nullable=False),
+        sa.Column("recorded_at", UtcDateTime, nullable=False),
+        sa.Column("finished", sa.Boolean, nullable=False),
     )
 
 
@@ -174,9 +192,14 @@ def _create_resync_requests(conn: sa.Connection, schema: str | None) -> None:
     _resync_requests_table(sa.MetaData(schema=schema)).create(conn)
 
 
+def _create_copy_progress(conn: sa.Connection, schema: str | None) -> None:
+    _copy_progress_table(sa.MetaData(schema=schema)).create(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "table states, schemas, progress, destination tables", _create_initial_tables),
     Migration(2, "resync requests", _create_resync_requests),
+    Migration(3, "copy progress", _create_copy_progress),
 )
 
 

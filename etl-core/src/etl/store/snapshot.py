@@ -4,6 +4,9 @@ For small state held in one object: a file, an object in a bucket, a key in a ke
 subclass implements ``_save_document`` (replace the stored document atomically, or raise) and hands
 the stored document to ``_restore_document`` when it opens. It must take a pipeline lock as well:
 two instances writing one document would overwrite each other's changes.
+
+The document's ``copy_progress`` key came after the first release of the format; a document without it
+reads as one without copy progress (and older releases ignore the key), so the format number stays 1.
 """
 
 from __future__ import annotations
@@ -14,7 +17,14 @@ from datetime import datetime
 from typing import Any
 
 from etl.errors import EtlError, StoreError
-from etl.store.base import DestinationSchemaStatus, DestinationTableMetadata, RetryKind, TableState, TableStateKind
+from etl.store.base import (
+    CopyProgress,
+    DestinationSchemaStatus,
+    DestinationTableMetadata,
+    RetryKind,
+    TableState,
+    TableStateKind,
+)
 from etl.store.cached import CachedStore, StateRow
 from etl.store.codec import lsn_from_text, lsn_to_text, schema_from_obj, schema_to_obj
 
@@ -50,6 +60,8 @@ class SnapshotStore(CachedStore):
                     DestinationSchemaStatus(obj["status"]),
                     dict(obj["extra"]),
                 )
+            for table_id, obj in document.get("copy_progress", {}).items():
+                self._copy_progress[int(table_id)] = _copy_progress_from_obj(obj)
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(
                 f"{self.describe()} holds a state document this version cannot read: {type(exc).__name__}: {exc}",
@@ -75,6 +87,10 @@ class SnapshotStore(CachedStore):
                 }
                 for table_id, m in sorted(self._metadata.items())
             },
+            "copy_progress": {
+                str(table_id): _copy_progress_to_obj(progress)
+                for table_id, progress in sorted(self._copy_progress.items())
+            },
         }
 
     @contextmanager
@@ -86,6 +102,7 @@ class SnapshotStore(CachedStore):
                 {table_id: dict(versions) for table_id, versions in self._schemas.items()},
                 dict(self._progress),
                 dict(self._metadata),
+                dict(self._copy_progress),
             )
             try:
                 yield
@@ -96,7 +113,7 @@ class SnapshotStore(CachedStore):
                 except Exception as exc:
                     raise StoreError(f"{self.describe()}: saving the state failed: {exc}") from exc
             except BaseException:
-                self._states, self._schemas, self._progress, self._metadata = before
+                self._states, self._schemas, self._progress, self._metadata, self._copy_progress = before
                 raise
 
 
@@ -119,4 +136,24 @@ def _state_from_obj(obj: Mapping[str, Any]) -> TableState:
         hint=obj["hint"],
         retry=RetryKind(obj["retry"]),
         retry_at=None if obj["retry_at"] is None else datetime.fromisoformat(obj["retry_at"]),
+    )
+
+
+def _copy_progress_to_obj(progress: CopyProgress) -> dict[str, Any]:
+    return {
+        "rows": progress.rows,
+        "estimate": progress.estimate,
+        "started_at": progress.started_at.isoformat(),
+        "recorded_at": progress.recorded_at.isoformat(),
+        "finished": progress.finished,
+    }
+
+
+def _copy_progress_from_obj(obj: Mapping[str, Any]) -> CopyProgress:
+    return CopyProgress(
+        rows=int(obj["rows"]),
+        estimate=None if obj["estimate"] is None else int(obj["estimate"]),
+        started_at=datetime.fromisoformat(obj["started_at"]),
+        recorded_at=datetime.fromisoformat(obj["recorded_at"]),
+        finished=bool(obj["finished"]),
     )

@@ -25,6 +25,7 @@ from etl.lsn import Lsn
 from etl.schema import TableId, TableSchema
 from etl.store.base import (
     APPLY_WORKER,
+    CopyProgress,
     DestinationSchemaStatus,
     DestinationTableMetadata,
     RetryKind,
@@ -117,6 +118,7 @@ class SqlStore(CachedStore):
                     status=DestinationSchemaStatus(row.status),
                     extra=extra_from_json(row.extra),
                 )
+            self._load_copy_progress(conn)
         except ValueError as exc:
             raise StoreError(
                 f"{self.describe()} holds data this version cannot read: {exc}",
@@ -124,6 +126,18 @@ class SqlStore(CachedStore):
             ) from None
         for history in self._states.values():
             del history[: -self.history_limit]
+
+    def _load_copy_progress(self, conn: sa.Connection) -> None:
+        """Load ``etl_copy_progress`` (migration 3; a test posing as an earlier release skips it)."""
+        t = self._tables.copy_progress
+        for row in conn.execute(self._mine(sa.select(t), t)):
+            self._copy_progress[row.table_id] = CopyProgress(
+                rows=row.copied_rows,
+                estimate=row.estimated_rows,
+                started_at=row.started_at,
+                recorded_at=row.recorded_at,
+                finished=bool(row.finished),
+            )
 
     def _mine(self, select: sa.Select[Any], table: sa.Table) -> sa.Select[Any]:
         return select.where(table.c.pipeline_id == self.pipeline_id)
@@ -227,11 +241,27 @@ class SqlStore(CachedStore):
                 },
             )
 
+    def _persist_copy_progress(self, table_id: TableId, progress: CopyProgress) -> None:
+        with self._transaction("recording copy progress") as conn:
+            self._upsert(
+                conn,
+                self._tables.copy_progress,
+                {
+                    "table_id": table_id,
+                    "copied_rows": progress.rows,
+                    "estimated_rows": progress.estimate,
+                    "started_at": progress.started_at,
+                    "recorded_at": progress.recorded_at,
+                    "finished": progress.finished,
+                },
+            )
+
     def _delete_copy_state(self, conn: sa.Connection, table_id: TableId) -> None:
         t = self._tables
         conn.execute(self._delete(t.destination, table_id=table_id))
         conn.execute(self._delete(t.schemas, table_id=table_id))
         conn.execute(self._delete(t.progress, worker=table_sync_worker(table_id)))
+        conn.execute(self._delete(t.copy_progress, table_id=table_id))
 
     def _persist_prepare_table_for_copy(self, table_id: TableId) -> None:
         with self._transaction("preparing a table for copy") as conn:

@@ -48,6 +48,7 @@ from etl.lsn import Lsn
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl.store.base import (
     APPLY_WORKER,
+    CopyProgress,
     DestinationSchemaStatus,
     DestinationTableMetadata,
     RetryKind,
@@ -116,6 +117,12 @@ def sample_metadata() -> DestinationTableMetadata:
     )
 
 
+def sample_copy_progress(rows: int = 1234, *, finished: bool = False) -> CopyProgress:
+    """A copy's progress with times in a zone other than UTC (stores give them back in UTC)."""
+    started = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=timezone(timedelta(hours=-5)))
+    return CopyProgress(rows, 2**40 + 7, started, started + timedelta(seconds=61, microseconds=5), finished)
+
+
 class StoreContract:
     """Behaviour every store has, durable or not."""
 
@@ -159,6 +166,7 @@ class StoreContract:
         assert store.get_table_schema(T1) is None
         assert store.get_progress(APPLY_WORKER) is None
         assert store.get_destination_metadata(T1) is None
+        assert store.get_copy_progress(T1) is None
 
     # -- table states ------------------------------------------------------------------------------
     def test_update_table_states_keeps_every_field(self, store: Store) -> None:
@@ -303,6 +311,40 @@ class StoreContract:
             store.store_destination_metadata(T1, DestinationTableMetadata("t", Lsn(1), extra={"when": datetime.now()}))
         assert store.get_destination_metadata(T1) is None
 
+    # -- copy progress -------------------------------------------------------------------------------
+    def test_copy_progress_round_trip_and_replace(self, store: Store) -> None:
+        started = sample_copy_progress(0)
+        store.record_copy_progress(T1, started)
+        got = store.get_copy_progress(T1)
+        assert got == started
+        assert got is not None and got.started_at.utcoffset() == got.recorded_at.utcoffset() == timedelta(0)
+        assert got.started_at == datetime(2030, 1, 2, 8, 4, 5, 678901, tzinfo=UTC)
+        assert store.get_copy_progress(T2) is None
+        done = sample_copy_progress(2**63 - 1, finished=True)
+        store.record_copy_progress(T1, done)
+        assert store.get_copy_progress(T1) == done
+        unanalyzed = CopyProgress(5, None, done.started_at, done.recorded_at)
+        store.record_copy_progress(T3, unanalyzed)
+        assert store.get_copy_progress(T3) == unanalyzed
+        assert store.get_copy_progress(T1) == done
+
+    def test_bad_copy_progress_is_refused_and_nothing_changes(self, store: Store) -> None:
+        good = sample_copy_progress()
+        store.record_copy_progress(T1, good)
+        naive = datetime(2030, 1, 2, 3, 4, 5)
+        for bad in (
+            CopyProgress(-1, None, good.started_at, good.recorded_at),
+            CopyProgress(1, -1, good.started_at, good.recorded_at),
+            CopyProgress(2**63, None, good.started_at, good.recorded_at),
+            CopyProgress(1, None, naive, good.recorded_at),
+            CopyProgress(1, None, good.started_at, naive),
+        ):
+            with pytest.raises(ValueError, match="copy progress"):
+                store.record_copy_progress(T1, bad)
+        with pytest.raises(TypeError):
+            store.record_copy_progress(T1, {"rows": 1})  # type: ignore[arg-type]
+        assert store.get_copy_progress(T1) == good
+
     # -- lifecycle operations ------------------------------------------------------------------------
     def _populate(self, store: Store) -> None:
         store.update_table_states(sample_states())
@@ -311,6 +353,7 @@ class StoreContract:
             store.store_table_schema(make_schema(table_id, 20, columns=3))
             store.store_destination_metadata(table_id, sample_metadata())
             store.upsert_progress(table_sync_worker(table_id), Lsn(table_id))
+            store.record_copy_progress(table_id, sample_copy_progress(table_id, finished=True))
         store.upsert_progress(APPLY_WORKER, Lsn(99))
 
     def test_prepare_table_for_copy_keeps_only_the_state(self, store: Store) -> None:
@@ -320,7 +363,9 @@ class StoreContract:
         assert store.get_table_schema(T1) is None
         assert store.get_destination_metadata(T1) is None
         assert store.get_progress(table_sync_worker(T1)) is None
+        assert store.get_copy_progress(T1) is None
         # Other tables and the apply worker are untouched.
+        assert store.get_copy_progress(T2) == sample_copy_progress(T2, finished=True)
         assert store.get_table_schema(T2) == make_schema(T2, 20, columns=3)
         assert store.get_destination_metadata(T2) == sample_metadata()
         assert store.get_progress(table_sync_worker(T2)) == T2
@@ -331,10 +376,11 @@ class StoreContract:
         assert store.reset_tables_for_resync() == 3
         assert store.get_table_states() == {t: TableState.init() for t in (T1, T2, T3)}
         assert store.get_progress(APPLY_WORKER) is None
-        # Kept: schemas, destination metadata and table sync progress.
+        # Kept: schemas, destination metadata, table sync progress and copy progress.
         assert store.get_table_schema(T1) == make_schema(T1, 20, columns=3)
         assert store.get_destination_metadata(T2) == sample_metadata()
         assert store.get_progress(table_sync_worker(T1)) == T1
+        assert store.get_copy_progress(T1) == sample_copy_progress(T1, finished=True)
 
     def test_delete_table_state_forgets_the_table(self, store: Store) -> None:
         self._populate(store)
@@ -344,9 +390,11 @@ class StoreContract:
         assert store.get_table_schema(T1) is None
         assert store.get_destination_metadata(T1) is None
         assert store.get_progress(table_sync_worker(T1)) is None
+        assert store.get_copy_progress(T1) is None
         with pytest.raises(StoreError):
             store.rollback_table_state(T1)
         assert store.get_table_state(T2) == sample_states()[T2]
+        assert store.get_copy_progress(T2) == sample_copy_progress(T2, finished=True)
         assert store.get_progress(APPLY_WORKER) == 99
 
     # -- scoping, threads, closing --------------------------------------------------------------------
@@ -439,6 +487,9 @@ class DurableStoreContract(StoreContract):
         store.upsert_progress(APPLY_WORKER, Lsn(2**63))
         store.upsert_progress(table_sync_worker(T1), Lsn(7))
         store.store_destination_metadata(T1, sample_metadata())
+        store.record_copy_progress(T1, sample_copy_progress(0))
+        store.record_copy_progress(T1, sample_copy_progress(10**12, finished=True))
+        store.record_copy_progress(T2, CopyProgress(0, None, sample_copy_progress().started_at, datetime.now(UTC)))
         store.close()
 
         reopened = make_store()
@@ -448,6 +499,9 @@ class DurableStoreContract(StoreContract):
         assert reopened.get_progress(APPLY_WORKER) == 2**63
         assert reopened.get_progress(table_sync_worker(T1)) == 7
         assert reopened.get_destination_metadata(T1) == sample_metadata()
+        assert reopened.get_copy_progress(T1) == sample_copy_progress(10**12, finished=True)
+        assert reopened.get_copy_progress(T2) == store.get_copy_progress(T2)
+        assert reopened.get_copy_progress(T3) is None
         assert reopened.rollback_table_state(T1) == history[1]  # history is durable too
         reopened.close()
         assert make_store().get_table_state(T1) == history[1]
@@ -467,6 +521,7 @@ class DurableStoreContract(StoreContract):
             store.get_destination_metadata(T1),
             store.get_destination_metadata(T2),
             [store.get_progress(w) for w in (APPLY_WORKER, table_sync_worker(T1), table_sync_worker(T2))],
+            [store.get_copy_progress(t) for t in (T1, T2, T3)],
         )
         store.close()
         reopened = make_store()
@@ -476,9 +531,11 @@ class DurableStoreContract(StoreContract):
             reopened.get_destination_metadata(T1),
             reopened.get_destination_metadata(T2),
             [reopened.get_progress(w) for w in (APPLY_WORKER, table_sync_worker(T1), table_sync_worker(T2))],
+            [reopened.get_copy_progress(t) for t in (T1, T2, T3)],
         ) == expected
         assert expected[0] == {T1: TableState.init(), T2: TableState.init()}
         assert [s.snapshot_lsn for s in expected[1]] == [20, 30]
+        assert expected[5] == [None, sample_copy_progress(T2, finished=True), None]
         assert reopened.rollback_table_state(T2) == sample_states()[T2]
 
     def test_pipelines_share_storage_durably(self, make_store: MakeStore) -> None:
@@ -491,6 +548,23 @@ class DurableStoreContract(StoreContract):
         two.close()
         assert make_store(1).get_table_states() == {T1: TableState(TableStateKind.READY)}
         assert make_store(2).get_progress(APPLY_WORKER) == 2
+
+    def test_copy_progress_reaches_a_reader_opened_later(self, make_store: MakeStore) -> None:
+        """``etl status`` opens its own instance next to the running pipeline's and sees the copy's progress."""
+        running = make_store()
+        running.acquire_lock()
+        running.update_table_states({T1: TableState(TableStateKind.DATA_SYNC)})
+        running.record_copy_progress(T1, sample_copy_progress(10))
+        assert make_store().get_copy_progress(T1) == sample_copy_progress(10)
+        running.record_copy_progress(T1, sample_copy_progress(20))
+        running.record_copy_progress(T2, sample_copy_progress(5, finished=True))
+        reader = make_store()
+        assert (reader.get_copy_progress(T1), reader.get_copy_progress(T2)) == (
+            sample_copy_progress(20),
+            sample_copy_progress(5, finished=True),
+        )
+        running.prepare_table_for_copy(T1)
+        assert make_store().get_copy_progress(T1) is None
 
     def test_second_holder_of_the_lock_fails_fast(self, make_store: MakeStore) -> None:
         holder, other, other_pipeline = make_store(7), make_store(7), make_store(8)
