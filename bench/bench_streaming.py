@@ -19,6 +19,10 @@ walsender. The CPU seconds of each side's walsender are sampled from ``/proc``; 
 seconds and peak RSS (``VmHWM``) come from its child process.
 
     .venv/bin/python bench/bench_streaming.py [--rows 1000000] [--shapes small,large] [--major 18]
+        [--metrics off|on|both]
+
+``--metrics on`` serves ``[metrics]`` and scrapes ``/metrics`` every second while the engine runs (the
+engine records its series in every run; this adds the sampler, the listener and the scrapes).
 """
 
 from __future__ import annotations
@@ -87,8 +91,8 @@ def limit(src: benchlib.Source, rows: int, end_lsn: str) -> Line:
     return Line("pg_recvlogical > /dev/null", rows, seconds, note=f"walsender CPU {walsender:.1f} s")
 
 
-def engine(src: benchlib.Source, shape: str, rows: int, pipeline_id: int, store: Path) -> Line:
-    common = ["--pipeline-id", str(pipeline_id), "--store", str(store)]
+def engine(src: benchlib.Source, shape: str, rows: int, pipeline_id: int, store: Path, *, metrics: bool) -> Line:
+    common = ["--pipeline-id", str(pipeline_id), "--store", str(store), *(["--metrics"] if metrics else [])]
     child = Engine(src, "stream", "--rows", str(rows), *common, profile=f"streaming-{shape}")
     sampler = CpuSampler(src, f"etl_apply_{pipeline_id}")
     try:
@@ -98,7 +102,7 @@ def engine(src: benchlib.Source, shape: str, rows: int, pipeline_id: int, store:
         child.kill()
     walsender = sampler.stop()
     return Line(
-        "engine -> null destination",
+        "engine -> null destination" + (", [metrics] served and scraped every 1 s" if metrics else ""),
         done["rows"],
         done["seconds"],
         done["peak_rss_mb"],
@@ -117,7 +121,7 @@ def ready(src: benchlib.Source, pipeline_id: int, store: Path) -> None:
         child.kill()
 
 
-def run_shape(src: benchlib.Source, shape: str, rows: int, pipeline_id: int, workdir: Path) -> bool:
+def run_shape(src: benchlib.Source, shape: str, rows: int, pipeline_id: int, workdir: Path, *, metrics: bool) -> bool:
     src.execute(f"TRUNCATE {TABLE}")
     src.drop_slots()
     src.execute(f"SELECT pg_create_logical_replication_slot('{LIMIT_SLOT}', 'pgoutput')")
@@ -133,7 +137,7 @@ def run_shape(src: benchlib.Source, shape: str, rows: int, pipeline_id: int, wor
     )
     print(f"  {shape}: workload of {rows:,} changes generated in {seconds:.1f} s ({wal} of WAL)", flush=True)
     limit_line = limit(src, rows, end_lsn)
-    engine_line = engine(src, shape, rows, pipeline_id, store)
+    engine_line = engine(src, shape, rows, pipeline_id, store, metrics=metrics)
     src.drop_slots()
     what = "transactions of 10 changes" if shape == "small" else "one transaction"
     ok = benchlib.report(f"streaming {rows:,} changes, {what}", engine_line, limit_line, target=0.9)
@@ -145,6 +149,12 @@ def main() -> int:
     parser = benchlib.arguments(__doc__ or "")
     parser.add_argument("--rows", type=int, default=1_000_000, help="row changes per shape (a multiple of 10)")
     parser.add_argument("--shapes", default="small,large", help="comma-separated: small, large")
+    parser.add_argument(
+        "--metrics",
+        choices=["off", "on", "both"],
+        default="off",
+        help="serve [metrics] and scrape it every second during the engine's run (both: one run each, in turn)",
+    )
     args = parser.parse_args()
     if args.rows % 10:
         parser.error("--rows must be a multiple of 10")
@@ -154,8 +164,10 @@ def main() -> int:
     with benchlib.source(args) as src, tempfile.TemporaryDirectory(prefix="etl-bench-") as workdir:
         print(f"machine: {benchlib.machine()}")
         print(f"server:  {src.server_version()} ({src.install.bindir})")
-        for pipeline_id, shape in enumerate(shapes, start=1):
-            run_shape(src, shape, args.rows, pipeline_id, Path(workdir))
+        modes = {"off": [False], "on": [True], "both": [False, True]}[args.metrics]
+        runs = [(shape, metrics) for shape in shapes for metrics in modes]
+        for pipeline_id, (shape, metrics) in enumerate(runs, start=1):
+            run_shape(src, shape, args.rows, pipeline_id, Path(workdir), metrics=metrics)
     return 0
 
 

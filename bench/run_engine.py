@@ -19,6 +19,7 @@ import os
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from etl.pipeline import Pipeline
 from etl.schema import TableSchema
 from etl.store.base import Store, TableStateKind
 from etl.store.memory import MemoryStore
+from etl.testing.postgres import free_port
 from etl_store_sqlite.store import SqliteStore
 
 
@@ -81,6 +83,25 @@ def wait_for(pipeline: Pipeline, condition: Callable[[], bool], event: threading
             time.sleep(0.05)
 
 
+class Scraper:
+    """Reads ``/metrics`` every second on a thread, as a Prometheus server would while the benchmark runs."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scraper", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            with urllib.request.urlopen(self._url, timeout=10) as response:
+                response.read()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
 def all_ready(pipeline: Pipeline) -> bool:
     states = pipeline.states
     kinds = [s.kind for s in states.snapshot().values()] if states is not None else []
@@ -96,21 +117,27 @@ def main() -> None:
     parser.add_argument("--pipeline-id", type=int, default=1)
     parser.add_argument("--rows", type=int, default=0, help="rows the null destination must count")
     parser.add_argument("--store", type=Path, help="SQLite store file (default: the memory store)")
+    parser.add_argument(
+        "--metrics", action="store_true", help="serve [metrics] on a free port and scrape it every second"
+    )
     args = parser.parse_args()
     configure_logging(level="warning")
 
-    config = PipelineConfig.model_validate(
-        {
-            "pipeline": {"id": args.pipeline_id, "publication": args.publication},
-            "source": {"host": "127.0.0.1", "port": args.port, "database": args.database, "sslmode": "disable"},
-        }
-    )
+    raw: dict[str, Any] = {
+        "pipeline": {"id": args.pipeline_id, "publication": args.publication},
+        "source": {"host": "127.0.0.1", "port": args.port, "database": args.database, "sslmode": "disable"},
+    }
+    port = free_port()
+    if args.metrics:
+        raw["metrics"] = {"listen": f"127.0.0.1:{port}", "sample_interval_s": 1}
+    config = PipelineConfig.model_validate(raw)
     store: Store = SqliteStore(args.store, args.pipeline_id) if args.store else MemoryStore(args.pipeline_id)
     destination = CountingNull(args.rows)
     pipeline = Pipeline(config, store, destination)
     cpu_before = os.times()
     started = time.monotonic()
     pipeline.start()
+    scraper = Scraper(f"http://127.0.0.1:{port}/metrics") if args.metrics else None
     try:
         if args.mode == "copy":
             wait_for(pipeline, lambda: destination.copied_rows >= args.rows, destination.reached)
@@ -121,6 +148,8 @@ def main() -> None:
         seconds = time.monotonic() - started
         cpu_after = os.times()
     finally:
+        if scraper is not None:
+            scraper.stop()
         pipeline.shutdown(timeout=60)
     cpu = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
     rows = destination.copied_rows if args.mode == "copy" else destination.changed_rows

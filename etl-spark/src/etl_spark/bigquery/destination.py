@@ -19,6 +19,7 @@ the same script by the new record. See docs/destinations/bigquery.md.
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -32,6 +33,7 @@ from etl.destination.base import DestinationContext, WriteResult
 from etl.errors import ConfigError, DestinationError, TableError, naming_table
 from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
 from etl.schema import ColumnSchema, TableSchema
+from etl_spark.bigquery.metrics import BigQueryMetrics
 from etl_spark.bigquery.names import STAGING_PREFIX, column_name, table_id
 from etl_spark.bigquery.schema_change import alter_statements, unrecorded
 from etl_spark.bigquery.types import bq_type, staged, table_ddl
@@ -53,6 +55,7 @@ from etl_spark.session import SparkSettings, delete_path, get_spark
 
 if TYPE_CHECKING:
     from google.cloud import bigquery
+    from prometheus_client import CollectorRegistry
     from pyspark.sql import DataFrame, SparkSession
 
 log = structlog.get_logger(__name__)
@@ -108,6 +111,8 @@ class BigQueryDestination:
         """Per table, the schema its BigQuery table is in line with (as recorded in ``_etl_columns``)."""
         self._watermarks: dict[int, Position] = {}
         """Per table, its watermark as last read or committed (this destination is the table's one writer)."""
+        self.metrics = BigQueryMetrics()
+        """The ``etl_bigquery_*`` series; on a private registry until ``register_metrics``."""
 
     @classmethod
     def from_config(cls, config: Any, context: DestinationContext) -> BigQueryDestination:
@@ -148,6 +153,11 @@ class BigQueryDestination:
             self._client.close()  # type: ignore[no-untyped-call]
             self._client = None
 
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        """Export ``etl_bigquery_*`` on the pipeline's registry (the engine calls this once, at start)."""
+        if registry is not self.metrics.registry:
+            self.metrics.register(registry)
+
     @property
     def client(self) -> bigquery.Client:
         if self._client is None:
@@ -176,7 +186,7 @@ class BigQueryDestination:
             frame = self.spark.createDataFrame(self._staged(schema, rows, changes=False))
             staging = self._stage(schema, frame, rows.nbytes)
             names = [column_name(c.name) for c in schema.columns]
-            self._query(
+            self._dml(
                 f"INSERT INTO {target} ({', '.join(names)}) SELECT {self._converted(schema)} FROM {staging} AS S",
                 schema,
             )
@@ -222,7 +232,7 @@ class BigQueryDestination:
             statements += self._add_and_remove(schema, target, self._stage(schema, net, changes.nbytes), removes)
         statements += [*self._advance(schema, position), "COMMIT TRANSACTION"]
         self._watermarks.pop(schema.id, None)  # unknown should the job fail
-        self._query(";\n".join(statements) + ";", schema)
+        self._dml(";\n".join(statements) + ";", schema)
         self._watermarks[schema.id] = position
 
     def _upsert(self, schema: TableSchema, target: str, staging: str, toast: list[str]) -> list[str]:
@@ -388,6 +398,7 @@ class BigQueryDestination:
         written = f"{local.rstrip('/')}/{relative}" if local else f"{self.config.staging_uri}/{run}"
         files = max(1, nbytes // (256 * 1024 * 1024))
         frame.coalesce(files).write.mode("overwrite").parquet(written)
+        staged_bytes = _parquet_bytes(self.spark, written)
         staging = STAGING_PREFIX + table_id(schema.name)
         job_config = bigquery.LoadJobConfig(
             source_format=bigquery.SourceFormat.PARQUET,
@@ -400,6 +411,8 @@ class BigQueryDestination:
                 f"gs://{bucket}/{relative}/*.parquet", self._path(staging), job_config=job_config
             )
             job.result()
+            self.metrics.load_jobs.labels(str(schema.name)).inc()
+            self.metrics.bytes_loaded.inc(staged_bytes)
         finally:
             delete_path(self.spark, written)  # loaded or failed, the staged files are not needed again
         return self._ref(staging)
@@ -421,6 +434,12 @@ class BigQueryDestination:
     def _ref(self, name: str) -> str:
         return f"`{self._path(name)}`"
 
+    def _dml(self, sql: str, table: TableSchema) -> None:
+        """Run the query job that moves staged rows into ``table``'s target, timed (``etl_bigquery_dml_seconds``)."""
+        started = time.perf_counter()
+        self._query(sql, table)
+        self.metrics.dml_seconds.observe(time.perf_counter() - started)
+
     def _query(self, sql: str, table: TableSchema | None = None) -> Any:
         """Run ``sql``; a statement rejected while writing ``table`` errors that table only."""
         from google.api_core import exceptions
@@ -436,6 +455,16 @@ class BigQueryDestination:
                     table_id=table.id,
                 ) from None
             raise DestinationError(f"BigQuery rejected a statement: {exc.message}", hint="see the log") from None
+
+
+def _parquet_bytes(spark: SparkSession, path: str) -> int:
+    """The size of the Parquet files Spark wrote into the directory ``path`` (local or ``gs://``), through
+    Spark's Hadoop file system, as ``delete_path`` reaches it."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    directory = jvm.org.apache.hadoop.fs.Path(path)
+    fs = directory.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    return sum(int(s.getLen()) for s in fs.listStatus(directory) if str(s.getPath().getName()).endswith(".parquet"))
 
 
 def _shape(schema: TableSchema) -> list[tuple[str, int, int, int | None]]:

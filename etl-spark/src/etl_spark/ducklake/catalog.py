@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from etl_spark.ducklake.catalog_schema import (
     STATE_TABLE,
     create_statements,
 )
+from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.stats import ColumnStats, stats_kind, widen
 from etl_spark.ducklake.types import LakeType, Stats
 
@@ -186,8 +188,12 @@ def _join(base: str, path: str, relative: Any) -> str:
 class Catalog:
     """A DuckLake catalog seen by one pipeline."""
 
-    def __init__(self, url: str, data_path: str, pipeline_id: int, author: str = "etl") -> None:
+    def __init__(
+        self, url: str, data_path: str, pipeline_id: int, author: str = "etl", metrics: DuckLakeMetrics | None = None
+    ) -> None:
         self._url = url
+        self.metrics = metrics if metrics is not None else DuckLakeMetrics()
+        """Where commits are timed and lost races counted (``etl_ducklake_commit_seconds``, ``..._conflicts``)."""
         self._requested_data_path = data_path if data_path.endswith("/") else data_path + "/"
         self.pipeline_id = pipeline_id
         self.author = author
@@ -465,14 +471,18 @@ class Catalog:
         watched = set(tables)
         for attempt in range(attempts):
             try:
-                with self._lock, self.engine.begin() as conn:
-                    txn = Transaction(self, conn)
-                    if base_snapshot is not None and watched:
-                        txn.check_conflicts(base_snapshot, watched)
-                    result = build(txn)
-                    txn.finish()
+                with self._lock:
+                    started = time.perf_counter()
+                    with self.engine.begin() as conn:
+                        txn = Transaction(self, conn)
+                        if base_snapshot is not None and watched:
+                            txn.check_conflicts(base_snapshot, watched)
+                        result = build(txn)
+                        txn.finish()
+                    self.metrics.commit_seconds.observe(time.perf_counter() - started)  # committed
                     return result
             except sa.exc.IntegrityError:
+                self.metrics.commit_conflicts.inc()
                 log.info("catalog commit raced another writer; retrying", attempt=attempt + 1)
         raise DestinationError(
             f"could not commit to the DuckLake catalog after {attempts} attempts: other writers kept committing first",

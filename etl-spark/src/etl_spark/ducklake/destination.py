@@ -30,12 +30,14 @@ from etl.schema import TableName, TableSchema
 from etl_spark.ducklake.catalog import Catalog, CommitConflict, Transaction, engine_for, redacted
 from etl_spark.ducklake.copy_buffer import CopyBuffers
 from etl_spark.ducklake.files import LakeStorage
+from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.plan import TablePlan, plan_changes, plan_copy
 from etl_spark.ducklake.reader import open_lake
 from etl_spark.ducklake.types import lake_type, to_lake_arrow
 from etl_spark.session import SparkSettings, get_spark
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
     from pyspark.sql import DataFrame, SparkSession
 
 log = structlog.get_logger(__name__)
@@ -89,7 +91,11 @@ class DuckLakeDestination:
 
     def __init__(self, config: DuckLakeConfig, pipeline_id: int) -> None:
         self.config = config
-        self.catalog = Catalog(config.catalog.get_secret_value(), config.data_path, pipeline_id, config.author)
+        self.metrics = DuckLakeMetrics()
+        """The ``etl_ducklake_*`` series; on a private registry until ``register_metrics``."""
+        self.catalog = Catalog(
+            config.catalog.get_secret_value(), config.data_path, pipeline_id, config.author, self.metrics
+        )
         self._storage: LakeStorage | None = None
         self._spark: SparkSession | None = None
         self._copies = CopyBuffers(config.copy_chunk_bytes)
@@ -106,10 +112,15 @@ class DuckLakeDestination:
     # -- lifecycle -------------------------------------------------------------------------------
     def startup(self) -> None:
         self.catalog.open()
-        self._storage = LakeStorage(self.catalog.data_path)
+        self._storage = LakeStorage(self.catalog.data_path, self.metrics)
 
     def shutdown(self) -> None:
         self.catalog.close()
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        """Export ``etl_ducklake_*`` on the pipeline's registry (the engine calls this once, at start)."""
+        if registry is not self.metrics.registry:
+            self.metrics.register(registry)
 
     @property
     def spark(self) -> SparkSession:
@@ -204,6 +215,7 @@ class DuckLakeDestination:
                 )
                 return
             except CommitConflict as conflict:
+                self.metrics.commit_conflicts.inc()
                 log.info("ducklake commit conflict; recomputing", reason=str(conflict), attempt=attempt + 1)
                 for plan in plans:
                     plan.discard(self.storage)

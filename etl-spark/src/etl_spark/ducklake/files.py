@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from etl_spark.ducklake.catalog import LakeColumn, LakeTable, NewFile
+from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.stats import file_stats, stats_kind
 from etl_spark.ducklake.types import Stats
 
@@ -85,8 +86,10 @@ def lake_schema(columns: Sequence[LakeColumn], native: frozenset[int] = frozense
 class LakeStorage:
     """File operations under a lake's data path (any filesystem pyarrow and Spark both reach)."""
 
-    def __init__(self, data_path: str) -> None:
+    def __init__(self, data_path: str, metrics: DuckLakeMetrics | None = None) -> None:
         self.data_path = data_path
+        self.metrics = metrics if metrics is not None else DuckLakeMetrics()
+        """Counts the files written (``etl_ducklake_files_written_total``, ``..._bytes_written_total``)."""
         self.fs, root = pafs.FileSystem.from_uri(data_path)
         self._root = root.rstrip("/") + "/"
         self._prefix = data_path
@@ -121,7 +124,10 @@ class LakeStorage:
                 written.append(self._describe(directory + name, name, kinds))
         finally:
             self.fs.delete_dir(self._local(staging))
-        return [f for f in written if f.record_count > 0]
+        written = [f for f in written if f.record_count > 0]
+        for file in written:
+            self.metrics.file_written("data", file.size_bytes)
+        return written
 
     def write_delete(self, table: LakeTable, data_file_path: str, positions: pa.Table) -> NewFile:
         """A positional delete file for one data file: ``pos`` and, when present, ``_ducklake_internal_snapshot_id``."""
@@ -137,7 +143,9 @@ class LakeStorage:
         path = table.directory + name
         self.fs.create_dir(self._local(table.directory))
         pq.write_table(pa.table(arrays, schema=schema), self._local(path), filesystem=self.fs)
-        return self._describe(path, name, {})
+        file = self._describe(path, name, {})
+        self.metrics.file_written("delete", file.size_bytes)
+        return file
 
     def read_delete(self, path: str, begin_snapshot: int) -> pa.Table:
         """A delete file's positions with the snapshot that deleted each (``begin_snapshot`` when not recorded)."""

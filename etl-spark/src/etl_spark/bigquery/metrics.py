@@ -1,0 +1,37 @@
+"""The ``etl_bigquery_*`` Prometheus series of one BigQuery destination.
+
+The engine hands its registry to ``BigQueryDestination.register_metrics`` once at start; until then (and
+for embedders and tests that never call it) the series live on a private registry nobody scrapes.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from etl.metrics import LATENCY_BUCKETS
+
+
+class BigQueryMetrics:
+    """Load jobs per table, bytes loaded, DML time; on ``registry`` (a private one by default)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.register(registry if registry is not None else CollectorRegistry(auto_describe=True))
+
+    def register(self, registry: CollectorRegistry) -> None:
+        """Create the series on ``registry`` (from now on they are recorded there, starting at zero)."""
+        self.registry = registry
+        self.load_jobs = Counter(
+            "etl_bigquery_load_jobs",
+            "Load jobs that filled a staging table, per source table (quota: table modifications per day)",
+            ["table"],
+            registry=registry,
+        )
+        self.bytes_loaded = Counter(
+            "etl_bigquery_bytes_loaded", "Bytes of staged Parquet read by successful load jobs", registry=registry
+        )
+        self.dml_seconds = Histogram(
+            "etl_bigquery_dml_seconds",
+            "Time of one query job moving staged rows into a target table (a copy's INSERT, a batch's transaction)",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )

@@ -1,0 +1,56 @@
+"""The ``etl_ducklake_*`` Prometheus series of one DuckLake destination.
+
+The engine hands its registry to ``DuckLakeDestination.register_metrics`` once at start; until then (and
+for embedders and tests that never call it) the series live on a private registry nobody scrapes, so
+the code that records them never checks whether metrics are on. The catalog and the file writer hold
+this one object, so registering swaps their series in place.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from etl.metrics import LATENCY_BUCKETS
+
+FILE_KINDS: Final = ("data", "delete")
+"""The ``kind`` label of the file series: Parquet data files and positional delete files."""
+
+
+class DuckLakeMetrics:
+    """Commit time, files and bytes written, conflicts retried; on ``registry`` (a private one by default)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.register(registry if registry is not None else CollectorRegistry(auto_describe=True))
+
+    def register(self, registry: CollectorRegistry) -> None:
+        """Create the series on ``registry`` (from now on they are recorded there, starting at zero)."""
+        self.registry = registry
+        self.commit_seconds = Histogram(
+            "etl_ducklake_commit_seconds",
+            "Time of one successful catalog transaction (one DuckLake snapshot), delete files written in it included",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.files_written = Counter(
+            "etl_ducklake_files_written", "Parquet files written into the lake, per kind", ["kind"], registry=registry
+        )
+        self.bytes_written = Counter(
+            "etl_ducklake_bytes_written",
+            "Bytes of Parquet files written into the lake, per kind",
+            ["kind"],
+            registry=registry,
+        )
+        self.commit_conflicts = Counter(
+            "etl_ducklake_commit_conflicts",
+            "Commits retried because another writer committed first or changed what the batch was computed from",
+            registry=registry,
+        )
+        for kind in FILE_KINDS:  # exported from the start, at 0
+            self.files_written.labels(kind)
+            self.bytes_written.labels(kind)
+
+    def file_written(self, kind: str, size_bytes: int) -> None:
+        self.files_written.labels(kind).inc()
+        self.bytes_written.labels(kind).inc(size_bytes)
