@@ -145,8 +145,8 @@ class EventBatch:
     _events: Callable[[], Iterator[Event]] = field(repr=False)
     last_commit_lsn: Lsn = Lsn.ZERO
     """End LSN of the last transaction that commits in this batch; progress after a durable write."""
-    last_commit_ts: datetime | None = None
-    """Commit time of that transaction on the source (``None`` when no transaction commits in this batch)."""
+    commit_times: Sequence[datetime] = ()
+    """Source commit time of every transaction that commits in this batch, in order (for metrics)."""
     schema_changes: int = 0
     """Relation events (new schema versions) in the batch, for metrics."""
 

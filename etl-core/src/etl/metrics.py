@@ -12,14 +12,18 @@ Destinations add their own series through ``register_metrics(registry)`` (see do
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Final
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from etl.events import OP_COLUMN, EventBatch
 from etl.schema import TableId
@@ -63,12 +67,12 @@ class PipelineMetrics:
         self.slot_retained_wal_bytes = Gauge(
             "etl_slot_retained_wal_bytes", "WAL the source keeps for each of the pipeline's slots", ["slot"], registry=r
         )
-        self.commit_to_durable_seconds = Histogram(
+        self.commit_to_durable_seconds = BulkHistogram(
             "etl_commit_to_durable_seconds",
-            "From a transaction's commit on the source to the moment its changes are durable",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            "From a transaction's commit on the source to the moment its changes are durable (every transaction)",
+            LATENCY_BUCKETS,
         )
+        r.register(self.commit_to_durable_seconds)
         self.errors = Counter("etl_errors", "Errors, per kind", ["kind"], registry=r)
         self.reconnects = Counter(
             "etl_reconnects", "Reconnects of the apply worker after a lost connection", registry=r
@@ -96,8 +100,10 @@ class PipelineMetrics:
             self.events.labels("schema").inc(batch.schema_changes)
         self.batch_rows.observe(rows)
         self.batch_write_seconds.labels(destination).observe(seconds)
-        if batch.last_commit_ts is not None:
-            self.commit_to_durable_seconds.observe(max(0.0, (now - batch.last_commit_ts).total_seconds()))
+        if batch.commit_times:
+            durable = now.timestamp()
+            committed = np.fromiter((t.timestamp() for t in batch.commit_times), np.float64, len(batch.commit_times))
+            self.commit_to_durable_seconds.observe_many(np.maximum(durable - committed, 0.0))
 
     def forget_tables(self, names: Iterable[str]) -> None:
         """Drop the per-table series of tables that left the publication."""
@@ -105,6 +111,40 @@ class PipelineMetrics:
             for series in (self.copied_rows, self.copy_estimate):
                 with contextlib.suppress(KeyError):  # never labelled: the table was not copied here
                     series.remove(name)
+
+
+class BulkHistogram(Collector):
+    """A histogram that takes many observations at once (every transaction of a batch) at numpy speed.
+
+    ``prometheus_client``'s ``Histogram`` takes one value per call; a batch may commit 100,000 transactions.
+    """
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
+        self._name, self._documentation = name, documentation
+        self._bounds = np.asarray(buckets, np.float64)
+        self._counts = np.zeros(len(buckets) + 1, np.int64)  # the last one: above every bound (+Inf)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe_many(self, values: npt.NDArray[np.float64]) -> None:
+        # searchsorted(side="left"): a value equal to a bound falls in that bound's bucket (le is inclusive)
+        counts = np.bincount(np.searchsorted(self._bounds, values, side="left"), minlength=len(self._counts))
+        with self._lock:
+            self._counts += counts
+            self._sum += float(values.sum())
+
+    def collect(self) -> Iterable[HistogramMetricFamily]:
+        with self._lock:
+            cumulative = np.cumsum(self._counts).tolist()
+            total = self._sum
+        buckets = [(floatToGoString(b), count) for b, count in zip(self._bounds.tolist(), cumulative, strict=False)]
+        buckets.append(("+Inf", cumulative[-1]))
+        family = HistogramMetricFamily(self._name, self._documentation)
+        family.add_metric([], buckets, total)
+        yield family
+
+    def describe(self) -> Iterable[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self._name, self._documentation)
 
 
 class _StatesCollector(Collector):

@@ -240,7 +240,6 @@ class ChangeBuilder:
         """The last ``start_lsn`` of a change and its int (the same for every change of a transaction)."""
         self._ordinal = 0
         self._last_commit_lsn = Lsn.ZERO
-        self._last_commit_ts: datetime | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -252,6 +251,7 @@ class ChangeBuilder:
         track), transaction boundaries, relations and truncates as tuples, in stream order."""
         self._changes = 0
         self._commits = 0
+        self._commit_times: list[datetime] = []
         self._size = 0
         self._relations = 0
 
@@ -290,7 +290,7 @@ class ChangeBuilder:
         self._in_transaction = False
         self._commits += 1
         self._last_commit_lsn = end_lsn
-        self._last_commit_ts = commit_ts
+        self._commit_times.append(commit_ts)
         log = self._log
         if (
             log and isinstance(log[-1], tuple) and log[-1][0] == "B"
@@ -419,13 +419,13 @@ class ChangeBuilder:
             for table_id, segments in self._segments.items()
         }
         log, segment_list = self._log, self._segment_list
-        committed, relations = self._commits, self._relations
+        commit_times, relations = self._commit_times, self._relations
         self._reset()
         return EventBatch(
             changes,
             lambda: _events(log, segment_list, tables),
             self._last_commit_lsn,
-            self._last_commit_ts if committed else None,
+            commit_times,
             relations,
         )
 
