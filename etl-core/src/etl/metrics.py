@@ -23,7 +23,6 @@ import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from etl.events import OP_COLUMN, EventBatch
 from etl.schema import TableId
@@ -137,7 +136,7 @@ class BulkHistogram(Collector):
         with self._lock:
             cumulative = np.cumsum(self._counts).tolist()
             total = self._sum
-        buckets = [(floatToGoString(b), count) for b, count in zip(self._bounds.tolist(), cumulative, strict=False)]
+        buckets = [(repr(bound), count) for bound, count in zip(self._bounds.tolist(), cumulative, strict=False)]
         buckets.append(("+Inf", cumulative[-1]))
         family = HistogramMetricFamily(self._name, self._documentation)
         family.add_metric([], buckets, total)
