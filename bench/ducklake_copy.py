@@ -7,14 +7,20 @@ Fills the workload table (default 2M rows), then:
    engine reads and decodes per second with no destination cost;
 2. engine -> DuckLake: the same pipeline into the ``ducklake`` destination, in this process (memory
    store; catalog in SQLite, or ``--catalog postgres`` for a database on the same server; Parquet under
-   a temporary directory; Spark ``local[*]``), timed from ``Pipeline.start()`` until every row is in a
-   committed DuckLake snapshot. Spark starts before the clock (its start-up is printed on its own:
-   a process pays it once).
+   a temporary directory), timed from ``Pipeline.start()`` until every row is in a committed DuckLake
+   snapshot. The copy runs as a Spark job whose tasks copy ranges of the table straight into data
+   files. Once per Spark master of ``--masters`` (default ``local[2]`` and
+   ``local-cluster[2,1,1024]``: two executor JVMs); each session starts before the clock (its
+   start-up is printed on its own: a process pays it once);
+3. DuckDB's own DuckLake writer: the same rows, already in memory as Arrow, written by
+   ``INSERT INTO lake.t SELECT * FROM rows`` into a fresh SQLite-catalog lake (a reference line: what
+   one machine gets without Spark, from rows already read).
 
-Then DuckDB 1.5.5 reads the lake's row count back: it must equal the table's. Both sides alternate
-``--repeat`` times; the best run of each is reported.
+DuckDB 1.5.5 reads each lake's row count back: it must equal the table's. The null and DuckLake
+sides alternate ``--repeat`` times; the best run of each is reported.
 
     .venv/bin/python bench/ducklake_copy.py [--rows 2000000] [--catalog sqlite|postgres] [--repeat 1]
+        [--masters 'local[2]' 'local-cluster[2,1,1024]']
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from etl.store.base import Store, TableStateKind
 from etl.store.memory import MemoryStore
 from etl_spark.ducklake.destination import SPARK_CONF, DuckLakeConfig, DuckLakeDestination
 from etl_spark.ducklake.reader import open_lake
-from etl_spark.session import SparkSettings, get_spark
+from etl_spark.session import SparkSettings, get_spark, stop_spark
 
 
 @dataclass
@@ -84,7 +90,7 @@ SPARK = SparkSettings(master="local[*]")
 
 
 @contextlib.contextmanager
-def lake(src: benchlib.Source, kind: str, name: str) -> Iterator[DuckLakeConfig]:
+def lake(src: benchlib.Source, kind: str, name: str, spark: SparkSettings = SPARK) -> Iterator[DuckLakeConfig]:
     """A new, empty lake: SQLite catalog in a temporary directory, or a new database on the source server."""
     with tempfile.TemporaryDirectory(prefix="etl-bench-lake-") as directory:
         if kind == "sqlite":
@@ -96,7 +102,7 @@ def lake(src: benchlib.Source, kind: str, name: str) -> Iterator[DuckLakeConfig]
             catalog = f"postgresql://postgres@127.0.0.1:{src.port}/{name}"
         try:
             yield DuckLakeConfig.model_validate(
-                {"catalog": catalog, "data_path": f"{directory}/data/", "spark": SPARK.model_dump()}
+                {"catalog": catalog, "data_path": f"{directory}/data/", "spark": spark.model_dump()}
             )
         finally:
             if kind != "sqlite":
@@ -114,12 +120,13 @@ def pipeline_config(src: benchlib.Source, pipeline_id: int, **batch: Any) -> Pip
     )
 
 
-def start_spark() -> float:
-    """Start the session and run one small Arrow -> Parquet job (the first job loads Spark's classes)."""
+def start_spark(settings: SparkSettings = SPARK) -> float:
+    """Start a session (stopping one of other settings) and run one small Arrow job on its executors (the
+    first job loads Spark's classes and starts the Python workers)."""
     started = time.perf_counter()
-    spark = get_spark(SPARK, SPARK_CONF)
-    with tempfile.TemporaryDirectory(prefix="etl-bench-warm-") as directory:
-        spark.createDataFrame(pa.table({"x": list(range(1000))})).write.parquet(f"{directory}/warm")
+    stop_spark()
+    spark = get_spark(settings, SPARK_CONF)
+    spark.createDataFrame(pa.table({"x": list(range(1000))})).mapInArrow(lambda b: b, "x long").collect()
     return time.perf_counter() - started
 
 
@@ -191,8 +198,8 @@ def fill(src: benchlib.Source, rows: int) -> float:
     return time.perf_counter() - started
 
 
-def ducklake_copy(src: benchlib.Source, rows: int, pipeline_id: int, catalog: str) -> Line:
-    with lake(src, catalog, f"bench_lake_{pipeline_id}") as lake_config:
+def ducklake_copy(src: benchlib.Source, rows: int, pipeline_id: int, catalog: str, spark: SparkSettings) -> Line:
+    with lake(src, catalog, f"bench_lake_{pipeline_id}", spark) as lake_config:
         seconds, _ = run_ducklake(
             pipeline_config(src, pipeline_id), lake_config, rows, MemoryStore(pipeline_id), "copied"
         )
@@ -201,7 +208,35 @@ def ducklake_copy(src: benchlib.Source, rows: int, pipeline_id: int, catalog: st
     if counted != rows:
         raise RuntimeError(f"DuckDB reads {counted} rows in the lake, the table has {rows}")
     note = f"DuckDB reads {counted:,} rows in {files} data files"
-    return Line(f"engine -> DuckLake ({catalog} catalog)", counted, seconds, note=note)
+    return Line(f"engine -> DuckLake ({catalog} catalog, {spark.master})", counted, seconds, note=note)
+
+
+def duckdb_writer(src: benchlib.Source, rows: int) -> Line:
+    """DuckDB's own DuckLake writer loading the table's rows from Arrow in memory (read by the engine's copy,
+    not timed)."""
+    from etl.postgres.catalog import publication_tables, table_schema
+    from etl.postgres.connection import connect
+    from etl.postgres.copy import copy_table
+    from etl_spark.ducklake.reader import connect_duckdb
+
+    with connect(src.connection()) as conn:
+        (table,) = publication_tables(conn, PUBLICATION)
+        schema = table_schema(conn, table.id, table.column_list)
+    arrow = pa.Table.from_batches(list(copy_table(src.connection(), schema, table, None, 2)))  # noqa: F841 - read by DuckDB
+    with tempfile.TemporaryDirectory(prefix="etl-bench-duckdb-") as directory:
+        con = connect_duckdb("sqlite")
+        con.execute(f"ATTACH 'ducklake:sqlite:{directory}/catalog.sqlite' AS lake (DATA_PATH '{directory}/data/')")
+        con.execute(f"CREATE TABLE lake.{TABLE} AS SELECT * FROM arrow LIMIT 0")
+        started = time.perf_counter()
+        con.execute(f"INSERT INTO lake.{TABLE} SELECT * FROM arrow")
+        seconds = time.perf_counter() - started
+        found = con.execute(f"SELECT count(*) FROM lake.{TABLE}").fetchone()
+        con.close()
+    counted = int(found[0]) if found else 0
+    if counted != rows:
+        raise RuntimeError(f"DuckDB's writer loaded {counted} rows, the table has {rows}")
+    note = "reference: no Spark, no source"
+    return Line("DuckDB's DuckLake writer, from Arrow in memory", counted, seconds, note=note)
 
 
 def main() -> int:
@@ -209,6 +244,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--repeat", type=int, default=1, help="runs of each side; the best is reported")
     parser.add_argument("--catalog", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--masters", nargs="+", default=["local[2]", "local-cluster[2,1,1024]"])
     args = parser.parse_args()
     with benchlib.source(args) as src:
         print(f"machine: {benchlib.machine()}")
@@ -216,15 +252,22 @@ def main() -> int:
         seconds = fill(src, args.rows)
         size = src.scalar(f"SELECT pg_size_pretty(pg_table_size('{TABLE}'))")
         print(f"table:   {args.rows:,} rows, 9 columns of mixed types, {size} (filled in {seconds:.1f} s)")
-        print(f"spark:   session started and warmed up in {start_spark():.1f} s (once per process; not timed below)")
-        nulls, lakes = [], []
-        for run in range(args.repeat):
-            nulls.append(bench_copy.engine(src, args.rows, 2 * run + 1))
-            lakes.append(ducklake_copy(src, args.rows, 2 * run + 2, args.catalog))
-            print(f"  run {run + 1}: null {nulls[-1].seconds:.2f} s, DuckLake {lakes[-1].seconds:.2f} s", flush=True)
+        nulls: list[Line] = []
+        best: list[Line] = []
+        pipeline_id = 0
+        for master in args.masters:
+            spark = SparkSettings(master=master)
+            print(f"spark:   {master} started and warmed up in {start_spark(spark):.1f} s (not timed below)")
+            lakes = []
+            for run in range(args.repeat):
+                nulls.append(bench_copy.engine(src, args.rows, pipeline_id := pipeline_id + 1))
+                lakes.append(ducklake_copy(src, args.rows, pipeline_id := pipeline_id + 1, args.catalog, spark))
+                print(f"  run {run + 1}: null {nulls[-1].seconds:.2f} s, DuckLake {lakes[-1].seconds:.2f} s")
+            best.append(min(lakes, key=lambda line: line.seconds))
+        stop_spark()
+        reference = duckdb_writer(src, args.rows)
         best_null = min(nulls, key=lambda line: line.seconds)
-        best = min(lakes, key=lambda line: line.seconds)
-        show(f"copy of {args.rows:,} rows into DuckLake (best of {args.repeat})", best_null, best)
+        show(f"copy of {args.rows:,} rows into DuckLake (best of {args.repeat})", best_null, *best, reference)
     return 0
 
 

@@ -1,13 +1,17 @@
 """SIGKILL ``etl run`` into DuckLake in the middle of a batch, during the copy and during streaming; restart it.
 
-"In the middle of a batch" is observed, not guessed: the kill comes while Spark is writing the batch's
-data files into the lake's staging directory, before the catalog commit. After each restart DuckDB
-must read every table equal to the source, with no duplicate row. Runs on a SQLite catalog and on a
-Postgres catalog; the store is SQLite, so the pipeline's own state survives the kill too.
+"In the middle of a batch" is observed, not guessed: the kill comes while data files of a copy or a
+batch are in the lake but not yet registered in the catalog, and such a file is still unregistered
+after the kill. After each restart DuckDB must read every table equal to the source, with no duplicate
+row. Runs on a SQLite catalog and on a Postgres catalog, with Spark in one JVM (``local[2]``) and as a
+standalone cluster of two executor JVMs (``local-cluster[2,1,1024]``); the store is SQLite, so the
+pipeline's own state survives the kill too.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +26,7 @@ from etl.testing.pipelines import pipeline_config
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
 from etl.testing.workload import churn, concurrent_transactions, create_items_and_ledger
-from etl_spark.ducklake.files import STAGING
+from etl_spark.ducklake.catalog import engine_for
 from etl_spark.ducklake.reader import open_lake
 from etl_spark.testing import comparable_source_rows, lake_rows
 
@@ -34,11 +38,25 @@ class Setup:
     db: TestDatabase
     run: PipelineProcess
     catalog: str
-    staging: Path
+    data: Path
 
     def staged(self) -> set[str]:
-        """Spark writes each batch into a new directory under the staging directory, removed after the commit."""
-        return {p.name for p in self.staging.iterdir()} if self.staging.is_dir() else set()
+        """Data files written into the lake that its catalog does not register (yet)."""
+        on_disk = {p.name for p in self.data.rglob("ducklake-*.parquet")}
+        if not on_disk:
+            return set()
+        engine = engine_for(self.catalog)
+        try:
+            with engine.connect() as conn:
+                registered = {
+                    str(path).rsplit("/", 1)[-1]
+                    for (path,) in conn.exec_driver_sql(
+                        "SELECT path FROM ducklake_data_file UNION ALL SELECT path FROM ducklake_delete_file"
+                    )
+                }
+        finally:
+            engine.dispose()
+        return on_disk - registered
 
     def source(self) -> dict[str, list[dict[str, object]]]:
         with self.db.connect() as conn:
@@ -66,12 +84,21 @@ class Setup:
             con.close()
 
 
+@pytest.fixture(params=["local[2]", "local-cluster[2,1,1024]"])
+def spark_master(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(params=["sqlite", "postgres"], ids=["sqlite-catalog", "postgres-catalog"])
-def setup(request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: Path) -> Iterator[Setup]:
+def setup(
+    request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: Path, spark_master: str
+) -> Iterator[Setup]:
     db = pg_database
     create_items_and_ledger(db, items=20000, ledger=5000)
     db.execute(
         """
+        ALTER TABLE items ADD COLUMN tags text[], ADD COLUMN uid uuid;
+        UPDATE items SET tags = ARRAY[name, NULL], uid = md5(id::text)::uuid WHERE id % 3 <> 0;
         CREATE TABLE keyless (a int, b text);
         ALTER TABLE keyless REPLICA IDENTITY FULL;
         INSERT INTO keyless SELECT g % 5, 'dup' FROM generate_series(1, 20) g;
@@ -94,12 +121,12 @@ def setup(request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: P
             "type": "ducklake",
             "catalog": catalog,
             "data_path": f"{data}/",
-            "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "2"}},
+            "spark": {"master": spark_master, "conf": {"spark.sql.shuffle.partitions": "2"}},
         },
     )
     run = PipelineProcess(write_config(tmp_path / "pipeline.toml", config), log_level="info")
     try:
-        yield Setup(db, run, catalog, data / STAGING)
+        yield Setup(db, run, catalog, data)
     finally:
         run.stop(timeout=120)
         if request.param == "postgres":
@@ -108,14 +135,14 @@ def setup(request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: P
 
 def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
     db = setup.db
-    # During the copy: Spark is writing a copied chunk.
+    # During the copy: Spark tasks are writing the tables' data files.
     setup.run.start()
     setup.run.kill_mid_write(setup.staged)
     db.execute("UPDATE items SET qty = -1 WHERE id % 1000 = 0; DELETE FROM ledger WHERE id % 10 = 0")
     setup.run.start()
     setup.wait_equal()
 
-    # During streaming: Spark is writing the files of a batch of changes while the workload runs on.
+    # During streaming: a batch's files are written, not yet committed, while the workload runs on.
     def transaction(conn: psycopg.Connection[Any], i: int) -> None:
         churn(conn, i, key_updates=True)
         conn.execute("INSERT INTO keyless VALUES (%s, 'dup')", (i % 3,))
@@ -129,3 +156,74 @@ def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
     db.execute("INSERT INTO ledger (item, delta) VALUES (1, 1)")
     setup.wait_equal()
     assert setup.duplicates() == 0
+
+
+def executor_jvms(root: int) -> list[int]:
+    """PIDs of Spark executor JVMs among the descendants of ``root`` (local-cluster: workers start them)."""
+    children: dict[int, list[int]] = {}
+    commands: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            commands[int(entry.name)] = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    found, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            stack.append(child)
+            if "CoarseGrainedExecutorBackend" in commands.get(child, ""):
+                found.append(child)
+    return found
+
+
+def test_an_executor_killed_mid_copy_is_replaced_and_the_lake_ends_equal(
+    pg_database: TestDatabase, tmp_path: Path
+) -> None:
+    """SIGKILL one executor JVM while the copy's tasks write: Spark runs its tasks again elsewhere, the
+    lake ends equal to the source, and no file of the killed attempts is left in the lake."""
+    db = pg_database
+    create_items_and_ledger(db, items=400_000, ledger=10)
+    db.execute("CREATE PUBLICATION pub FOR TABLE items, ledger")
+    catalog = f"sqlite:///{tmp_path}/catalog.sqlite"
+    data = tmp_path / "lake-data"
+    config = pipeline_config(
+        db,
+        pipeline_id=9,
+        store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
+        destination={
+            "type": "ducklake",
+            "catalog": catalog,
+            "data_path": f"{data}/",
+            "spark": {"master": "local-cluster[2,1,1024]", "conf": {"spark.sql.shuffle.partitions": "2"}},
+        },
+    )
+    run = PipelineProcess(write_config(tmp_path / "pipeline.toml", config), log_level="info")
+    setup = Setup(db, run, catalog, data)
+    try:
+        run.start()
+        deadline = time.monotonic() + 240
+        while not (setup.staged() and len(executor_jvms(run.process.pid if run.process else 0)) == 2):
+            run.ensure_alive()
+            assert time.monotonic() < deadline, "the copy's tasks never started writing"
+            time.sleep(0.05)
+        victim = executor_jvms(run.process.pid if run.process else 0)[0]
+        os.kill(victim, signal.SIGKILL)
+        with db.connect() as conn:
+            expected = {t: comparable_source_rows(conn, t) for t in ("public.items", "public.ledger")}
+
+        def lake() -> dict[str, list[dict[str, object]]]:
+            con = open_lake(catalog)
+            try:
+                return {t: lake_rows(con, t) for t in expected}
+            finally:
+                con.close()
+
+        run.wait_equal(lambda: expected, lake, not_yet=(duckdb.Error,))
+        assert victim not in executor_jvms(run.process.pid if run.process else 0)
+        assert setup.staged() == set(), "files of the killed attempts were left in the lake"
+    finally:
+        run.stop(timeout=120)

@@ -26,9 +26,17 @@ from etl.schema import TableName
 from etl.testing.pipelines import all_ready, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.ducklake.reader import open_lake
+from etl_spark.session import stop_spark
 from etl_spark.testing import comparable, comparable_source_rows, duckdb_rows, lake_rows, latest_snapshot, sorted_rows
 
-SPARK = {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "2"}}
+
+@pytest.fixture(scope="module", params=["local[2]", "local-cluster[2,1,1024]"])
+def spark(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """Spark settings for the pipeline: one JVM, or a standalone cluster of two executor JVMs. One session
+    runs per process, so a session of other settings is stopped first."""
+    stop_spark()
+    yield {"master": request.param, "conf": {"spark.sql.shuffle.partitions": "2"}}
+    stop_spark()
 
 
 @dataclass
@@ -77,12 +85,12 @@ def lake(request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: Pa
         pg_database.cluster.drop_database(name)
 
 
-def start_pipeline(db: TestDatabase, lake: Lake, state: Path) -> Pipeline:
+def start_pipeline(db: TestDatabase, lake: Lake, state: Path, spark: dict[str, Any]) -> Pipeline:
     """A pipeline built from config like ``etl run`` builds it: SQLite store, ducklake destination."""
     config = pipeline_config(
         db,
         store={"type": "sqlite", "path": str(state)},
-        destination={"type": "ducklake", "catalog": lake.url, "data_path": lake.data_path, "spark": SPARK},
+        destination={"type": "ducklake", "catalog": lake.url, "data_path": lake.data_path, "spark": spark},
     )
     store = build_store(config, "test")
     pipeline = Pipeline(config, store, build_destination(config, store, "test"))
@@ -133,8 +141,13 @@ def lake_where(lake: Lake, table: str, where: str) -> list[dict[str, Any]]:
         con.close()
 
 
+def hashable(value: Any) -> Any:
+    """Lists (array columns) as tuples, so rows can be counted."""
+    return tuple(hashable(v) for v in value) if isinstance(value, list) else value
+
+
 def as_tuples(rows: list[dict[str, Any]]) -> Counter[tuple[Any, ...]]:
-    return Counter(tuple(r.values()) for r in rows)
+    return Counter(tuple(hashable(v) for v in r.values()) for r in rows)
 
 
 # -- copy, a mixed workload, truncate and DDL ----------------------------------------------------------
@@ -147,12 +160,15 @@ def source(pg_database: TestDatabase) -> TestDatabase:
     pg_database.execute(
         """
         CREATE TABLE accounts (id int PRIMARY KEY, name text NOT NULL, balance numeric(12,2), opened date,
-                               updated timestamptz, active boolean, score double precision);
+                               updated timestamptz, active boolean, score double precision,
+                               tags text[], uid uuid, due time);
         CREATE TABLE ledger (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, account int, delta bigint, note text);
         CREATE TABLE keyless (a int, b text);
         ALTER TABLE keyless REPLICA IDENTITY FULL;
         INSERT INTO accounts SELECT g, 'acct ' || g, g * 1.25, DATE '2026-01-01' + g % 365,
-                                    timestamptz '2026-01-01 00:00+00' + g * interval '1 minute', g % 3 = 0, g / 7.0
+                                    timestamptz '2026-01-01 00:00+00' + g * interval '1 minute', g % 3 = 0, g / 7.0,
+                                    CASE WHEN g % 4 <> 0 THEN ARRAY['t' || g % 9, NULL] END,
+                                    CASE WHEN g % 5 <> 0 THEN md5(g::text)::uuid END, time '08:00' + g * interval '1 s'
             FROM generate_series(1, 2000) g;
         INSERT INTO ledger (account, delta, note)
             SELECT g % 200, g % 11 - 5, CASE WHEN g % 9 = 0 THEN NULL ELSE 'entry ' || g END
@@ -182,8 +198,10 @@ def check_filters(db: TestDatabase, lake: Lake) -> None:
         assert lake_where(lake, "public.accounts", where) == source_where(db, "public.accounts", where), where
 
 
-def test_copy_and_mixed_workload_read_by_duckdb(source: TestDatabase, lake: Lake, tmp_path: Path) -> None:
-    pipeline = start_pipeline(source, lake, tmp_path / "state.sqlite")
+def test_copy_and_mixed_workload_read_by_duckdb(
+    source: TestDatabase, lake: Lake, tmp_path: Path, spark: dict[str, Any]
+) -> None:
+    pipeline = start_pipeline(source, lake, tmp_path / "state.sqlite", spark)
     try:
         assert isinstance(pipeline.destination, PreviewableDestination)
         wait_until(lambda: all_ready(pipeline, 3), "every table ready", pipeline, timeout=240)
@@ -199,6 +217,8 @@ def test_copy_and_mixed_workload_read_by_duckdb(source: TestDatabase, lake: Lake
             INSERT INTO accounts VALUES (5001, 'new', 10.00, '2027-02-01', now(), true, 0.5),
                                         (5002, 'new 2', NULL, NULL, NULL, NULL, NULL);
             UPDATE accounts SET balance = balance + 1, updated = updated + interval '1 day' WHERE id % 10 = 0;
+            UPDATE accounts SET tags = tags || 'more'::text, uid = md5(name)::uuid, due = '23:59:59.999999'
+                WHERE id % 6 = 0;
             UPDATE accounts SET id = id + 100000, name = 'renamed ' || id WHERE id % 97 = 0;
             DELETE FROM accounts WHERE id BETWEEN 150 AND 170;
             INSERT INTO ledger (account, delta, note) SELECT g, 1, 'late' FROM generate_series(1, 50) g;
@@ -229,7 +249,9 @@ def test_copy_and_mixed_workload_read_by_duckdb(source: TestDatabase, lake: Lake
         wait_equal(source, lake, TABLES, pipeline)
         check_filters(source, lake)
         columns = [r[0] for r in lake.query("SELECT column_name FROM (DESCRIBE lake.public.accounts)")]
-        assert columns == ["id", "name", "balance", "opened", "updated", "rating", "tier"]
+        assert columns == ["id", "name", "balance", "opened", "updated", "rating", "tags", "uid", "due", "tier"]
+        types = dict(lake.query("SELECT column_name, column_type FROM (DESCRIBE lake.public.accounts)"))
+        assert (types["tags"], types["uid"], types["due"]) == ("VARCHAR[]", "UUID", "TIME")
         assert lake.query("SELECT count(*) FROM lake.public.ledger") == [(1,)]
     finally:
         pipeline.shutdown()
@@ -262,7 +284,9 @@ def test_copy_and_mixed_workload_read_by_duckdb(source: TestDatabase, lake: Lake
         added: Counter[tuple[Any, ...]] = Counter()
         removed: Counter[tuple[Any, ...]] = Counter()
         for change in feed:
-            row = tuple(comparable(v) for k, v in change.items() if k not in ("snapshot_id", "rowid", "change_type"))
+            row = tuple(
+                hashable(comparable(v)) for k, v in change.items() if k not in ("snapshot_id", "rowid", "change_type")
+            )
             target = added if change["change_type"] in ("insert", "update_postimage") else removed
             target[row] += 1
         assert feed, f"no changes reported for {table}"
@@ -287,7 +311,9 @@ def item_files(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str | None]]:
     ]
 
 
-def test_duckdb_writes_and_compacts_between_runs(pg_database: TestDatabase, lake: Lake, tmp_path: Path) -> None:
+def test_duckdb_writes_and_compacts_between_runs(
+    pg_database: TestDatabase, lake: Lake, tmp_path: Path, spark: dict[str, Any]
+) -> None:
     db = pg_database
     db.execute(
         """
@@ -299,7 +325,7 @@ def test_duckdb_writes_and_compacts_between_runs(pg_database: TestDatabase, lake
         """
     )
     state = tmp_path / "state.sqlite"
-    pipeline = start_pipeline(db, lake, state)
+    pipeline = start_pipeline(db, lake, state, spark)
     try:
         wait_until(lambda: all_ready(pipeline, 1), "table ready", pipeline, timeout=240)
         db.execute("UPDATE items SET qty = qty + 100 WHERE id % 5 = 0")
@@ -336,7 +362,7 @@ def test_duckdb_writes_and_compacts_between_runs(pg_database: TestDatabase, lake
     assert any(delete for _, delete in files_before) and not any(delete for _, delete in files_after)
     replaced = {data for data, _ in files_before} - {data for data, _ in files_after}
     assert replaced and not any(Path(path).exists() for path in replaced)
-    pipeline = start_pipeline(db, lake, state)
+    pipeline = start_pipeline(db, lake, state, spark)
     try:
         wait_equal(db, lake, ITEMS, pipeline)
         # Changes to rows that now live in files DuckDB wrote.
@@ -355,3 +381,53 @@ def test_duckdb_writes_and_compacts_between_runs(pg_database: TestDatabase, lake
         (0,)
     ]
     assert lake.query("SELECT count(*), min(id) FROM lake.main.notes") == [(250, 1)]
+
+
+# -- a resync swaps the table in one snapshot -------------------------------------------------------------
+
+
+LIVE_TABLE_ID = (
+    "SELECT table_id FROM __ducklake_metadata_lake.ducklake_table WHERE table_name = 'items' AND end_snapshot IS NULL"
+)
+
+
+def test_resync_replaces_the_table_in_one_snapshot_without_downtime(
+    pg_database: TestDatabase, lake: Lake, tmp_path: Path, spark: dict[str, Any]
+) -> None:
+    """While a resync copies the table again, readers keep the old table; one snapshot swaps in the new one.
+
+    Every snapshot from before the resync to after it reads the table with all its rows, the old ones or
+    the new ones, never an empty or half-copied table.
+    """
+    db = pg_database
+    db.execute(
+        """
+        CREATE TABLE items (id int PRIMARY KEY, label text, tags text[]);
+        INSERT INTO items SELECT g, 'item ' || g, ARRAY['a' || g] FROM generate_series(1, 5000) g;
+        CREATE PUBLICATION pub FOR TABLE items;
+        """
+    )
+    pipeline = start_pipeline(db, lake, tmp_path / "state.sqlite", spark)
+    try:
+        wait_until(lambda: all_ready(pipeline, 1), "the table ready", pipeline, timeout=240)
+        wait_equal(db, lake, ITEMS, pipeline)
+        before = lake.snapshot()
+        old_table = lake.query(LIVE_TABLE_ID)
+        db.execute("UPDATE items SET label = 'new ' || id WHERE id <= 10")
+        wait_equal(db, lake, ITEMS, pipeline)
+        (table_id,) = [t.id for t in pipeline.store.get_table_schemas()]
+        pipeline.resync(table_id)
+
+        def new_table() -> bool:
+            return lake.query(LIVE_TABLE_ID) != old_table
+
+        wait_until(new_table, "the table copied again", pipeline, timeout=240)
+        wait_until(lambda: all_ready(pipeline, 1), "the table ready again", pipeline, timeout=240)
+        db.execute("INSERT INTO items VALUES (6000, 'after resync', ARRAY['z'])")
+        wait_equal(db, lake, ITEMS, pipeline)
+    finally:
+        pipeline.shutdown()
+    after = lake.snapshot()
+    for version in range(before, after + 1):
+        (count,) = lake.query(f"SELECT count(*) FROM lake.public.items AT (VERSION => {version})")[0]
+        assert count >= 5000, f"snapshot {version} reads {count} rows"

@@ -105,8 +105,7 @@ def lake(request: pytest.FixtureRequest, tmp_path: Path, spark: Any, pg_major: i
 
 
 def make_destination(lake: Lake, pipeline_id: int = 1, **options: Any) -> DuckLakeDestination:
-    # Unless a test asks for gathering, every copied batch is written at once (as if flushed).
-    base = {"catalog": lake.url, "data_path": lake.data_path, "spark": SPARK.model_dump(), "copy_chunk_bytes": 0}
+    base = {"catalog": lake.url, "data_path": lake.data_path, "spark": SPARK.model_dump()}
     config = DuckLakeConfig.model_validate({**base, **options})
     destination = DuckLakeDestination.from_config(config, DestinationContext(pipeline_id, MemoryStore(pipeline_id)))
     destination.startup()
@@ -130,6 +129,8 @@ ARROW_BY_OID: dict[int, pa.DataType] = {
     3802: pa.string(),
     2950: pa.string(),
     1007: pa.list_(pa.int32()),
+    1009: pa.list_(pa.string()),
+    2951: pa.list_(pa.string()),
 }
 
 

@@ -37,14 +37,12 @@ def test_watermark_and_truncate_cuts(kit: Any) -> None:
 
 
 def test_last_change_per_key_with_key_change(kit: Any, spark: Any) -> None:
-    from etl_spark.ducklake.destination import DuckLakeDestination
-
     b = kit.BatchBuilder()
     b.commit().insert(ITEMS, {"id": 1, "label": "a"}).update(ITEMS, {"id": 1, "label": "a2"})
     b.commit().update(ITEMS, {"id": 10, "label": "moved"}, old={"id": 2}).delete(ITEMS, {"id": 3})
     b.commit().insert(ITEMS, {"id": 3, "label": "again"}).update(ITEMS, {"id": 4, "label": "t"}, missing=("label",))
     segment = b.build().changes[ITEMS.id][0]
-    frame = DuckLakeDestination.to_spark(_With(spark), segment.schema, segment.table)  # type: ignore[arg-type]
+    frame = spark_frame(spark, segment.schema, segment.table)
     result = last_change_per_key(frame, ["id", "label"], ["id"], ["label"]).toArrow()
     rows = sorted(zip(result["id"].to_pylist(), result[ACTION].to_pylist(), result["label"].to_pylist(), strict=True))
     assert rows == [
@@ -59,9 +57,14 @@ def test_last_change_per_key_with_key_change(kit: Any, spark: Any) -> None:
     assert missing[1] == []
 
 
-class _With:
-    def __init__(self, spark: Any) -> None:
-        self.spark = spark
+def spark_frame(spark: Any, schema: TableSchema, table: pa.Table) -> Any:
+    """Changes as the destination hands them to Spark (``Lake.to_spark``); no catalog or files needed."""
+    from etl_spark.ducklake.catalog import LakeColumn
+    from etl_spark.ducklake.lake import Lake
+    from etl_spark.ducklake.types import lake_type
+
+    columns = [LakeColumn(i, c.name, lake_type(c).name, c.nullable) for i, c in enumerate(schema.columns, start=1)]
+    return Lake(None, None, lambda: spark, 0).to_spark(table, columns)  # type: ignore[arg-type]
 
 
 def test_last_change_per_key_in_arrow_with_key_changes(kit: Any) -> None:
@@ -88,8 +91,6 @@ def test_last_change_per_key_in_arrow_with_key_changes(kit: Any) -> None:
 
 def test_arrow_and_spark_collapse_agree_on_random_batches(kit: Any, spark: Any) -> None:
     """Random valid histories over a few keys: both collapses give each touched key its final state."""
-    from etl_spark.ducklake.destination import DuckLakeDestination
-
     rng = random.Random(7)
     for _ in range(5):
         b, live = kit.BatchBuilder(), {k: f"s{k}" for k in range(6)}  # rows stored before the batch
@@ -112,7 +113,7 @@ def test_arrow_and_spark_collapse_agree_on_random_batches(kit: Any, spark: Any) 
                     live[key] = f"i{rng.random():.3f}"
                     b.insert(ITEMS, {"id": key, "label": live[key]})
         table = b.build().changes[ITEMS.id][0].table
-        frame = DuckLakeDestination.to_spark(_With(spark), ITEMS, table)  # type: ignore[arg-type]
+        frame = spark_frame(spark, ITEMS, table)
         in_spark = last_change_per_key(frame, ["id", "label"], ["id"]).select("id", "label", ACTION).toArrow()
         in_arrow = last_change_per_key_arrow(table, ["id", "label"], ["id"])
         touched = {*table["id"].to_pylist(), *(o["id"] for o in table["_etl_old"].to_pylist() if o is not None)}

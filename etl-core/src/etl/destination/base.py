@@ -8,6 +8,7 @@ order is guaranteed; a batch may split a transaction. Methods are called from wo
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol, Self, runtime_checkable
@@ -16,6 +17,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 
 from etl.events import EventBatch
+from etl.postgres.copy import CopyPlan
 from etl.schema import TableName, TableSchema
 from etl.store.base import Store
 
@@ -55,6 +57,26 @@ class Destination(Protocol):
 
     def flush(self) -> None:
         """Make every write the calling thread had accepted durable (the engine flushes from the writing thread)."""
+
+
+@runtime_checkable
+class TableCopier(Protocol):
+    """Optional for destinations: copy a table itself, from a plan, instead of receiving its rows.
+
+    The engine then hands each table's initial copy over as a ``CopyPlan`` (connection settings,
+    exported snapshot, ranges, row filter, schema) and calls neither ``write_table_rows`` nor ``flush``
+    for it. It keeps the snapshot open until ``copy_table`` returns, then streams the table as usual.
+    A destination on a cluster runs the ranges where its data work runs, so copied rows need not pass
+    through the pipeline's process.
+    """
+
+    def copy_table(self, plan: CopyPlan, stop: threading.Event) -> int:
+        """Copy every row of the plan into the table, created anew, and make it durable; return the row count.
+
+        ``drop_table_for_copy`` was called before. A copy cut short (a crash, an error) is started again
+        from scratch, so rows of an unfinished copy must never become visible. When ``stop`` is set, give
+        up soon and raise ``etl.postgres.copy.CopyStopped``.
+        """
 
 
 class InProcessDestination:

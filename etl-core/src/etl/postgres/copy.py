@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
 
@@ -93,6 +94,75 @@ def copy_range(  # noqa: PLR0917 - the order of the COPY's parts
         yield from session.copy(schema, source, ctid_range, row_filter, batch_rows)
 
 
+@dataclass(frozen=True)
+class CopyRange:
+    """One piece of a table's copy: a ctid range of the table or of one of its leaf partitions."""
+
+    source: TableName
+    """The table itself or, for a partitioned table, a leaf."""
+    ctid_range: CtidRange | None
+    """``None``: the whole of ``source``."""
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """Everything needed to copy one table, from any process that reaches the source.
+
+    Made by the engine while it holds the exported snapshot open; a destination that copies tables
+    itself (``etl.destination.base.TableCopier``) runs ``copy`` for each range, wherever it likes (Spark
+    executors, say). Every range reads the table as of the snapshot, so together they hold each row
+    exactly once. Pickles (the password stays a ``SecretStr``).
+    """
+
+    connection: PostgresConnection
+    snapshot: str | None
+    """The exported snapshot to import (``None``: each range reads its own, consistent only as one range)."""
+    schema: TableSchema
+    """The columns to copy (the publication's column list applied) and their types."""
+    ranges: tuple[CopyRange, ...]
+    row_filter: str | None
+    """The publication's row filter, as SQL."""
+
+    def copy(
+        self,
+        index: int,
+        *,
+        batch_rows: int = 65536,
+        stop: threading.Event | None = None,
+        read_timeout: float = COPY_READ_TIMEOUT_S,
+    ) -> Generator[pa.RecordBatch, None, None]:
+        """Copy range ``index`` on a connection of its own: Arrow batches of the schema's columns."""
+        piece = self.ranges[index]
+        return copy_range(
+            self.connection,
+            self.schema,
+            piece.source,
+            self.snapshot,
+            piece.ctid_range,
+            self.row_filter,
+            batch_rows=batch_rows,
+            stop=stop,
+            read_timeout=read_timeout,
+        )
+
+
+def plan_copy(
+    config: PostgresConnection,
+    schema: TableSchema,
+    table: PublishedTable,
+    snapshot: str | None,
+    parts: int,
+    *,
+    stop: threading.Event | None = None,
+    read_timeout: float = COPY_READ_TIMEOUT_S,
+) -> CopyPlan:
+    """Split ``table`` (a partitioned table: each of its leaves) into up to ``parts`` ranges per source table."""
+    _check_columns(schema)
+    with connect(config, retried=True) as conn, _Unblock(conn, config, stop, read_timeout, "plan the copy"):
+        ranges = tuple(CopyRange(source, rng) for source in table.sources for rng in ctid_ranges(conn, source, parts))
+    return CopyPlan(config, snapshot, schema, ranges, table.row_filter)
+
+
 def copy_table(
     config: PostgresConnection,
     schema: TableSchema,
@@ -117,30 +187,24 @@ def copy_table(
     """
     if connections < 1:
         raise ValueError(f"connections must be at least 1, got {connections}")
-    _check_columns(schema)
-    parts = 1 if connections == 1 else connections * RANGES_PER_CONNECTION
-    with connect(config, retried=True) as conn, _Unblock(conn, config, stop, read_timeout, "plan the copy"):
-        tasks = [(source, rng) for source in table.sources for rng in ctid_ranges(conn, source, parts)]
-    if not tasks:  # a partitioned table without partitions
+    parts = copy_parts(connections)
+    plan = plan_copy(config, schema, table, snapshot, parts, stop=stop, read_timeout=read_timeout)
+    if not plan.ranges:  # a partitioned table without partitions
         return
-    workers = min(connections, len(tasks))
-    log.info("copying table", table=str(table.name), ranges=len(tasks), connections=workers)
+    workers = min(connections, len(plan.ranges))
+    log.info("copying table", table=str(table.name), ranges=len(plan.ranges), connections=workers)
     if workers <= 1:
         with _CopySession(config, snapshot, cancel=stop, read_timeout=read_timeout) as session:
-            for source, rng in tasks:
-                yield from session.copy(schema, source, rng, table.row_filter, batch_rows)
+            for piece in plan.ranges:
+                yield from session.copy(schema, piece.source, piece.ctid_range, table.row_filter, batch_rows)
         return
-    yield from _ParallelCopy(
-        config,
-        schema,
-        tasks,
-        row_filter=table.row_filter,
-        snapshot=snapshot,
-        workers=workers,
-        batch_rows=batch_rows,
-        cancel=stop,
-        read_timeout=read_timeout,
-    ).run()
+    yield from _ParallelCopy(plan, workers=workers, batch_rows=batch_rows, cancel=stop, read_timeout=read_timeout).run()
+
+
+def copy_parts(connections: int) -> int:
+    """Ranges to plan per source table for ``connections`` parallel copiers (several each, so uneven ranges
+    still spread evenly)."""
+    return 1 if connections == 1 else connections * RANGES_PER_CONNECTION
 
 
 class _ParallelCopy:
@@ -150,26 +214,23 @@ class _ParallelCopy:
 
     def __init__(
         self,
-        config: PostgresConnection,
-        schema: TableSchema,
-        tasks: list[tuple[TableName, CtidRange]],
+        plan: CopyPlan,
         *,
-        row_filter: str | None,
-        snapshot: str | None,
         workers: int,
         batch_rows: int,
         cancel: threading.Event | None,
         read_timeout: float,
     ) -> None:
-        self.config, self.schema, self.row_filter, self.snapshot = config, schema, row_filter, snapshot
+        self.plan, self.schema = plan, plan.schema
         self.batch_rows, self.cancel, self.read_timeout = batch_rows, cancel, read_timeout
-        self.tasks: queue.SimpleQueue[tuple[TableName, CtidRange]] = queue.SimpleQueue()
-        for task in tasks:
-            self.tasks.put(task)
+        self.tasks: queue.SimpleQueue[CopyRange] = queue.SimpleQueue()
+        for piece in plan.ranges:
+            self.tasks.put(piece)
         self.out: queue.Queue[object] = queue.Queue(maxsize=2 * workers)
         self.stop = threading.Event()
         self.threads = [
-            threading.Thread(target=self._work, name=f"copy-{schema.name}-{i}", daemon=True) for i in range(workers)
+            threading.Thread(target=self._work, name=f"copy-{plan.schema.name}-{i}", daemon=True)
+            for i in range(workers)
         ]
 
     def run(self) -> Iterator[pa.RecordBatch]:
@@ -198,15 +259,17 @@ class _ParallelCopy:
 
     def _work(self) -> None:
         try:
+            plan = self.plan
             with _CopySession(
-                self.config, self.snapshot, self.stop, cancel=self.cancel, read_timeout=self.read_timeout
+                plan.connection, plan.snapshot, self.stop, cancel=self.cancel, read_timeout=self.read_timeout
             ) as session:
                 while not self.stop.is_set():
                     try:
-                        source, rng = self.tasks.get_nowait()
+                        piece = self.tasks.get_nowait()
                     except queue.Empty:
                         break
-                    for batch in session.copy(self.schema, source, rng, self.row_filter, self.batch_rows):
+                    pieces = session.copy(plan.schema, piece.source, piece.ctid_range, plan.row_filter, self.batch_rows)
+                    for batch in pieces:
                         if not self._put(batch):
                             return
         except _Stopped:

@@ -13,12 +13,13 @@ import threading
 import pyarrow as pa
 import structlog
 
+from etl.destination.base import TableCopier
 from etl.errors import EtlError, TableError, TransientError
 from etl.lsn import Lsn
 from etl.postgres.catalog import PublishedTable, estimated_rows, table_schema
 from etl.postgres.codecs import arrow_field
 from etl.postgres.connection import connect
-from etl.postgres.copy import copy_table
+from etl.postgres.copy import copy_parts, copy_table, plan_copy
 from etl.postgres.replication import (
     ReplicationConnection,
     SlotLostError,
@@ -119,23 +120,34 @@ class TableSyncWorker:
                 estimate = estimated_rows(conn, self.table.sources)
             ctx.store.store_table_schema(schema)
             tracker = CopyTracker(str(self.table.name), estimate, ctx.metrics, ctx.copy_progress(table_id))
-            wrote = False
-            for batch in copy_table(
-                source, schema, self.table, slot.snapshot_name, ctx.config.pipeline.copy_connections, stop=ctx.stop
-            ):
-                if ctx.stop.is_set():
-                    return
-                ctx.destination.write_table_rows(schema, pa.Table.from_batches([batch]))
-                tracker.advance(batch.num_rows)
-                wrote = True
-            if not wrote:
-                ctx.destination.write_table_rows(schema, empty_table(schema))
-        ctx.destination.flush()
+            if isinstance(ctx.destination, TableCopier):
+                parts = copy_parts(ctx.config.pipeline.copy_connections)
+                plan = plan_copy(source, schema, self.table, slot.snapshot_name, parts, stop=ctx.stop)
+                tracker.advance(ctx.destination.copy_table(plan, ctx.stop))
+            elif not self._copy_rows(schema, slot.snapshot_name, tracker):
+                return
         ctx.states.set(table_id, TableState(TableStateKind.FINISHED_COPY))
         done = tracker.finish()
         self.log.info(
             "table copied", rows=done.rows, rows_per_s=round(done.rate), consistent_point=str(slot.consistent_point)
         )
+
+    def _copy_rows(self, schema: TableSchema, snapshot: str, tracker: CopyTracker) -> bool:
+        """Copy the table through the engine into ``write_table_rows``; False when stopped half-way."""
+        ctx = self.ctx
+        wrote = False
+        for batch in copy_table(
+            ctx.config.source, schema, self.table, snapshot, ctx.config.pipeline.copy_connections, stop=ctx.stop
+        ):
+            if ctx.stop.is_set():
+                return False
+            ctx.destination.write_table_rows(schema, pa.Table.from_batches([batch]))
+            tracker.advance(batch.num_rows)
+            wrote = True
+        if not wrote:
+            ctx.destination.write_table_rows(schema, empty_table(schema))
+        ctx.destination.flush()
+        return True
 
     # -- catch-up ------------------------------------------------------------------------------------
     def catch_up(self) -> None:

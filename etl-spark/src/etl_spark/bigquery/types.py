@@ -24,7 +24,7 @@ from etl.errors import TableError
 from etl.postgres.codecs import BUILTIN_ARRAYS
 from etl.schema import ColumnSchema, TableSchema
 from etl_spark.bigquery.names import column_name
-from etl_spark.ducklake.types import LakeType, numeric_precision_scale, to_lake_arrow
+from etl_spark.ducklake.types import interval_text, numeric_precision_scale
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def staged(schema: TableSchema, column: ColumnSchema, values: pa.Array | pa.Chun
     if kind == target.staged:
         return chunked
     if kind == pa.month_day_nano_interval():
-        return pa.chunked_array([to_lake_arrow(chunked, LakeType("interval", pa.string(), None))], pa.string())
+        return interval_text(chunked)
     if pa.types.is_time(kind):
         return pc.cast(pc.cast(chunked, pa.time64("us")), pa.string())
     if pa.types.is_binary(kind) and target.staged == pa.string():

@@ -1,10 +1,11 @@
-"""The ``ducklake`` destination: a DuckLake 1.0 lake, data written by Spark, catalog in SQLite or Postgres.
+"""The ``ducklake`` destination: a DuckLake 1.0 lake, data work on Spark, catalog in SQLite or Postgres.
 
-Each committed write is one DuckLake snapshot. Copied rows are gathered per table into chunks
-(``copy_buffer``), and each chunk becomes new data files. A batch of changes is collapsed per table
-(``etl_spark.collapse``): upserted rows become new data files, and the stored rows they replace or
-that were deleted become positional delete files, found by a Spark scan of the table's live rows
-(``_metadata.row_index``). A truncate ends the table's data files.
+Each committed write is one DuckLake snapshot. A table's initial copy is one Spark job whose tasks
+copy ranges of the source table straight into data files (``copy_job``); the driver registers them
+all in one snapshot. A batch of changes is collapsed per table (``etl_spark.collapse``): upserted
+rows become new data files, and the stored rows they replace or that were deleted become positional
+delete files, found by a Spark scan of the table's live rows (``_metadata.row_index``). A truncate
+ends the table's data files. Data files are written by pyarrow, in the types DuckDB writes.
 Schema changes become DuckLake schema versions in the same snapshot. Each table's replication
 watermark ``(commit_lsn, tx_ordinal)`` is committed with the snapshot, so a replayed change is
 skipped exactly. See docs/destinations/ducklake.md.
@@ -12,41 +13,38 @@ skipped exactly. See docs/destinations/ducklake.md.
 
 from __future__ import annotations
 
-import math
+import threading
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from etl.config import Integer, validate
 from etl.destination.base import DestinationContext, TablePreview, WriteResult
 from etl.errors import ConfigError, DestinationError, naming_table
-from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
+from etl.events import EventBatch, TableChanges
+from etl.postgres.copy import CopyPlan
 from etl.schema import TableName, TableSchema
-from etl_spark.ducklake.catalog import Catalog, CommitConflict, Transaction, engine_for, redacted
-from etl_spark.ducklake.copy_buffer import CopyBuffers
+from etl_spark.ducklake.catalog import Catalog, CommitConflict, NewFile, Transaction, engine_for, redacted
+from etl_spark.ducklake.copy_job import copy_files
+from etl_spark.ducklake.datafiles import DataFileSpec
 from etl_spark.ducklake.files import LakeStorage
+from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.plan import TablePlan, plan_changes, plan_copy
 from etl_spark.ducklake.reader import open_lake
-from etl_spark.ducklake.types import lake_type, to_lake_arrow
 from etl_spark.session import SparkSettings, get_spark
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 log = structlog.get_logger(__name__)
 
-SPARK_CONF = {
-    "spark.sql.parquet.fieldId.write.enabled": "true",
-    "spark.sql.parquet.fieldId.read.enabled": "true",
-    "spark.sql.parquet.compression.codec": "zstd",
-}
+SPARK_CONF = {"spark.sql.parquet.fieldId.read.enabled": "true"}
 
 
 class DuckLakeConfig(BaseModel):
@@ -57,11 +55,8 @@ class DuckLakeConfig(BaseModel):
     catalog: SecretStr = Field(description="sqlite:///path/catalog.sqlite or postgresql://user:pw@host:port/db")
     data_path: str = Field(min_length=1, description="where data files live: a local path or any URI Spark writes")
     spark: SparkSettings = Field(default_factory=SparkSettings)
-    target_file_size_bytes: Integer = Field(512 * 1024 * 1024, ge=1024 * 1024, description="copy data file size")
-    copy_chunk_bytes: Integer = Field(
-        128 * 1024 * 1024,
-        ge=0,
-        description="copied rows gathered per table (Arrow bytes, in memory) before one Spark job writes them",
+    target_file_size_bytes: Integer = Field(
+        512 * 1024 * 1024, ge=1024 * 1024, description="a data file is closed at about this size (Parquet bytes)"
     )
     commit_attempts: Integer = Field(10, ge=1, description="retries when another writer commits a conflicting change")
     author: str = Field("etl", description="recorded in ducklake_snapshot_changes.author")
@@ -98,7 +93,6 @@ class DuckLakeDestination:
         )
         self._storage: LakeStorage | None = None
         self._spark: SparkSession | None = None
-        self._copies = CopyBuffers(config.copy_chunk_bytes)
 
     @classmethod
     def from_config(cls, config: Any, context: DestinationContext) -> DuckLakeDestination:
@@ -134,36 +128,47 @@ class DuckLakeDestination:
             raise DestinationError("the ducklake destination is not started", hint="call startup() first")
         return self._storage
 
+    @property
+    def lake(self) -> Lake:
+        """What planning works on: the catalog, the files and the Spark session (started on first use)."""
+        return Lake(self.catalog, self.storage, lambda: self.spark, self.config.target_file_size_bytes)
+
     # -- writes ----------------------------------------------------------------------------------
     def drop_table_for_copy(self, schema: TableSchema) -> None:
-        def drop(txn: Any) -> None:
-            handle = txn.handle(schema.id)
-            if handle is not None:
-                txn.drop_table(handle.table.table_id)
-            txn.forget(schema.id)
+        """Let the copy that follows replace the lake table: it stays readable, with its rows, until the copy's
+        snapshot ends it and creates the new one (a resync without downtime)."""
+        if self.catalog.tracked(schema.id):
+            self.catalog.mark_for_replacement(schema.id)
+            log.info("ducklake table to be replaced by its next copy", table=str(schema.name))
 
-        self._copies.discard(schema.id)
-        if self.catalog.tracked(schema.id):  # also when the lake table itself is gone: forget it
-            self.catalog.commit(drop)
-            log.info("dropped ducklake table for copy", table=str(schema.name))
+    def copy_table(self, plan: CopyPlan, stop: threading.Event) -> int:
+        """Copy the table on Spark's executors (``copy_job``) and register every file in one snapshot."""
+        with naming_table(plan.schema.id):
+            copy = plan_copy(self.lake, plan.schema, partial(self._copy_files, plan, stop))
+            self._commit_copy(copy)
+        return sum(f.record_count for f in copy.files)
+
+    def _copy_files(self, plan: CopyPlan, stop: threading.Event, spec: DataFileSpec) -> list[NewFile]:
+        return self.storage.written(spec, partial(copy_files, self.spark, plan, spec, stop))
 
     def write_table_rows(self, schema: TableSchema, rows: pa.Table) -> WriteResult:
-        """Gather copied rows into chunks of ``copy_chunk_bytes``: a full chunk is written now, the rest at flush."""
-        chunk = self._copies.add(schema, rows)
-        if chunk is None:
-            return WriteResult.ACCEPTED
-        self._write_copy(*chunk)
+        """Copied rows handed over by an embedder: written as data files here, on the driver, one snapshot each.
+
+        The engine itself hands copies over as plans (``copy_table``).
+        """
+        with naming_table(schema.id):
+            self._commit_copy(plan_copy(self.lake, schema, partial(self.storage.write_rows, rows=rows)))
         return WriteResult.DURABLE
 
     def flush(self) -> None:
-        """Write the copy rows this thread gathered (streamed changes are durable when ``write_events`` returns)."""
-        for schema, rows in self._copies.take_own():
-            self._write_copy(schema, rows)
+        """Nothing to do: every write is durable when it returns."""
 
-    def _write_copy(self, schema: TableSchema, rows: pa.Table) -> None:
-        frame = self.to_spark(schema, rows) if rows.num_rows else None
-        files = max(1, math.ceil(rows.nbytes / self.config.target_file_size_bytes))
-        self._commit_plans(lambda: [plan_copy(self, schema, frame, files)])
+    def _commit_copy(self, plan: TablePlan) -> None:
+        try:
+            self.catalog.commit(partial(_apply_all, [plan], self.storage))
+        except BaseException:
+            plan.discard(self.storage)
+            raise
 
     def write_events(self, batch: EventBatch) -> WriteResult:
         rounds = max((len(segments) for segments in batch.changes.values()), default=0)
@@ -174,7 +179,7 @@ class DuckLakeDestination:
 
     def _plan_changes(self, segment: TableChanges) -> TablePlan | None:
         with naming_table(segment.schema.id):
-            return plan_changes(self, segment)
+            return plan_changes(self.lake, segment)
 
     # -- reading back ----------------------------------------------------------------------------
     def preview(self, table: TableName, limit: int) -> TablePreview:
@@ -228,48 +233,8 @@ class DuckLakeDestination:
             hint="pause maintenance jobs on the lake while the pipeline runs, or raise commit_attempts",
         )
 
-    def to_spark(self, schema: TableSchema, table: pa.Table) -> DataFrame:
-        """Arrow rows or changes -> a Spark frame with the row columns in their lake form."""
-        from pyspark.sql import functions as sf
-        from pyspark.sql import types as st
-
-        types = {c.name: lake_type(c) for c in schema.columns}
-        columns: list[pa.Array | pa.ChunkedArray] = []
-        for name in table.column_names:
-            values = table[name]
-            if name in types:
-                values = to_lake_arrow(values, types[name])
-            elif name == OLD_COLUMN:
-                values = _convert_struct(values.combine_chunks(), types)
-            elif name in (COMMIT_LSN_COLUMN, TX_ORDINAL_COLUMN):
-                values = pc.cast(values, pa.int64())
-            columns.append(values)
-        frame = self.spark.createDataFrame(pa.table(columns, names=table.column_names))
-
-        def lake_form(column: Any, data_type: Any) -> Any:
-            return sf.to_json(column) if isinstance(data_type, st.ArrayType | st.StructType | st.MapType) else column
-
-        selected = []
-        for field in frame.schema.fields:
-            if field.name in types:
-                selected.append(lake_form(sf.col(field.name), field.dataType).alias(field.name))
-            elif field.name == OLD_COLUMN:
-                assert isinstance(field.dataType, st.StructType)
-                old = sf.col(OLD_COLUMN)
-                inner = [lake_form(old[f.name], f.dataType).alias(f.name) for f in field.dataType.fields]
-                selected.append(sf.when(old.isNotNull(), sf.struct(*inner)).alias(OLD_COLUMN))
-            else:
-                selected.append(sf.col(field.name))
-        return frame.select(*selected)
-
 
 def _apply_all(plans: list[TablePlan], storage: LakeStorage, txn: Transaction) -> None:
     for plan in plans:
         with naming_table(plan.schema.id):
             plan.apply(txn, storage)
-
-
-def _convert_struct(values: pa.StructArray, types: dict[str, Any]) -> pa.StructArray:
-    children = [to_lake_arrow(values.field(i), types[f.name]) for i, f in enumerate(values.type)]
-    mask = pc.invert(values.is_valid()) if values.null_count else None
-    return pa.StructArray.from_arrays(children, names=[f.name for f in values.type], mask=mask)

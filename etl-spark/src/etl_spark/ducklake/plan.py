@@ -7,8 +7,8 @@ files are written there because their rows record the snapshot id, known only th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from etl.errors import TableError
 from etl.events import OP_COLUMN, TableChanges
-from etl.schema import TableSchema
+from etl.schema import ColumnSchema, TableSchema
 from etl_spark.collapse import (
     ACTION,
     NET,
@@ -33,6 +33,7 @@ from etl_spark.collapse import (
     net_changes_without_key,
 )
 from etl_spark.ducklake.catalog import (
+    ColumnIds,
     DataFile,
     Handle,
     LakeColumn,
@@ -41,15 +42,18 @@ from etl_spark.ducklake.catalog import (
     NewFile,
     SourceColumn,
     Transaction,
+    assign_column_ids,
 )
-from etl_spark.ducklake.files import LakeStorage, file_name, read_live, read_rows
+from etl_spark.ducklake.catalog.column_ids import ELEMENT
+from etl_spark.ducklake.datafiles import DataFileSpec
+from etl_spark.ducklake.files import LakeStorage
+from etl_spark.ducklake.lake import Lake
+from etl_spark.ducklake.scan import file_name, read_live, read_rows
 from etl_spark.ducklake.schema_diff import SchemaDiff, diff
-from etl_spark.ducklake.types import lake_type
+from etl_spark.ducklake.types import LakeType, lake_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
-
-    from etl_spark.ducklake.destination import DuckLakeDestination
 
 SNAPSHOT_COLUMN = "_ducklake_internal_snapshot_id"
 BEFORE_FIRST = -1
@@ -86,7 +90,9 @@ class TablePlan:
     def _table(self, txn: Transaction) -> LakeTable:
         if self.handle is None:
             columns = [NewColumn(c.name, lake_type(c), c.nullable) for c in self.schema.columns]
-            table = txn.create_table(self.schema.name.schema, self.schema.name.name, columns)
+            table = txn.create_table(
+                self.schema.name.schema, self.schema.name.name, columns, source_table_id=self.schema.id
+            )
             txn.set_watermark(self.schema.id, table.table_id, (0, 0))
             return table
         table = txn.table(self.handle.table.table_id)
@@ -137,33 +143,46 @@ class TablePlan:
 
 
 def _target_columns(
-    dest: DuckLakeDestination, schema: TableSchema, handle: Handle | None
+    lake: Lake, schema: TableSchema, handle: Handle | None
 ) -> tuple[SchemaDiff, list[int], list[LakeColumn]]:
     """The schema change to make and the lake columns (ids, and the source columns) the new files carry."""
     if handle is None:
-        columns = [
-            LakeColumn(i, c.name, lake_type(c).name, c.nullable, c.attnum, (c.type_oid, c.type_modifier))
-            for i, c in enumerate(schema.columns, start=1)
-        ]
+        types = [lake_type(c) for c in schema.columns]
+        numbered = assign_column_ids(
+            [NewColumn(c.name, t, c.nullable) for c, t in zip(schema.columns, types, strict=True)]
+        )
+        columns = [_new_column(c, t, i) for c, t, i in zip(schema.columns, types, numbered, strict=True)]
         return SchemaDiff(), [], columns
     change = diff(handle.table.columns, schema)
-    next_id = dest.catalog.max_column_id(handle.table.table_id) + 1 if change.adds else 0
-    new_ids = list(range(next_id, next_id + len(change.adds)))
+    added = assign_column_ids(change.adds, lake.catalog.max_column_id(handle.table.table_id) + 1)
     renamed = {old.column_id: name for old, name in change.renames}
     retyped = {old.column_id: new_type for old, new_type in change.retypes}
     dropped = {c.column_id for c in change.drops}
-    by_name: dict[str, tuple[int, str, bool]] = {}
+    by_name: dict[str, LakeColumn] = {}
     for old in handle.table.columns:
         if old.column_id not in dropped:
             name = renamed.get(old.column_id, old.name)
-            by_name[name] = (old.column_id, retyped.get(old.column_id, old.type), old.nullable)
-    for column, column_id in zip(change.adds, new_ids, strict=True):
-        by_name[column.name] = (column_id, column.type.name, column.nullable)
-    columns = []
-    for c in schema.columns:
-        column_id, type_name, nullable = by_name[c.name]
-        columns.append(LakeColumn(column_id, c.name, type_name, nullable, c.attnum, (c.type_oid, c.type_modifier)))
-    return change, new_ids, columns
+            by_name[name] = replace(old, type=retyped.get(old.column_id, old.type))
+    for column, ids in zip(change.adds, added, strict=True):
+        by_name[column.name] = _element(column.type, ids, column.name, column.nullable)
+    columns = [
+        replace(by_name[c.name], name=c.name, attnum=c.attnum, source_type=(c.type_oid, c.type_modifier))
+        for c in schema.columns
+    ]
+    return change, [ids.column_id for ids in added], columns
+
+
+def _new_column(column: ColumnSchema, kind: LakeType, ids: ColumnIds) -> LakeColumn:
+    new = _element(kind, ids, column.name, column.nullable)
+    return replace(new, attnum=column.attnum, source_type=(column.type_oid, column.type_modifier))
+
+
+def _element(kind: LakeType, ids: ColumnIds, name: str = ELEMENT, nullable: bool = True) -> LakeColumn:
+    """A lake column of ``kind`` under ``ids``, with its list elements."""
+    element = None
+    if kind.element is not None and ids.element is not None:
+        element = _element(kind.element, ids.element)
+    return LakeColumn(ids.column_id, name, kind.name, nullable, element=element)
 
 
 def _renamed(table: LakeTable, schema: TableSchema) -> bool:
@@ -175,16 +194,16 @@ def _sources(columns: Sequence[LakeColumn]) -> dict[int, SourceColumn]:
     return {c.column_id: (c.attnum, *c.source_type) for c in columns if c.source_type is not None}
 
 
-def _directory(dest: DuckLakeDestination, schema: TableSchema, handle: Handle | None) -> str:
+def _directory(lake: Lake, schema: TableSchema, handle: Handle | None) -> str:
     if handle is not None:
         return handle.table.directory
-    return dest.catalog.table_directory(schema.name.schema, schema.name.name)
+    return lake.catalog.table_directory(schema.name.schema, schema.name.name)
 
 
-def _handle(dest: DuckLakeDestination, schema: TableSchema) -> Handle | None:
+def _handle(lake: Lake, schema: TableSchema) -> Handle | None:
     """The table's place in the lake, ``None`` before its first write; a lake table that is gone errors."""
-    handle = dest.catalog.handle(schema.id)
-    if handle is None and dest.catalog.tracked(schema.id):
+    handle = lake.catalog.handle(schema.id)
+    if handle is None and lake.catalog.tracked(schema.id):
         raise TableError(
             f"{schema.name}: its DuckLake table is gone (dropped in the lake by DuckDB or another writer)",
             hint="resync the table (etl resync --table ...) to copy it again",
@@ -192,29 +211,33 @@ def _handle(dest: DuckLakeDestination, schema: TableSchema) -> Handle | None:
     return handle
 
 
-def plan_copy(dest: DuckLakeDestination, schema: TableSchema, rows: DataFrame | None, files: int) -> TablePlan:
-    handle = _handle(dest, schema)
-    change, new_ids, columns = _target_columns(dest, schema, handle)
-    plan = TablePlan(schema, handle, _directory(dest, schema, handle), change, new_ids, _sources(columns))
-    if rows is not None:
-        plan.files = dest.storage.write_data(rows, plan.directory, columns, files)
+def plan_copy(lake: Lake, schema: TableSchema, write: Callable[[DataFileSpec], list[NewFile]]) -> TablePlan:
+    """The plan for copied rows, which ``write`` writes as data files (into the table, created when new)."""
+    handle = _handle(lake, schema)
+    change, new_ids, columns = _target_columns(lake, schema, handle)
+    plan = TablePlan(schema, handle, _directory(lake, schema, handle), change, new_ids, _sources(columns))
+    plan.files = write(_spec(lake, plan, columns))
     return plan
 
 
-def plan_changes(dest: DuckLakeDestination, segment: TableChanges) -> TablePlan | None:
+def _spec(lake: Lake, plan: TablePlan, columns: list[LakeColumn]) -> DataFileSpec:
+    return lake.storage.spec(plan.directory, columns, lake.target_file_size_bytes)
+
+
+def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
     """The plan for one table's changes, or ``None`` when all of them were applied before."""
     schema = segment.schema
-    handle = _handle(dest, schema)
+    handle = _handle(lake, schema)
     changes = segment.table
     if handle is not None:
         changes = after(changes, handle.watermark)
-        dest.catalog.check_no_inlined_data(handle.table)
+        lake.catalog.check_no_inlined_data(handle.table)
     watermark = last_position(changes)
     if watermark is None:
-        return _plan_schema(dest, schema, handle) if segment.table.num_rows == 0 else None
-    change, new_ids, columns = _target_columns(dest, schema, handle)
+        return _plan_schema(lake, schema, handle) if segment.table.num_rows == 0 else None
+    change, new_ids, columns = _target_columns(lake, schema, handle)
     plan = TablePlan(
-        schema, handle, _directory(dest, schema, handle), change, new_ids, _sources(columns), watermark=watermark
+        schema, handle, _directory(lake, schema, handle), change, new_ids, _sources(columns), watermark=watermark
     )
     plan.truncate, changes = after_last_truncate(changes)
     if changes.num_rows == 0:
@@ -223,7 +246,7 @@ def plan_changes(dest: DuckLakeDestination, segment: TableChanges) -> TablePlan 
 
     names = schema.column_names
     key = [c.name for c in schema.key_columns]
-    data_files = [] if handle is None or plan.truncate else dest.catalog.data_files(handle.table)
+    data_files = [] if handle is None or plan.truncate else lake.catalog.data_files(handle.table)
     only_inserts = bool(pc.all(pc.equal(changes[OP_COLUMN], "I")).as_py())
     toast = missing_columns(changes)
     needed = [c for c in columns if c.name in [*key, *toast]] if key else columns
@@ -235,42 +258,42 @@ def plan_changes(dest: DuckLakeDestination, segment: TableChanges) -> TablePlan 
         collapsed = last_change_per_key_arrow(changes, names, key)
         if scan and handle is not None and len(key) == 1:  # files whose key bounds hold no touched key: skipped
             column = next(c for c in columns if c.name == key[0])
-            data_files = _may_hold(dest, handle.table, column, collapsed[key[0]], data_files)
+            data_files = _may_hold(lake, handle.table, column, collapsed[key[0]], data_files)
         candidates = data_files if scan else []
         if candidates:
-            touched = sf.broadcast(dest.to_spark(schema, collapsed.select(key)))
-            stored = read_rows(dest.spark, dest.storage, needed, [f.path for f in candidates]).join(
+            touched = sf.broadcast(lake.to_spark(collapsed.select(key), columns))
+            stored = read_rows(lake.spark, lake.storage, needed, [f.path for f in candidates]).join(
                 touched, key, "inner"
             )
-            plan.deletes = _positions(stored, candidates, dest.storage)
+            plan.deletes = _positions(stored, candidates, lake.storage)
         upserts = collapsed.filter(pc.equal(collapsed[ACTION], UPSERT)).select(names)
         if upserts.num_rows:
-            plan.files = dest.storage.write_data(dest.to_spark(schema, upserts), plan.directory, columns, 1)
+            plan.files = lake.storage.write_rows(_spec(lake, plan, columns), upserts)
         return plan
     # Unchanged TOAST values to fill, or no key: collapsed in Spark, kept in memory for its two uses.
-    live = _live(dest, needed, data_files) if scan else None
-    frame = dest.to_spark(schema, changes)
+    live = _live(lake, needed, data_files) if scan else None
+    frame = lake.to_spark(changes, columns)
     if key:
         collapsed = last_change_per_key(frame, names, key, toast).cache()
         upserts = collapsed.filter(collapsed[ACTION] == UPSERT)
         if live is not None:
             upserts = _fill_from_lake(upserts, live, key, toast)
             touched = sf.broadcast(collapsed.select(*key))
-            plan.deletes = _positions(live.join(touched, key, "inner"), data_files, dest.storage)
+            plan.deletes = _positions(live.join(touched, key, "inner"), data_files, lake.storage)
         rows = upserts.select(*names)
     else:
         collapsed = net_changes_without_key(frame, names).cache()
         if live is not None:
-            plan.deletes = _positions(_occurrences(live, collapsed, names), data_files, dest.storage)
+            plan.deletes = _positions(_occurrences(live, collapsed, names), data_files, lake.storage)
         rows = _copies(collapsed, names)
     try:
-        plan.files = dest.storage.write_data(rows, plan.directory, columns, 1)
+        plan.files = lake.storage.write_frame(rows, _spec(lake, plan, columns))
     finally:
         collapsed.unpersist()
     return plan
 
 
-def _plan_schema(dest: DuckLakeDestination, schema: TableSchema, handle: Handle | None) -> TablePlan | None:
+def _plan_schema(lake: Lake, schema: TableSchema, handle: Handle | None) -> TablePlan | None:
     """A schema version with no change of its own in the batch (the DDL trigger reports it at the DDL).
 
     It is applied when it is newer than every change the table holds (its commit LSN is past the
@@ -281,7 +304,7 @@ def _plan_schema(dest: DuckLakeDestination, schema: TableSchema, handle: Handle 
     lsn = int(schema.snapshot_lsn)
     if handle is None or lsn <= handle.watermark[0]:
         return None
-    change, new_ids, columns = _target_columns(dest, schema, handle)
+    change, new_ids, columns = _target_columns(lake, schema, handle)
     if not change and not _renamed(handle.table, schema):
         return None
     return TablePlan(
@@ -290,13 +313,13 @@ def _plan_schema(dest: DuckLakeDestination, schema: TableSchema, handle: Handle 
 
 
 def _may_hold(
-    dest: DuckLakeDestination, table: LakeTable, column: LakeColumn, keys: pa.ChunkedArray, data_files: list[DataFile]
+    lake: Lake, table: LakeTable, column: LakeColumn, keys: pa.ChunkedArray, data_files: list[DataFile]
 ) -> list[DataFile]:
     """The data files that may hold one of ``keys`` (values of a one-column key): for an integer key, those
     whose bounds (file column statistics) contain one; otherwise, or for files without bounds, all of them."""
     if not column.type.startswith("int"):
         return data_files
-    bounds = dest.catalog.integer_bounds(table, column.column_id)
+    bounds = lake.catalog.integer_bounds(table, column.column_id)
     wanted = np.sort(keys.drop_null().to_numpy())
 
     def may_hold(data_file: DataFile) -> bool:
@@ -308,9 +331,9 @@ def _may_hold(
     return [f for f in data_files if may_hold(f)]
 
 
-def _live(dest: DuckLakeDestination, columns: list[LakeColumn], data_files: list[DataFile]) -> DataFrame:
+def _live(lake: Lake, columns: list[LakeColumn], data_files: list[DataFile]) -> DataFrame:
     deletes = [f.delete.path for f in data_files if f.delete is not None]
-    return read_live(dest.spark, dest.storage, columns, [f.path for f in data_files], deletes)
+    return read_live(lake.spark, lake.storage, columns, [f.path for f in data_files], deletes)
 
 
 def _fill_from_lake(upserts: DataFrame, live: DataFrame, key: list[str], toast: list[str]) -> DataFrame:

@@ -6,7 +6,8 @@ one by the engine's own rules (attribute number, which a rename keeps; else name
 place), so the lake does not guess renames by rules of its own. A lake column whose
 source is unknown (DuckDB added it) is matched by name only: an unknown type is never taken for
 renamed in place. Everything else is a drop or an add;
-an add gets a new column id, never a reused one.
+an add gets a new column id, never a reused one. An array column that an earlier version of this
+writer made ``json`` stays ``json``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from etl.errors import TableError
 from etl.schema import ColumnSchema, TableSchema, match_columns
 from etl_spark.ducklake.catalog import UNKNOWN_SOURCE_TYPE, LakeColumn, NewColumn
-from etl_spark.ducklake.types import lake_type
+from etl_spark.ducklake.types import LIST, lake_type
 
 # Type changes DuckDB reads without rewriting files (a new column row with the same id).
 _PROMOTIONS = {("int16", "int32"), ("int16", "int64"), ("int32", "int64"), ("float32", "float64")}
@@ -49,14 +50,20 @@ def diff(current: tuple[LakeColumn, ...], target: TableSchema) -> SchemaDiff:
         used.add(index)
         if existing.name != column.name:
             result.renames.append((existing, column.name))
-        new_type = lake_type(column).name
-        if existing.type != new_type:
-            if (existing.type, new_type) not in _PROMOTIONS:
+        new_type = lake_type(column)
+        old, new = _signature(existing), new_type.signature()
+        if old != new and not (existing.type == "json" and new_type.name == LIST):  # JSON arrays of earlier versions
+            if (old, new) not in _PROMOTIONS:
                 raise TableError(
-                    f"{target.name}: column {column.name} changed type from {existing.type} to {new_type},"
+                    f"{target.name}: column {column.name} changed type from {old} to {new},"
                     " which DuckLake cannot read from the existing files",
                     hint="resync the table (etl resync) to copy it again with the new type",
                 )
-            result.retypes.append((existing, new_type))
+            result.retypes.append((existing, new))
     result.drops = [c for i, c in enumerate(current) if i not in used]
     return result
+
+
+def _signature(column: LakeColumn) -> str:
+    """The column's type, with its list elements': ``list<int32>``."""
+    return f"{LIST}<{_signature(column.element)}>" if column.element is not None else column.type

@@ -6,6 +6,7 @@ out: DuckLake requires true bounds or none, because DuckDB prunes files and rows
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
@@ -34,8 +35,8 @@ _STATS_BY_NAME: Final = {
     "timestamptz": Stats.TIMESTAMPTZ,
     "varchar": Stats.STRING,
     "json": Stats.STRING,
-    "uuid": Stats.STRING,
-    "time": Stats.STRING,
+    "uuid": Stats.UUID,
+    "time": Stats.TIME,
 }
 
 
@@ -135,6 +136,11 @@ def encode(kind: Stats, raw: Any, logical: Callable[[], Any]) -> str | None:
         except OverflowError:
             return None
         return text + "+00" if kind is Stats.TIMESTAMPTZ else text
+    if kind is Stats.UUID and isinstance(raw, bytes) and len(raw) == 16:
+        return str(uuid.UUID(bytes=raw))
+    if kind is Stats.TIME and isinstance(raw, int):
+        seconds, micros = divmod(raw, 1_000_000)
+        return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}.{micros:06d}"
     value = logical()
     string = value if isinstance(value, str) else _utf8(raw)
     return string if string is not None and len(string.encode()) <= _MAX_STRING_BOUND else None

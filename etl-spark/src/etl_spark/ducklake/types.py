@@ -1,20 +1,31 @@
-"""Postgres -> DuckLake column types, and the Arrow form in which values travel to Spark and Parquet.
+"""Postgres -> DuckLake column types, and the two Arrow forms values take on their way into lake files.
 
-The map is keyed by the column's Postgres type OID (and typmod for ``numeric``). Where Spark cannot
-write the Parquet type DuckDB would (``time``, ``interval``, ``uuid``, ``json``), the file holds the
-value's text and the DuckLake column keeps the precise type: DuckDB casts the text when it reads.
-Postgres arrays become ``json`` arrays, because Spark cannot give list elements the Parquet field ids
-DuckLake needs. The table is documented in docs/destinations/ducklake.md; keep the two in step.
+The type map is keyed by the column's Postgres type OID (and typmod for ``numeric``); arrays become
+DuckLake lists, nested once per dimension. Values then take one of two forms (``Form``):
+
+- ``FILE``: what data files hold, as DuckDB itself writes them: Parquet ``UUID``, ``TIME(MICROS)``,
+  lists with a field id on every element. ``interval`` is text ``<m> months <d> days <us> microseconds``:
+  Parquet's ``INTERVAL`` holds milliseconds, so it would lose the microseconds DuckDB keeps.
+- ``SPARK``: what Spark plans with (Spark 4.0 has no time or uuid type): ``uuid`` and ``time`` as their
+  canonical text. Files that hold them natively are read back into this form (``files.read_rows``).
+
+A lake column written by an earlier version of this writer as ``json`` (arrays) keeps that type: its
+values are written as JSON text. The table is documented in docs/destinations/ducklake.md; keep the
+two in step.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum, StrEnum
+from typing import Final, Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etl.postgres.codecs import BUILTIN_ARRAYS, arrow_type
 from etl.schema import ColumnSchema
 
 
@@ -27,56 +38,106 @@ class Stats(StrEnum):
     TIMESTAMP = "timestamp"
     TIMESTAMPTZ = "timestamptz"
     STRING = "string"
+    UUID = "uuid"
+    TIME = "time"
 
 
 @dataclass(frozen=True)
 class LakeType:
     name: str
-    """The DuckLake type as written to ``ducklake_column.column_type``."""
-    arrow: pa.DataType
-    """The Arrow type of the values handed to Spark (lists stay lists and become JSON text in Spark)."""
-    stats: Stats | None
+    """The DuckLake type as written to ``ducklake_column.column_type`` (``list`` for lists)."""
+    element: LakeType | None = None
+    """The element type of a list."""
+
+    def signature(self) -> str:
+        """The type with its list elements': ``list<int32>``."""
+        return f"{LIST}<{self.element.signature()}>" if self.element is not None else self.name
 
 
-_STRING = pa.string()
+class TypedColumn(Protocol):
+    """A lake column as the converters need it (``catalog.LakeColumn``): its type, and its element's."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def element(self) -> TypedColumn | None: ...
+
+
+class Form(Enum):
+    FILE = "file"
+    SPARK = "spark"
+
+
+FIELD_ID: Final = b"PARQUET:field_id"
+LIST: Final = "list"
+UUID_TYPE: Final = pa.uuid()
+TIME_TYPE: Final = pa.time64("us")
+_STRING: Final = pa.string()
 
 # Postgres OIDs of the built-in types with a dedicated mapping.
-_SCALARS: dict[int, LakeType] = {
-    16: LakeType("boolean", pa.bool_(), None),
-    21: LakeType("int16", pa.int16(), Stats.INT),
-    23: LakeType("int32", pa.int32(), Stats.INT),
-    20: LakeType("int64", pa.int64(), Stats.INT),
-    26: LakeType("int64", pa.int64(), Stats.INT),  # oid
-    700: LakeType("float32", pa.float32(), None),
-    701: LakeType("float64", pa.float64(), None),
-    1082: LakeType("date", pa.date32(), Stats.DATE),
-    1083: LakeType("time", _STRING, Stats.STRING),
-    1114: LakeType("timestamp", pa.timestamp("us"), Stats.TIMESTAMP),
-    1184: LakeType("timestamptz", pa.timestamp("us", tz="UTC"), Stats.TIMESTAMPTZ),
-    1186: LakeType("interval", _STRING, None),
-    17: LakeType("blob", pa.binary(), None),
-    114: LakeType("json", _STRING, Stats.STRING),
-    3802: LakeType("json", _STRING, Stats.STRING),
-    2950: LakeType("uuid", _STRING, Stats.STRING),
+_SCALARS: Final[dict[int, LakeType]] = {
+    16: LakeType("boolean"),
+    21: LakeType("int16"),
+    23: LakeType("int32"),
+    20: LakeType("int64"),
+    26: LakeType("int64"),  # oid
+    700: LakeType("float32"),
+    701: LakeType("float64"),
+    1082: LakeType("date"),
+    1083: LakeType("time"),
+    1114: LakeType("timestamp"),
+    1184: LakeType("timestamptz"),
+    1186: LakeType("interval"),
+    17: LakeType("blob"),
+    114: LakeType("json"),
+    3802: LakeType("json"),
+    2950: LakeType("uuid"),
 }
-_NUMERIC_OID = 1700
-_VARCHAR = LakeType("varchar", _STRING, Stats.STRING)
-_JSON_ARRAY = LakeType("json", _STRING, None)
-MAX_DECIMAL_PRECISION = 38
+_NUMERIC_OID: Final = 1700
+_VARCHAR: Final = LakeType("varchar")
+MAX_DECIMAL_PRECISION: Final = 38
+
+# DuckLake type -> Arrow type of its values in files; decimals and lists are built.
+_FILE_TYPES: Final[dict[str, pa.DataType]] = {
+    "boolean": pa.bool_(),
+    "int8": pa.int8(),
+    "int16": pa.int16(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
+    "date": pa.date32(),
+    "time": TIME_TYPE,
+    "timestamp": pa.timestamp("us"),
+    "timestamptz": pa.timestamp("us", tz="UTC"),
+    "blob": pa.binary(),
+    "uuid": UUID_TYPE,
+}
+_TEXT_IN_SPARK: Final = ("uuid", "time")
 
 
 def lake_type(column: ColumnSchema) -> LakeType:
     """The DuckLake type of a source column (see the module docstring)."""
-    if column.type_oid == _NUMERIC_OID:
-        precision, scale = numeric_precision_scale(column.type_modifier)
+    depth = 0
+    kind = arrow_type(column)
+    while pa.types.is_list(kind):
+        depth, kind = depth + 1, kind.value_type
+    if not depth:
+        return _scalar(column.type_oid, column.type_modifier)
+    result = _scalar(BUILTIN_ARRAYS.get(column.type_oid, 0), column.type_modifier)
+    for _ in range(depth):
+        result = LakeType(LIST, result)
+    return result
+
+
+def _scalar(type_oid: int, typmod: int) -> LakeType:
+    if type_oid == _NUMERIC_OID:
+        precision, scale = numeric_precision_scale(typmod)
         if precision is not None and 0 <= scale <= precision <= MAX_DECIMAL_PRECISION:
-            return LakeType(f"decimal({precision},{scale})", pa.decimal128(precision, scale), Stats.DECIMAL)
+            return LakeType(f"decimal({precision},{scale})")
         return _VARCHAR
-    if column.type_oid in _SCALARS:
-        return _SCALARS[column.type_oid]
-    if column.type_name.endswith("[]"):
-        return _JSON_ARRAY
-    return _VARCHAR
+    return _SCALARS.get(type_oid, _VARCHAR)
 
 
 def numeric_precision_scale(typmod: int) -> tuple[int | None, int]:
@@ -87,24 +148,48 @@ def numeric_precision_scale(typmod: int) -> tuple[int | None, int]:
     return (value >> 16) & 0xFFFF, ((value & 0x7FF) ^ 1024) - 1024
 
 
-def to_lake_arrow(values: pa.Array | pa.ChunkedArray, target: LakeType) -> pa.Array | pa.ChunkedArray:
-    """Values of one column, as decoded from Postgres, in the Arrow form of ``target``.
-
-    Lists pass through unchanged (Spark turns them into JSON text). Text-held types are rendered in a
-    form DuckDB casts back exactly: ``time`` as ``HH:MM:SS.ffffff``, ``interval`` as
-    ``<m> months <d> days <us> microseconds``.
-    """
-    source = values.type
-    if source == target.arrow or pa.types.is_list(source) or pa.types.is_large_list(source):
-        return values
-    if target.arrow == _STRING and source == pa.month_day_nano_interval():
-        return _interval_text(values)
-    return pc.cast(values, target.arrow)
+def arrow_of(column: TypedColumn, form: Form) -> pa.DataType:
+    """The Arrow type of a lake column's values in ``form`` (list elements carry no field ids here)."""
+    name = column.type
+    if name == LIST and column.element is not None:
+        return pa.list_(arrow_of(column.element, form))
+    if form is Form.SPARK and name in _TEXT_IN_SPARK:
+        return _STRING
+    if name.startswith("decimal("):
+        precision, scale = name[len("decimal(") : -1].split(",")
+        return pa.decimal128(int(precision), int(scale))
+    return _FILE_TYPES.get(name, _STRING)
 
 
-def _interval_text(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+def convert(values: pa.Array | pa.ChunkedArray, column: TypedColumn, form: Form) -> pa.Array | pa.ChunkedArray:
+    """Values of one column, as decoded from Postgres or in the other form, in ``form`` for ``column``."""
     if isinstance(values, pa.ChunkedArray):
-        return pa.chunked_array([_interval_text(chunk) for chunk in values.chunks], _STRING)
+        chunks = [convert(chunk, column, form) for chunk in values.chunks]
+        return pa.chunked_array(chunks, arrow_of(column, form))
+    source, name = values.type, column.type
+    if pa.types.is_list(source) or pa.types.is_large_list(source):
+        if name == LIST and column.element is not None:
+            elements = convert(values.flatten(), column.element, form)
+            offsets = pc.subtract(values.offsets, values.offsets[0]) if values.offset else values.offsets
+            mask = values.is_null() if values.null_count else None
+            return pa.ListArray.from_arrays(offsets, elements, mask=mask)
+        return _json_text(values)  # a json column kept from an earlier version of this writer
+    target = arrow_of(column, form)
+    if source == target:
+        return values
+    if source == pa.month_day_nano_interval():
+        return interval_text(values)
+    if target == UUID_TYPE:
+        return _uuid_from_text(values)
+    if target == TIME_TYPE and pa.types.is_string(source):
+        return _time_from_text(values)
+    return pc.cast(values, target)
+
+
+def interval_text(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Intervals as ``<m> months <d> days <us> microseconds``, a text DuckDB casts back exactly."""
+    if isinstance(values, pa.ChunkedArray):
+        return pa.chunked_array([interval_text(chunk) for chunk in values.chunks], _STRING)
     # A month_day_nano value is 16 bytes: int32 months, int32 days, int64 nanoseconds.
     data, end = values.buffers()[1], values.offset + len(values)
     words = pa.FixedSizeListArray.from_arrays(pa.Array.from_buffers(pa.int32(), end * 4, [None, data]), 4)
@@ -121,3 +206,51 @@ def _interval_text(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedA
         "",
     )
     return pc.if_else(values.is_valid(), text, pa.scalar(None, _STRING))
+
+
+_HEX: Final = np.full(256, 255, np.uint8)
+_HEX[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
+_HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+_NIL_UUID: Final = "00000000000000000000000000000000"
+
+
+def _uuid_from_text(values: pa.Array) -> pa.Array:
+    """Canonical uuid text (as Postgres prints it) -> Arrow's uuid type, without a Python object per value."""
+    digits = pc.fill_null(pc.replace_substring(pc.cast(values, _STRING), "-", ""), _NIL_UUID)
+    lengths = pc.binary_length(digits).to_numpy(zero_copy_only=False)
+    if len(digits) and not (lengths == 32).all():
+        bad = digits[int(np.argmax(lengths != 32))].as_py()
+        raise ValueError(f"not a uuid: {bad!r}")
+    start = int(np.frombuffer(digits.buffers()[1], np.int32)[digits.offset])
+    raw = np.frombuffer(digits.buffers()[2], np.uint8)[start : start + 32 * len(digits)]
+    nibbles = _HEX[raw].reshape(-1, 2)
+    if (nibbles == 255).any():
+        raise ValueError("not a uuid: a value holds a character that is not a hex digit")
+    packed = (nibbles[:, 0] << 4) | nibbles[:, 1]
+    storage = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(16),
+        len(digits),
+        [values.is_valid().buffers()[1] if values.null_count else None, pa.py_buffer(packed)],
+    )
+    return pa.ExtensionArray.from_storage(UUID_TYPE, storage)
+
+
+def _time_from_text(values: pa.Array) -> pa.Array:
+    """``HH:MM:SS[.ffffff]`` text -> microseconds of the day."""
+    hours = pc.cast(pc.utf8_slice_codeunits(values, 0, 2), pa.int64())
+    minutes = pc.cast(pc.utf8_slice_codeunits(values, 3, 5), pa.int64())
+    seconds = pc.cast(pc.utf8_slice_codeunits(values, 6, 8), pa.int64())
+    fraction = pc.utf8_rpad(pc.utf8_slice_codeunits(values, 9, 15), 6, "0")
+    micros = pc.cast(fraction, pa.int64())
+    total = pc.add(
+        pc.multiply(pc.add(pc.multiply(pc.add(pc.multiply(hours, 60), minutes), 60), seconds), 10**6), micros
+    )
+    return pc.cast(total, TIME_TYPE)
+
+
+def _json_text(values: pa.Array) -> pa.Array:
+    """Arrays as JSON text, for a lake column an earlier version of this writer made ``json``."""
+    return pa.array(
+        [None if v is None else json.dumps(v, separators=(",", ":"), default=str) for v in values.to_pylist()],
+        _STRING,
+    )

@@ -1,0 +1,49 @@
+"""The DuckLake catalog, in SQLite or Postgres through SQLAlchemy: bootstrap, reads, and snapshot commits.
+
+One ``commit`` is one catalog transaction and one DuckLake snapshot. Ids come from the latest
+snapshot read inside the transaction; the primary key on ``ducklake_snapshot.snapshot_id`` is the
+commit point, so a concurrent writer (another pipeline, DuckDB compacting) makes one of the two
+fail and retry. A commit whose inputs were computed against an older snapshot first checks that no
+snapshot since then touched its tables other than by plain inserts, and raises ``CommitConflict``
+otherwise, so the caller recomputes. The replication watermark lives in this writer's own table in
+the same database and moves in the same transaction.
+
+Modules: ``model`` (the values), ``engine`` (catalog URLs), ``ddl`` (the tables), ``migrations`` (this
+writer's tables over versions), ``bootstrap`` (a new lake), ``column_ids`` (how columns are numbered),
+``reads`` (``Catalog``) and ``transaction`` (``Transaction``).
+"""
+
+from etl_spark.ducklake.catalog.column_ids import ColumnIds, assign_column_ids
+from etl_spark.ducklake.catalog.engine import engine_for, redacted
+from etl_spark.ducklake.catalog.model import (
+    UNKNOWN_SOURCE_TYPE,
+    DataFile,
+    DeleteFile,
+    Handle,
+    LakeColumn,
+    LakeTable,
+    NewColumn,
+    NewFile,
+    SourceColumn,
+)
+from etl_spark.ducklake.catalog.reads import Catalog
+from etl_spark.ducklake.catalog.transaction import CommitConflict, Transaction
+
+__all__ = [
+    "UNKNOWN_SOURCE_TYPE",
+    "Catalog",
+    "ColumnIds",
+    "CommitConflict",
+    "DataFile",
+    "DeleteFile",
+    "Handle",
+    "LakeColumn",
+    "LakeTable",
+    "NewColumn",
+    "NewFile",
+    "SourceColumn",
+    "Transaction",
+    "assign_column_ids",
+    "engine_for",
+    "redacted",
+]

@@ -1,0 +1,58 @@
+"""Catalog URLs: the SQLAlchemy engine for one, and the URL (or a driver message) with its password masked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine, make_url
+
+from etl.errors import ConfigError
+
+_URL_HINT = "use sqlite:///path/catalog.sqlite or postgresql://user:password@host:port/database"
+
+
+def redacted(url: str) -> str:
+    """A catalog URL fit for messages: the password masked."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparsable catalog URL>"
+
+
+def masked(message: str, url: str) -> str:
+    """A driver message with the URL's password, should it appear, masked."""
+    try:
+        password = make_url(url).password
+    except Exception:
+        return message
+    return message.replace(str(password), "***") if password else message
+
+
+def engine_for(url: str) -> Engine:
+    """An engine for a ``sqlite:///`` or ``postgresql://`` URL (psycopg 3 driver).
+
+    SQLite transactions begin with ``BEGIN IMMEDIATE``: a writer takes the write lock before it reads the
+    latest snapshot, so two writers serialize instead of failing on upgrade.
+    """
+    try:
+        parsed = make_url(url)
+    except Exception:
+        raise ConfigError("the DuckLake catalog is not a valid URL", hint=_URL_HINT) from None
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        engine = sa.create_engine(parsed.set(drivername="postgresql+psycopg"), pool_pre_ping=True)
+    elif backend == "sqlite":
+        engine = sa.create_engine(parsed, connect_args={"timeout": 60})
+
+        @sa.event.listens_for(engine, "connect")
+        def _no_implicit_transactions(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None
+
+        @sa.event.listens_for(engine, "begin")
+        def _write_lock(connection: Connection) -> None:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    else:
+        raise ConfigError(f"the DuckLake catalog must live in SQLite or Postgres, not {backend!r}", hint=_URL_HINT)
+    return engine

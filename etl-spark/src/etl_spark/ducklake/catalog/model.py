@@ -1,0 +1,94 @@
+"""The values the catalog reads and writes: lake tables and columns as they stand, and what a commit adds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from etl_spark.ducklake.stats import ColumnStats
+from etl_spark.ducklake.types import LakeType
+
+SourceColumn = tuple[int | None, int, int]
+"""What this writer records of the source column a lake column holds: attribute number, type OID, type modifier."""
+
+UNKNOWN_SOURCE_TYPE = (0, -1)
+"""The type recorded when it is not known (InvalidOid): equal to no source type."""
+
+
+@dataclass(frozen=True)
+class LakeColumn:
+    column_id: int
+    name: str
+    type: str
+    nullable: bool
+    attnum: int | None = None
+    """The Postgres attribute it holds, when known (this writer records it; not for columns DuckDB added)."""
+    source_type: tuple[int, int] | None = None
+    """Type OID and modifier of the source column it holds, when this writer recorded them."""
+    element: LakeColumn | None = None
+    """The element of a ``list`` column (named ``element``, with its own id; itself a list for a nested one)."""
+
+    def with_elements(self) -> Iterator[LakeColumn]:
+        """The column, then its element, the element's element, ... (ids in that order)."""
+        column: LakeColumn | None = self
+        while column is not None:
+            yield column
+            column = column.element
+
+
+@dataclass(frozen=True)
+class LakeTable:
+    table_id: int
+    schema_name: str
+    name: str
+    directory: str
+    """Absolute directory of the table's files, ending in ``/``."""
+    relative_directory: str | None
+    """The directory relative to the lake's data path, when it is relative."""
+    columns: tuple[LakeColumn, ...]
+    """The top-level columns, in order; list elements hang off their list."""
+
+
+@dataclass(frozen=True)
+class DeleteFile:
+    delete_file_id: int
+    path: str
+    begin_snapshot: int
+    partial: bool
+
+
+@dataclass(frozen=True)
+class DataFile:
+    data_file_id: int
+    path: str
+    record_count: int
+    delete: DeleteFile | None
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A pipeline's source table as it stands in the lake."""
+
+    table: LakeTable
+    watermark: tuple[int, int]
+    """``(commit_lsn, tx_ordinal)`` of the last change applied."""
+
+
+@dataclass(frozen=True)
+class NewFile:
+    """A Parquet file already in place under the table's directory, ready to register."""
+
+    name: str
+    """File name relative to the table directory."""
+    record_count: int
+    size_bytes: int
+    footer_size: int
+    stats: Sequence[ColumnStats] = ()
+
+
+@dataclass(frozen=True)
+class NewColumn:
+    name: str
+    type: LakeType
+    """A ``list`` type carries its element's type (``LakeType.element``)."""
+    nullable: bool

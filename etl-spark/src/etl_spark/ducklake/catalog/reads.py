@@ -1,0 +1,326 @@
+"""The catalog as one pipeline sees it: opening it, reading tables, files and watermarks, and committing.
+
+A read runs on its own connection, or on a ``Transaction``'s (which passes its ``conn``), so a commit reads
+what it is about to change.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+import structlog
+from sqlalchemy.engine import Connection, Engine
+
+from etl.errors import DestinationError
+from etl_spark.ducklake.catalog.bootstrap import check_lake, create_lake
+from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES, quote
+from etl_spark.ducklake.catalog.engine import engine_for, masked, redacted
+from etl_spark.ducklake.catalog.migrations import migrate
+from etl_spark.ducklake.catalog.model import DataFile, DeleteFile, Handle, LakeColumn, LakeTable
+from etl_spark.ducklake.catalog.transaction import Transaction
+from etl_spark.ducklake.metrics import DuckLakeMetrics
+from etl_spark.ducklake.types import LIST
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+
+def _join(base: str, path: str, relative: Any) -> str:
+    return base + path if relative else path
+
+
+def _is_integer(text: str) -> bool:
+    """Whether a statistics value reads as an integer (files written before a type change may hold others)."""
+    return text.lstrip("-").isdigit()
+
+
+class Catalog:
+    """A DuckLake catalog seen by one pipeline."""
+
+    def __init__(
+        self, url: str, data_path: str, pipeline_id: int, author: str = "etl", metrics: DuckLakeMetrics | None = None
+    ) -> None:
+        self._url = url
+        self.metrics = metrics if metrics is not None else DuckLakeMetrics()
+        """Where commits are timed and lost races counted (``etl_ducklake_commit_seconds``, ``..._conflicts``)."""
+        self._requested_data_path = data_path if data_path.endswith("/") else data_path + "/"
+        self.pipeline_id = pipeline_id
+        self.author = author
+        self.data_path = self._requested_data_path
+        self._engine: Engine | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Catalog({redacted(self._url)!r}, data_path={self.data_path!r})"
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            raise DestinationError("the DuckLake catalog is not open", hint="call startup() first")
+        return self._engine
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Connect; create a new lake when the database is empty, else check it is a DuckLake 1.0 lake; bring
+        this writer's tables up to date."""
+        if self._engine is not None:
+            return
+        engine = engine_for(self._url)
+        if engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+            Path(engine.url.database).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with engine.begin() as conn:
+                if not sa.inspect(conn).has_table("ducklake_metadata"):
+                    create_lake(conn, self._requested_data_path, self.author)
+                    log.info("created ducklake catalog", catalog=redacted(self._url))
+                self.data_path = check_lake(conn, self._requested_data_path, redacted(self._url))
+                migrate(conn, redacted(self._url))
+        except sa.exc.OperationalError as exc:
+            engine.dispose()
+            raise DestinationError(
+                f"cannot open the DuckLake catalog {redacted(self._url)}: {masked(str(exc.orig), self._url)}",
+                hint="check that the catalog database exists and is reachable with these credentials",
+            ) from None
+        except BaseException:
+            engine.dispose()
+            raise
+        self._engine = engine
+        log.info("ducklake catalog open", catalog=redacted(self._url), data_path=self.data_path)
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    # -- reads -----------------------------------------------------------------------------------
+    @contextmanager
+    def _reading(self, conn: Connection | None) -> Iterator[Connection]:
+        if conn is not None:
+            yield conn
+        else:
+            with self.engine.connect() as own:
+                yield own
+
+    def latest_snapshot(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.text("SELECT max(snapshot_id) FROM ducklake_snapshot")).scalar_one())
+
+    def handle(self, source_table_id: int, conn: Connection | None = None) -> Handle | None:
+        """The source table's lake table and watermark; ``None`` before its first write, after its lake table was
+        dropped, and once it is marked for replacement."""
+        with self._reading(conn) as c:
+            state = c.execute(
+                sa.text(
+                    f"SELECT table_id, commit_lsn, tx_ordinal FROM {STATE_TABLE}"
+                    " WHERE pipeline_id = :p AND source_table_id = :s AND NOT replaced"
+                ),
+                {"p": self.pipeline_id, "s": source_table_id},
+            ).one_or_none()
+            if state is None:
+                return None
+            table = self.table(state.table_id, c)
+        if table is None:
+            return None
+        return Handle(table, (int(state.commit_lsn), int(state.tx_ordinal)))
+
+    def tracked(self, source_table_id: int) -> bool:
+        """Whether this pipeline recorded a lake table for the source table (which may since have been dropped),
+        and did not mark it for replacement."""
+        with self.engine.connect() as conn:
+            found = conn.execute(
+                sa.text(
+                    f"SELECT 1 FROM {STATE_TABLE} WHERE pipeline_id = :p AND source_table_id = :s AND NOT replaced"
+                ),
+                {"p": self.pipeline_id, "s": source_table_id},
+            ).first()
+        return found is not None
+
+    def table(self, table_id: int, conn: Connection | None = None) -> LakeTable | None:
+        """The active table, with its active columns (list elements under their lists); ``None`` once dropped."""
+        with self._reading(conn) as c:
+            row = c.execute(
+                sa.text(
+                    "SELECT t.table_id, t.table_name, t.path, t.path_is_relative, s.schema_name, s.path AS spath,"
+                    " s.path_is_relative AS srel FROM ducklake_table t"
+                    " JOIN ducklake_schema s ON s.schema_id = t.schema_id"
+                    " WHERE t.table_id = :t AND t.end_snapshot IS NULL AND s.end_snapshot IS NULL"
+                ),
+                {"t": table_id},
+            ).one_or_none()
+            if row is None:
+                return None
+            columns = c.execute(
+                sa.text(
+                    "SELECT c.column_id, c.column_name, c.column_type, c.nulls_allowed, c.parent_column, a.attnum,"
+                    f" a.type_oid, a.type_modifier FROM ducklake_column c LEFT JOIN {COLUMNS_TABLE} a"
+                    " ON a.table_id = c.table_id AND a.column_id = c.column_id"
+                    " WHERE c.table_id = :t AND c.end_snapshot IS NULL ORDER BY c.column_order"
+                ),
+                {"t": table_id},
+            ).all()
+        children = {int(c.parent_column): c for c in columns if c.parent_column is not None}
+
+        def column(c: Any) -> LakeColumn:
+            element = children.get(int(c.column_id)) if c.column_type == LIST else None
+            return LakeColumn(
+                int(c.column_id),
+                c.column_name,
+                c.column_type,
+                bool(c.nulls_allowed),
+                None if c.attnum is None else int(c.attnum),
+                None if c.type_oid is None else (int(c.type_oid), int(c.type_modifier)),
+                None if element is None else column(element),
+            )
+
+        relative = (row.spath + row.path) if row.srel and row.path_is_relative else None
+        directory = _join(_join(self.data_path, row.spath, row.srel), row.path, row.path_is_relative)
+        return LakeTable(
+            table_id=int(row.table_id),
+            schema_name=row.schema_name,
+            name=row.table_name,
+            directory=directory,
+            relative_directory=relative,
+            columns=tuple(column(c) for c in columns if c.parent_column is None),
+        )
+
+    def max_column_id(self, table_id: int, conn: Connection | None = None) -> int:
+        """The highest column id the table ever used, list elements' and dropped columns' included."""
+        with self._reading(conn) as c:
+            return int(
+                c.execute(
+                    sa.text("SELECT coalesce(max(column_id), 0) FROM ducklake_column WHERE table_id = :t"),
+                    {"t": table_id},
+                ).scalar_one()
+            )
+
+    def table_directory(self, schema_name: str, table_name: str) -> str:
+        """Where a new table's files go: under its schema's path (an existing schema's, or ``<schema>/``)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.text(
+                    "SELECT path, path_is_relative FROM ducklake_schema WHERE schema_name = :n AND end_snapshot IS NULL"
+                ),
+                {"n": schema_name},
+            ).one_or_none()
+        schema_dir = (
+            _join(self.data_path, row.path, row.path_is_relative) if row else self.data_path + schema_name + "/"
+        )
+        return schema_dir + table_name + "/"
+
+    def data_files(self, table: LakeTable) -> list[DataFile]:
+        """The table's active data files, each with its active delete file."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT d.data_file_id, d.path, d.path_is_relative, d.record_count, x.delete_file_id,"
+                    " x.path AS xpath, x.path_is_relative AS xrel, x.begin_snapshot AS xbegin, x.partial_max"
+                    " FROM ducklake_data_file d LEFT JOIN ducklake_delete_file x"
+                    " ON x.data_file_id = d.data_file_id AND x.end_snapshot IS NULL"
+                    " WHERE d.table_id = :t AND d.end_snapshot IS NULL ORDER BY d.data_file_id"
+                ),
+                {"t": table.table_id},
+            ).all()
+        files = []
+        for r in rows:
+            delete = None
+            if r.delete_file_id is not None:
+                delete = DeleteFile(
+                    int(r.delete_file_id),
+                    _join(table.directory, r.xpath, r.xrel),
+                    int(r.xbegin),
+                    r.partial_max is not None,
+                )
+            files.append(
+                DataFile(
+                    int(r.data_file_id), _join(table.directory, r.path, r.path_is_relative), int(r.record_count), delete
+                )
+            )
+        return files
+
+    def integer_bounds(self, table: LakeTable, column_id: int) -> dict[int, tuple[int, int]]:
+        """``data_file_id -> (min, max)`` of an integer column, for the active files whose statistics hold both."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT s.data_file_id, s.min_value, s.max_value FROM ducklake_file_column_stats s"
+                    " JOIN ducklake_data_file d ON d.data_file_id = s.data_file_id AND d.end_snapshot IS NULL"
+                    " WHERE s.table_id = :t AND s.column_id = :c"
+                    " AND s.min_value IS NOT NULL AND s.max_value IS NOT NULL"
+                ),
+                {"t": table.table_id, "c": column_id},
+            ).all()
+        return {int(r[0]): (int(r[1]), int(r[2])) for r in rows if _is_integer(r[1]) and _is_integer(r[2])}
+
+    def check_no_inlined_data(self, table: LakeTable) -> None:
+        """Refuse to write a table DuckDB has inlined rows into: this writer's scans do not see them."""
+        with self.engine.connect() as conn:
+            names = conn.execute(
+                sa.text("SELECT table_name FROM ducklake_inlined_data_tables WHERE table_id = :t"),
+                {"t": table.table_id},
+            ).scalars()
+            for name in names:
+                count = conn.execute(sa.text(f"SELECT count(*) FROM {quote(name)} WHERE end_snapshot IS NULL")).scalar()
+                if count:
+                    raise DestinationError(
+                        f"DuckLake table {table.schema_name}.{table.name} holds rows DuckDB inlined into the catalog",
+                        hint="run CALL ducklake_flush_inlined_data('<lake>') in DuckDB with the pipeline paused,"
+                        " and keep data_inlining_row_limit at 0",
+                    )
+
+    # -- writes ----------------------------------------------------------------------------------
+    def mark_for_replacement(self, source_table_id: int) -> None:
+        """Let the next copy of the source table replace its lake table (a resync without downtime).
+
+        The lake table stays as it is, readable, until the commit that creates its replacement ends it
+        (``Transaction.create_table``). Until then ``handle`` is ``None`` and ``tracked`` false, as after a
+        drop. No snapshot: readers see nothing change. Marking again, or a source table with no lake table,
+        changes nothing.
+        """
+        state = TABLES[STATE_TABLE]
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.update(state)
+                .where(state.c.pipeline_id == self.pipeline_id, state.c.source_table_id == source_table_id)
+                .values(replaced=True)
+            )
+
+    def commit(
+        self,
+        build: Callable[[Transaction], T],
+        *,
+        base_snapshot: int | None = None,
+        tables: Iterable[int] = (),
+        attempts: int = 20,
+    ) -> T:
+        """Run ``build`` in one catalog transaction that ends with a new snapshot; return its result.
+
+        With ``base_snapshot``, raise ``CommitConflict`` when a snapshot after it touched one of
+        ``tables`` other than by inserting. A lost race for the snapshot id is retried here.
+        """
+        watched = set(tables)
+        for attempt in range(attempts):
+            try:
+                with self._lock:
+                    started = time.perf_counter()
+                    with self.engine.begin() as conn:
+                        txn = Transaction(self, conn)
+                        if base_snapshot is not None and watched:
+                            txn.check_conflicts(base_snapshot, watched)
+                        result = build(txn)
+                        txn.finish()
+                    self.metrics.commit_seconds.observe(time.perf_counter() - started)  # committed
+                    return result
+            except sa.exc.IntegrityError:
+                self.metrics.commit_conflicts.inc()
+                log.info("catalog commit raced another writer; retrying", attempt=attempt + 1)
+        raise DestinationError(
+            f"could not commit to the DuckLake catalog after {attempts} attempts: other writers kept committing first",
+            hint="pause the other writers (maintenance jobs) and retry",
+        )

@@ -1,0 +1,112 @@
+"""A table's initial copy as one Spark job: one task per range of the engine's copy plan.
+
+Each task opens its own connection to the source, imports the plan's exported snapshot, copies its
+range to Arrow with the engine's copy code (``CopyPlan.copy``) and writes data files itself
+(``datafiles``); it returns only the files' metadata. No copied row passes through the driver. A task
+that fails (its executor killed, say) is run again by Spark, and the files of failed attempts are
+removed (``LakeStorage.remove_job``), never registered.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etl.errors import EtlError, TableError, TransientError
+from etl.postgres.copy import CopyPlan, CopyStopped
+from etl_spark.ducklake.catalog import NewFile
+from etl_spark.ducklake.datafiles import DataFileSpec, metadata_batch, write_data_files
+from etl_spark.ducklake.files import run_file_tasks
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+T = TypeVar("T")
+_STOP_POLL = 0.5
+
+
+def copy_files(spark: SparkSession, plan: CopyPlan, spec: DataFileSpec, stop: threading.Event) -> list[NewFile]:
+    """Copy every range of ``plan`` into data files (``spec``) on Spark's executors; their metadata."""
+    if not plan.ranges:
+        return []
+    ranges = spark.range(len(plan.ranges), numPartitions=len(plan.ranges))
+    description = f"etl: copy {plan.schema.name} ({len(plan.ranges)} ranges)"
+    try:
+        return cancellable(spark, stop, description, lambda: run_file_tasks(ranges, spec, copy_task(plan, spec)))
+    except CopyStopped:
+        raise
+    except Exception as exc:
+        raise task_error(exc, f"the Spark copy of {plan.schema.name}") from None
+
+
+def copy_task(plan: CopyPlan, spec: DataFileSpec) -> Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]:
+    """The task: copy the ranges whose indexes it is given, write their rows as data files."""
+
+    def task(indexes: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in indexes:
+            for index in pc.cast(batch.column(0), pa.int64()).to_pylist():
+                yield metadata_batch(write_data_files(spec, plan.copy(index)))
+
+    return task
+
+
+def cancellable(spark: SparkSession, stop: threading.Event, description: str, work: Callable[[], T]) -> T:
+    """Run ``work`` (Spark jobs) in a job group of its own; cancel the group and raise ``CopyStopped`` once
+    ``stop`` is set."""
+    group = f"etl-{uuid.uuid4()}"
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        spark.sparkContext.setJobGroup(group, description, interruptOnCancel=True)
+        try:
+            outcome.append(work())
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="spark-job", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(_STOP_POLL)
+        if stop.is_set() and thread.is_alive():
+            spark.sparkContext.cancelJobGroup(group)
+            thread.join()
+            _wait_tasks_ended(spark, group)
+            raise CopyStopped(f"{description}: stopped")
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
+def _wait_tasks_ended(spark: SparkSession, group: str, timeout: float = 60.0) -> None:
+    """Wait until the cancelled group's tasks have ended: their Python workers may run on (and write files)
+    until Spark kills them (``spark.python.task.killTimeout``), after the job itself reports cancelled."""
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stages = [
+            info
+            for job in tracker.getJobIdsForGroup(group)
+            if (job_info := tracker.getJobInfo(job)) is not None
+            for stage in job_info.stageIds
+            if (info := tracker.getStageInfo(stage)) is not None
+        ]
+        if all(stage.numActiveTasks == 0 for stage in stages):
+            return
+        time.sleep(_STOP_POLL)
+
+
+def task_error(exc: Exception, doing: str) -> EtlError:
+    """A failed Spark job as the engine's error: the task's own error, when it was one of the engine's."""
+    text = str(exc)
+    last = next((line.strip() for line in reversed(text.splitlines()) if line.strip().startswith("etl.")), "")
+    detail = last.split(": ", 1)[1] if ": " in last else text.strip().splitlines()[0] if text.strip() else repr(exc)
+    if "TransientError" in last or "CopyStopped" in last:
+        return TransientError(f"{doing} failed: {detail}", hint="the connection to the source was lost; retried")
+    return TableError(f"{doing} failed: {detail}", hint="see the error above; fix its cause, then copy the table again")

@@ -1,0 +1,193 @@
+"""Data files written with pyarrow, where the rows are: in a Spark task, or on the driver.
+
+A file is written in place under its table's directory, as ``ducklake-<uuid>.parquet``, and is
+described by its footer (rows, sizes, column statistics) for the catalog. It is registered in the
+catalog only later, by the driver, so a writer that dies leaves at worst an unregistered file. Names
+start with a prefix chosen per job (``job_prefix``), so the files of a failed task attempt are found
+and removed. Every column, list elements included, carries its DuckLake column id as Parquet field
+id, and values are in their file form (``types.Form.FILE``): DuckDB reads these files as its own.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from etl_spark.ducklake.catalog import LakeColumn, NewFile
+from etl_spark.ducklake.stats import ColumnStats, file_stats, stats_kind
+from etl_spark.ducklake.types import FIELD_ID, LIST, Form, arrow_of, convert
+
+ROW_GROUP_ROWS: Final = 122_880
+"""Rows per row group, as DuckDB writes them."""
+COMPRESSION: Final = "zstd"
+
+METADATA_SCHEMA: Final = pa.schema(
+    [
+        ("name", pa.string()),
+        ("record_count", pa.int64()),
+        ("size_bytes", pa.int64()),
+        ("footer_size", pa.int64()),
+        ("stats", pa.string()),
+    ]
+)
+"""What a Spark task returns per file it wrote: the file's metadata, never its rows."""
+
+
+@dataclass(frozen=True)
+class DataFileSpec:
+    """Where and how to write a table's data files; small, and pickled into Spark tasks."""
+
+    data_path: str
+    """The lake's data path (a local path or a URI pyarrow's file systems reach)."""
+    directory: str
+    """The table's directory under it, ending in ``/``."""
+    columns: tuple[LakeColumn, ...]
+    target_size_bytes: int
+    """A file is closed once it holds about this many bytes, and the next one started."""
+    prefix: str
+    """Every file name starts with it (``job_prefix``)."""
+
+
+def job_prefix() -> str:
+    """A file name prefix of its own for one write job: ``ducklake-`` and the first two groups of a uuid.
+
+    The rest of each name completes the uuid, so names keep the shape DuckDB gives its files.
+    """
+    return f"ducklake-{str(uuid.uuid4())[:13]}"
+
+
+def file_schema(columns: Sequence[LakeColumn]) -> pa.Schema:
+    """The Arrow schema of a table's data files: field ids on every column and list element."""
+    return pa.schema([_field(c.name, c) for c in columns])
+
+
+def _field(name: str, column: LakeColumn) -> pa.Field:
+    if column.type == LIST and column.element is not None:
+        kind: pa.DataType = pa.list_(_field("element", column.element))
+    else:
+        kind = arrow_of(column, Form.FILE)
+    return pa.field(name, kind, nullable=True, metadata={FIELD_ID: str(column.column_id).encode()})
+
+
+def write_data_files(spec: DataFileSpec, parts: Iterable[pa.RecordBatch | pa.Table]) -> list[NewFile]:
+    """Write the rows of ``parts`` (columns named as ``spec.columns``, in either value form) as data files.
+
+    Empty input writes no file.
+    """
+    fs, root = _filesystem(spec.data_path)
+    schema = file_schema(spec.columns)
+    written: list[NewFile] = []
+    file: _OpenFile | None = None
+    try:
+        for rows in _row_groups(parts):
+            table = pa.Table.from_arrays(
+                [convert(rows[c.name], c, Form.FILE).cast(f.type) for c, f in zip(spec.columns, schema, strict=True)],
+                schema=schema,
+            )
+            if file is None:
+                file = _OpenFile(fs, root, spec, schema)
+            file.writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+            if file.sink.tell() >= spec.target_size_bytes:
+                written.append(file.close(spec.columns))
+                file = None
+        if file is not None:
+            written.append(file.close(spec.columns))
+            file = None
+    finally:
+        if file is not None:
+            file.abandon()
+    return written
+
+
+def _row_groups(parts: Iterable[pa.RecordBatch | pa.Table]) -> Iterator[pa.Table]:
+    """The rows of ``parts`` in tables of about ``ROW_GROUP_ROWS`` rows (copy batches are smaller)."""
+    pending: list[pa.Table] = []
+    rows = 0
+    for part in parts:
+        table = pa.Table.from_batches([part]) if isinstance(part, pa.RecordBatch) else part
+        if table.num_rows == 0:
+            continue
+        pending.append(table)
+        rows += table.num_rows
+        if rows >= ROW_GROUP_ROWS:
+            yield pa.concat_tables(pending)
+            pending, rows = [], 0
+    if pending:
+        yield pa.concat_tables(pending)
+
+
+class _OpenFile:
+    def __init__(self, fs: pafs.FileSystem, root: str, spec: DataFileSpec, schema: pa.Schema) -> None:
+        self.fs = fs
+        self.name = f"{spec.prefix}{str(uuid.uuid4())[13:]}.parquet"
+        self.path = local_path(root, spec.data_path, spec.directory + self.name)
+        fs.create_dir(self.path.rsplit("/", 1)[0])
+        self.sink = fs.open_output_stream(self.path)
+        self.writer = pq.ParquetWriter(self.sink, schema, compression=COMPRESSION)
+
+    def close(self, columns: Sequence[LakeColumn]) -> NewFile:
+        self.writer.close()
+        self.sink.close()
+        return describe(self.fs, self.path, self.name, columns)
+
+    def abandon(self) -> None:
+        try:
+            self.writer.close()
+            self.sink.close()
+        finally:
+            self.fs.delete_file(self.path)
+
+
+def describe(fs: pafs.FileSystem, path: str, name: str, columns: Sequence[LakeColumn]) -> NewFile:
+    """A written file's catalog entry, from its footer: rows, sizes, top-level column statistics."""
+    size = fs.get_file_info(path).size
+    with fs.open_input_file(path) as handle:
+        handle.seek(size - 8)
+        footer_size = struct.unpack("<I", handle.read(4))[0]
+        handle.seek(0)
+        metadata = pq.ParquetFile(handle).metadata
+    kinds = {c.name: (c.column_id, stats_kind(c.type)) for c in columns}
+    return NewFile(name, metadata.num_rows, size, footer_size, file_stats(metadata, kinds))
+
+
+def metadata_batch(files: Sequence[NewFile]) -> pa.RecordBatch:
+    """Files' entries as one Arrow batch (what a Spark task returns)."""
+    return pa.RecordBatch.from_pylist(
+        [
+            {
+                "name": f.name,
+                "record_count": f.record_count,
+                "size_bytes": f.size_bytes,
+                "footer_size": f.footer_size,
+                "stats": json.dumps([asdict(s) for s in f.stats]),
+            }
+            for f in files
+        ],
+        schema=METADATA_SCHEMA,
+    )
+
+
+def from_metadata(row: Mapping[str, Any]) -> NewFile:
+    """A file entry back from a row of ``metadata_batch``."""
+    stats = [ColumnStats(**s) for s in json.loads(row["stats"])]
+    return NewFile(row["name"], int(row["record_count"]), int(row["size_bytes"]), int(row["footer_size"]), stats)
+
+
+def _filesystem(data_path: str) -> tuple[pafs.FileSystem, str]:
+    fs, root = pafs.FileSystem.from_uri(data_path)
+    return fs, root.rstrip("/") + "/"
+
+
+def local_path(root: str, data_path: str, path: str) -> str:
+    """A lake path (under ``data_path``) as a path of the file system whose root is ``root``."""
+    if path.startswith(data_path):
+        return root + path[len(data_path) :]
+    return str(pafs.FileSystem.from_uri(path)[1])

@@ -1,0 +1,53 @@
+"""A lake as the planning code sees it: its catalog, its files, and the Spark session that works on them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN
+from etl_spark.ducklake.catalog import Catalog, LakeColumn
+from etl_spark.ducklake.files import LakeStorage
+from etl_spark.ducklake.types import Form, convert
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+@dataclass(frozen=True)
+class Lake:
+    catalog: Catalog
+    storage: LakeStorage
+    session: Callable[[], SparkSession]
+    """The Spark session, started on first use (a batch that needs no Spark work starts none)."""
+    target_file_size_bytes: int
+    """Data files are closed at about this size."""
+
+    @property
+    def spark(self) -> SparkSession:
+        return self.session()
+
+    def to_spark(self, table: pa.Table, columns: Sequence[LakeColumn]) -> DataFrame:
+        """Rows or changes (``etl.events`` columns) as a Spark frame, row columns in their Spark form."""
+        by_name = {c.name: c for c in columns}
+        arrays: list[pa.Array | pa.ChunkedArray] = []
+        for name in table.column_names:
+            values = table[name]
+            if name in by_name:
+                values = convert(values, by_name[name], Form.SPARK)
+            elif name == OLD_COLUMN:
+                values = _convert_struct(values.combine_chunks(), by_name)
+            elif name in (COMMIT_LSN_COLUMN, TX_ORDINAL_COLUMN):
+                values = pc.cast(values, pa.int64())
+            arrays.append(values)
+        return self.spark.createDataFrame(pa.table(arrays, names=table.column_names))
+
+
+def _convert_struct(values: pa.StructArray, columns: dict[str, LakeColumn]) -> pa.StructArray:
+    children = [convert(values.field(i), columns[f.name], Form.SPARK) for i, f in enumerate(values.type)]
+    mask = pc.invert(values.is_valid()) if values.null_count else None
+    return pa.StructArray.from_arrays(children, names=[f.name for f in values.type], mask=mask)

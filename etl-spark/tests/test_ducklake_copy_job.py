@@ -1,0 +1,151 @@
+"""A table's copy as a Spark job (``DuckLakeDestination.copy_table``) from a real Postgres, read back by DuckDB.
+
+Every range is copied by a Spark task into data files written by pyarrow; the driver only registers
+them. Checked here: DuckDB reads arrays as lists, uuid as UUID and time as TIME from those files,
+row for row equal to the source; no copied row reaches the driver's code; a stopped copy leaves
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from etl.postgres.catalog import publication_tables, table_schema
+from etl.postgres.connection import connect
+from etl.postgres.copy import CopyPlan, CopyStopped, plan_copy
+from etl.testing.pytest_plugin import TestDatabase
+from etl_spark.testing import comparable_source_rows, duckdb_rows
+
+TYPED = """
+    CREATE TABLE typed (id int PRIMARY KEY, tags text[], nums int[], grid int[][], uid uuid, at time,
+                        span interval, doc jsonb, uids uuid[], amount numeric(10,2));
+    INSERT INTO typed
+        SELECT g,
+               CASE WHEN g % 5 = 0 THEN NULL ELSE ARRAY['t' || g, NULL, 'x,"y"'] END,
+               CASE WHEN g % 7 = 0 THEN '{}' ELSE ARRAY[g, g + 1] END,
+               CASE WHEN g % 3 = 0 THEN ARRAY[[g, 2], [3, NULL]] END,
+               CASE WHEN g % 4 = 0 THEN NULL ELSE md5(g::text)::uuid END,
+               CASE WHEN g = 1 THEN '23:59:59.999999'::time ELSE time '00:00' + g * interval '1.000001 s' END,
+               g * interval '1 day 2 hours 3.000004 s',
+               jsonb_build_object('g', g),
+               ARRAY[md5(g::text)::uuid, NULL],
+               g / 8.0
+          FROM generate_series(1, 3000) g;
+    CREATE PUBLICATION pub FOR TABLE typed;
+"""
+
+
+def typed_plan(db: TestDatabase, parts: int) -> CopyPlan:
+    db.execute(TYPED)
+    with connect(db.connection()) as conn:
+        (table,) = publication_tables(conn, "pub")
+        schema = table_schema(conn, table.id, table.column_list)
+    return plan_copy(db.connection(), schema, table, None, parts)
+
+
+def lake_typed(lake: Any) -> list[dict[str, Any]]:
+    """The lake's rows, ``span`` left out (psycopg and DuckDB give intervals in other Python types)."""
+    con = lake.duckdb()
+    try:
+        assert con.execute(
+            "SELECT count(*) FROM lake.public.typed WHERE span <> id * INTERVAL '1 day 2 hours 3.000004 seconds'"
+        ).fetchone() == (0,)
+        return duckdb_rows(con, "SELECT * EXCLUDE (span) FROM lake.public.typed")
+    finally:
+        con.close()
+
+
+def source_typed(db: TestDatabase) -> list[dict[str, Any]]:
+    with connect(db.connection()) as conn:
+        return [{k: v for k, v in row.items() if k != "span"} for row in comparable_source_rows(conn, "public.typed")]
+
+
+def test_copy_job_writes_native_lists_uuids_and_times(pg_database: TestDatabase, lake: Any, kit: Any) -> None:
+    plan = typed_plan(pg_database, parts=4)
+    assert len(plan.ranges) > 1
+    destination = kit.make_destination(lake)
+    assert destination.copy_table(plan, threading.Event()) == 3000
+
+    types = dict(lake.query("SELECT column_name, column_type FROM (DESCRIBE lake.public.typed)"))
+    assert types == {
+        "id": "INTEGER",
+        "tags": "VARCHAR[]",
+        "nums": "INTEGER[]",
+        "grid": "INTEGER[][]",
+        "uid": "UUID",
+        "at": "TIME",
+        "span": "INTERVAL",
+        "doc": "JSON",
+        "uids": "UUID[]",
+        "amount": "DECIMAL(10,2)",
+    }
+    assert lake_typed(lake) == source_typed(pg_database)
+    # One snapshot (after the lake's first, which made it) registers every file of the copy.
+    assert lake.query("SELECT max(snapshot_id) FROM ducklake_snapshots('lake')") == [(1,)]
+    assert lake.query("SELECT count(*) FROM ducklake_list_files('lake', 'typed', schema => 'public')")[0][0] > 1
+    assert lake.query("SELECT tags FROM lake.public.typed WHERE id = 1") == [(["t1", None, 'x,"y"'],)]
+    assert lake.query("SELECT count(*) FROM lake.public.typed WHERE list_contains(nums, 11)") == [(2,)]
+
+
+def test_no_copied_row_reaches_the_driver(
+    pg_database: TestDatabase, lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver neither reads the source's rows nor writes data files, nor hands rows to Spark."""
+    plan = typed_plan(pg_database, parts=2)
+    destination = kit.make_destination(lake)
+    destination.lake.spark  # noqa: B018 - started before the traps below
+
+    def trap(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("copied rows passed through the driver")
+
+    from pyspark.sql import SparkSession
+
+    import etl.postgres.copy
+    import etl_spark.ducklake.files
+
+    # Spark tasks run in Python workers of their own, which these patches of the driver do not reach.
+    monkeypatch.setattr(SparkSession, "createDataFrame", trap)
+    monkeypatch.setattr(etl.postgres.copy, "copy_range", trap)
+    monkeypatch.setattr(etl.postgres.copy._CopySession, "copy", trap)
+    monkeypatch.setattr(etl_spark.ducklake.files, "write_data_files", trap)
+    assert destination.copy_table(plan, threading.Event()) == 3000
+    assert lake_typed(lake) == source_typed(pg_database)
+
+
+def test_a_stopped_copy_leaves_no_table_and_no_file(pg_database: TestDatabase, lake: Any, kit: Any) -> None:
+    pg_database.execute(
+        "CREATE TABLE big (id int PRIMARY KEY, v text);"
+        " INSERT INTO big SELECT g, repeat('v', 200) FROM generate_series(1, 200000) g;"
+        " CREATE PUBLICATION pub FOR TABLE big"
+    )
+    with connect(pg_database.connection()) as conn:
+        (table,) = publication_tables(conn, "pub")
+        schema = table_schema(conn, table.id, table.column_list)
+    plan = plan_copy(pg_database.connection(), schema, table, None, 8)
+    destination = kit.make_destination(lake)
+    stop = threading.Event()
+    with pg_database.connect() as locker:
+        # The copy's COPY waits for this lock, so the stop comes while every task is running.
+        locker.execute("BEGIN")
+        locker.execute("LOCK TABLE big IN ACCESS EXCLUSIVE MODE")
+        threading.Timer(8.0, stop.set).start()
+        with pytest.raises(CopyStopped):
+            destination.copy_table(plan, stop)
+        locker.execute("ROLLBACK")
+    assert lake.query("SELECT count(*) FROM information_schema.tables WHERE table_name = 'big'") == [(0,)]
+    assert list(Path(lake.data_path).rglob("*.parquet")) == []
+
+
+def test_source_errors_in_tasks_reach_the_engine_as_its_own(pg_database: TestDatabase, lake: Any, kit: Any) -> None:
+    """A task's copy that fails on the source is the engine's ``TableError``, with the server's message."""
+    from etl.errors import TableError
+
+    plan = typed_plan(pg_database, parts=2)
+    pg_database.execute("DROP TABLE typed")
+    destination = kit.make_destination(lake)
+    with pytest.raises(TableError, match="typed"):
+        destination.copy_table(plan, threading.Event())
