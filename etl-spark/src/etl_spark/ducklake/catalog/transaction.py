@@ -107,8 +107,8 @@ class Transaction:
         return table
 
     def set_watermark(self, source_table_id: int, table_id: int, position: tuple[int, int]) -> None:
-        """Record the source table's lake table and watermark; the row is no longer marked for replacement (only
-        the copy that replaces a marked table records one for it)."""
+        """Record the source table's lake table and watermark. A mark for replacement stays (a plan made before
+        the mark may commit after it); ``create_table`` forgets the marked row, so the copy inserts a new one."""
         params = {
             "pipeline_id": self.catalog.pipeline_id,
             "source_table_id": source_table_id,
@@ -117,9 +117,9 @@ class Transaction:
             "tx_ordinal": position[1],
         }
         updated = self._run(
-            f"UPDATE {STATE_TABLE} SET table_id = :table_id, commit_lsn = :commit_lsn, tx_ordinal = :tx_ordinal,"
-            " replaced = :replaced WHERE pipeline_id = :pipeline_id AND source_table_id = :source_table_id",
-            {**params, "replaced": False},
+            f"UPDATE {STATE_TABLE} SET table_id = :table_id, commit_lsn = :commit_lsn, tx_ordinal = :tx_ordinal"
+            " WHERE pipeline_id = :pipeline_id AND source_table_id = :source_table_id",
+            params,
         )
         if not updated.rowcount:
             self._insert(STATE_TABLE, {**params, "replaced": False})
@@ -363,7 +363,7 @@ class Transaction:
         self._insert("ducklake_column", {**row._asdict(), "begin_snapshot": self.snapshot_id, **changed})
         self._altered(table.table_id)
 
-    def _end_columns(self, table_id: int, column_ids: set[int]) -> None:
+    def _end_columns(self, table_id: int, column_ids: Set[int]) -> None:
         columns = TABLES["ducklake_column"]
         self.conn.execute(
             sa.update(columns)
