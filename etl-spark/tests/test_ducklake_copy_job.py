@@ -128,14 +128,27 @@ def test_a_stopped_copy_leaves_no_table_and_no_file(pg_database: TestDatabase, l
     plan = plan_copy(pg_database.connection(), schema, table, None, 8)
     destination = kit.make_destination(lake)
     stop = threading.Event()
+
+    def stop_once_tasks_wait() -> None:
+        """Stop the copy once its tasks' COPYs wait for the lock below: the tasks are running then."""
+        with pg_database.connect() as watcher:
+            while not stop.is_set():
+                waiting = watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'COPY%'"
+                ).fetchone()
+                if waiting and waiting[0] >= 2:  # local[2]: two tasks at a time
+                    stop.set()
+                stop.wait(0.1)
+
     with pg_database.connect() as locker:
-        # The copy's COPY waits for this lock, so the stop comes while every task is running.
         locker.execute("BEGIN")
         locker.execute("LOCK TABLE big IN ACCESS EXCLUSIVE MODE")
-        threading.Timer(8.0, stop.set).start()
+        watcher = threading.Thread(target=stop_once_tasks_wait, daemon=True)
+        watcher.start()
         with pytest.raises(CopyStopped):
             destination.copy_table(plan, stop)
-        locker.execute("ROLLBACK")
+        watcher.join()
+        locker.execute("ROLLBACK")  # the cancelled tasks' COPYs would go on now, had they outlived the stop
     assert lake.query("SELECT count(*) FROM information_schema.tables WHERE table_name = 'big'") == [(0,)]
     assert list(Path(lake.data_path).rglob("*.parquet")) == []
 

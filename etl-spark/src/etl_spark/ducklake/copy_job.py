@@ -104,9 +104,10 @@ def _wait_tasks_ended(spark: SparkSession, group: str, timeout: float = 60.0) ->
 
 def task_error(exc: Exception, doing: str) -> EtlError:
     """A failed Spark job as the engine's error: the task's own error, when it was one of the engine's."""
-    text = str(exc)
-    last = next((line.strip() for line in reversed(text.splitlines()) if line.strip().startswith("etl.")), "")
-    detail = last.split(": ", 1)[1] if ": " in last else text.strip().splitlines()[0] if text.strip() else repr(exc)
-    if "TransientError" in last or "CopyStopped" in last:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    # A Python task's error ends its traceback as "etl.errors.TableError: <message>".
+    last = next((line for line in reversed(lines) if line.startswith("etl.") and ": " in line), None)
+    detail = last.split(": ", 1)[1] if last else (lines[0] if lines else repr(exc))
+    if last and ("TransientError" in last or "CopyStopped" in last):
         return TransientError(f"{doing} failed: {detail}", hint="the connection to the source was lost; retried")
     return TableError(f"{doing} failed: {detail}", hint="see the error above; fix its cause, then copy the table again")

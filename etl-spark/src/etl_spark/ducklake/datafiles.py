@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from etl_spark.ducklake.catalog import LakeColumn, NewFile
 from etl_spark.ducklake.stats import ColumnStats, file_stats, stats_kind
-from etl_spark.ducklake.types import FIELD_ID, LIST, Form, arrow_of, convert
+from etl_spark.ducklake.types import FIELD_ID, LIST, Form, Stats, arrow_of, convert
 
 ROW_GROUP_ROWS: Final = 122_880
 """Rows per row group, as DuckDB writes them."""
@@ -134,9 +134,13 @@ class _OpenFile:
         self.writer = pq.ParquetWriter(self.sink, schema, compression=COMPRESSION)
 
     def close(self, columns: Sequence[LakeColumn]) -> NewFile:
-        self.writer.close()
+        """Finish the file; its entry comes from the writer's own footer, without reading the file back."""
+        data_end = self.sink.tell()
+        self.writer.close()  # writes the footer, then its length and PAR1 (8 bytes)
+        size = self.sink.tell()
         self.sink.close()
-        return describe(self.fs, self.path, self.name, columns)
+        metadata = self.writer.writer.metadata
+        return NewFile(self.name, metadata.num_rows, size, size - data_end - 8, file_stats(metadata, _kinds(columns)))
 
     def abandon(self) -> None:
         try:
@@ -147,15 +151,18 @@ class _OpenFile:
 
 
 def describe(fs: pafs.FileSystem, path: str, name: str, columns: Sequence[LakeColumn]) -> NewFile:
-    """A written file's catalog entry, from its footer: rows, sizes, top-level column statistics."""
+    """A file's catalog entry read from its footer: rows, sizes, top-level column statistics."""
     size = fs.get_file_info(path).size
     with fs.open_input_file(path) as handle:
         handle.seek(size - 8)
         footer_size = struct.unpack("<I", handle.read(4))[0]
         handle.seek(0)
         metadata = pq.ParquetFile(handle).metadata
-    kinds = {c.name: (c.column_id, stats_kind(c.type)) for c in columns}
-    return NewFile(name, metadata.num_rows, size, footer_size, file_stats(metadata, kinds))
+    return NewFile(name, metadata.num_rows, size, footer_size, file_stats(metadata, _kinds(columns)))
+
+
+def _kinds(columns: Sequence[LakeColumn]) -> dict[str, tuple[int, Stats | None]]:
+    return {c.name: (c.column_id, stats_kind(c.type)) for c in columns}
 
 
 def metadata_batch(files: Sequence[NewFile]) -> pa.RecordBatch:

@@ -170,7 +170,7 @@ def convert(values: pa.Array | pa.ChunkedArray, column: TypedColumn, form: Form)
     if pa.types.is_list(source) or pa.types.is_large_list(source):
         if name == LIST and column.element is not None:
             elements = convert(values.flatten(), column.element, form)
-            offsets = pc.subtract(values.offsets, values.offsets[0]) if values.offset else values.offsets
+            offsets = pc.subtract(values.offsets, values.offsets[0])  # relative to the flattened elements
             mask = values.is_null() if values.null_count else None
             return pa.ListArray.from_arrays(offsets, elements, mask=mask)
         return _json_text(values)  # a json column kept from an earlier version of this writer
