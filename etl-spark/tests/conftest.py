@@ -67,10 +67,16 @@ SPARK = SparkSettings(master="local[2]", conf={"spark.sql.shuffle.partitions": "
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    session = get_spark(SPARK, SPARK_CONF)
-    yield session
+def _spark_session() -> Iterator[None]:
+    yield
     stop_spark()
+
+
+@pytest.fixture
+def spark(_spark_session: None) -> Any:
+    """The running Spark session, started when none runs: a test module of tests/ may have stopped the
+    session to start one with another master (one session per process)."""
+    return get_spark(SPARK, SPARK_CONF)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
