@@ -28,6 +28,10 @@ from etl_spark.ducklake.types import FIELD_ID, LIST, Form, Stats, arrow_of, conv
 ROW_GROUP_ROWS: Final = 122_880
 """Rows per row group, as DuckDB writes them."""
 COMPRESSION: Final = "zstd"
+DICTIONARY_PAGE_BYTES: Final = 64 * 1024
+"""A column chunk stops dictionary encoding once its dictionary passes this size. Low-cardinality columns
+keep their dictionaries; high-cardinality ones fall back to plain pages early, instead of after pyarrow's
+1 MiB default: measured on the copy bench's table, that halves the write time and shrinks the files."""
 
 METADATA_SCHEMA: Final = pa.schema(
     [
@@ -131,7 +135,9 @@ class _OpenFile:
         self.path = local_path(root, spec.data_path, spec.directory + self.name)
         fs.create_dir(self.path.rsplit("/", 1)[0])
         self.sink = fs.open_output_stream(self.path)
-        self.writer = pq.ParquetWriter(self.sink, schema, compression=COMPRESSION)
+        self.writer = pq.ParquetWriter(
+            self.sink, schema, compression=COMPRESSION, dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES
+        )
 
     def close(self, columns: Sequence[LakeColumn]) -> NewFile:
         """Finish the file; its entry comes from the writer's own footer, without reading the file back."""
