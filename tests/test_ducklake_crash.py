@@ -1,8 +1,9 @@
 """SIGKILL ``etl run`` into DuckLake in the middle of a batch, during the copy and during streaming; restart it.
 
-"In the middle of a batch" is observed, not guessed: the kill comes while data files of a copy or a
-batch are in the lake but not yet registered in the catalog, and such a file is still unregistered
-after the kill. After each restart DuckDB must read every table equal to the source, with no duplicate
+"In the middle of a batch" is observed, not guessed: the kill comes while data files of a copy, a
+batch or a flush of inlined rows are in the lake but not yet registered in the catalog, and such a
+file is still unregistered after the kill. Streamed rows are inlined into the catalog between the
+kills. After each restart DuckDB must read every table equal to the source, with no duplicate
 row. Runs on a SQLite catalog and on a Postgres catalog, with Spark in one JVM (``local[2]``) and as a
 standalone cluster of two executor JVMs (``local-cluster[2,1,1024]``); the store is SQLite, so the
 pipeline's own state survives the kill too.
@@ -20,6 +21,8 @@ from typing import Any
 
 import duckdb
 import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from etl.testing.pipelines import pipeline_config
@@ -57,6 +60,18 @@ class Setup:
         finally:
             engine.dispose()
         return on_disk - registered
+
+    def staged_flushes(self) -> set[str]:
+        """Staged files that hold flushed inlined rows (``_ducklake_internal_row_id``)."""
+        found = set()
+        for name in self.staged():
+            try:
+                names = pq.read_schema(next(self.data.rglob(name))).names
+            except (OSError, StopIteration, pa.ArrowInvalid):  # still being written, or committed and gone
+                continue
+            if "_ducklake_internal_row_id" in names:
+                found.add(name)
+        return found
 
     def source(self) -> dict[str, list[dict[str, object]]]:
         with self.db.connect() as conn:
@@ -122,6 +137,7 @@ def setup(
             "catalog": catalog,
             "data_path": f"{data}/",
             "spark": {"master": spark_master, "conf": {"spark.sql.shuffle.partitions": "2"}},
+            "inline_flush_rows": 30,  # streamed rows are inlined, and flushed every few batches
         },
     )
     run = PipelineProcess(write_config(tmp_path / "pipeline.toml", config), log_level="info")
@@ -151,6 +167,14 @@ def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
     with concurrent_transactions(db, transaction, count=300):
         time.sleep(0.5)
         setup.run.kill_mid_write(setup.staged)
+        setup.run.start()
+    # During a flush of inlined rows: their file is written, the catalog still holds them inlined. Each
+    # transaction updates the whole ledger: its thousands of new row images are inlined, then flushed.
+    def whole_ledger(conn: psycopg.Connection[Any], i: int) -> None:
+        conn.execute("UPDATE ledger SET delta = delta + 1")
+
+    with concurrent_transactions(db, whole_ledger, count=40, pause=0.2):
+        setup.run.kill_mid_write(setup.staged_flushes, timeout=120)
         setup.run.start()
     db.execute("TRUNCATE ledger")
     db.execute("INSERT INTO ledger (item, delta) VALUES (1, 1)")

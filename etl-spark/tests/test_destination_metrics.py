@@ -78,7 +78,8 @@ def test_ducklake_series_count_the_files_and_snapshots_a_pipeline_wrote(
         wait_until(lambda: all_ready(pipeline, 1), "copied", pipeline, timeout=240)
         assert value(registry, "etl_ducklake_files_written_total", kind="data") >= 1
         assert value(registry, "etl_ducklake_commit_seconds_count") >= 1
-        # One transaction: its updates and delete find their rows in the copied file -> a delete file.
+        # One transaction: its updates and delete find their rows in the copied file -> a delete file; the
+        # 11 new row images are inlined into the catalog.
         with db.connect() as conn, conn.transaction():
             conn.execute("UPDATE t SET v = 'changed' WHERE id <= 10")
             conn.execute("DELETE FROM t WHERE id = 100")
@@ -91,7 +92,8 @@ def test_ducklake_series_count_the_files_and_snapshots_a_pipeline_wrote(
         data_files, data_bytes = cat.execute("SELECT count(*), sum(file_size_bytes) FROM ducklake_data_file").fetchone()
         delete_bytes = cat.execute("SELECT coalesce(sum(file_size_bytes), 0) FROM ducklake_delete_file").fetchone()[0]
         snapshots = cat.execute("SELECT count(*) FROM ducklake_snapshot WHERE snapshot_id > 0").fetchone()[0]
-    assert value(registry, "etl_ducklake_files_written_total", kind="data") == data_files >= 2  # copy + upserts
+    assert value(registry, "etl_ducklake_files_written_total", kind="data") == data_files >= 1  # the copy
+    assert value(registry, "etl_ducklake_inlined_rows_total") == 11
     assert value(registry, "etl_ducklake_bytes_written_total", kind="data") == data_bytes
     assert value(registry, "etl_ducklake_files_written_total", kind="delete") >= 1
     assert value(registry, "etl_ducklake_bytes_written_total", kind="delete") >= delete_bytes > 0
@@ -111,7 +113,7 @@ ITEMS = TableSchema(
 def test_ducklake_counts_a_conflict_and_records_on_a_private_registry_until_registered(
     lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    destination = kit.make_destination(lake)  # never registered: the series live on its own registry
+    destination = kit.make_destination(lake, inline_row_limit=0)  # never registered: its own registry
     for part in (range(5), range(5, 10)):
         destination.write_table_rows(ITEMS, kit.rows_table(ITEMS, [{"id": i, "label": f"l{i}"} for i in part]))
     private = destination.metrics.registry

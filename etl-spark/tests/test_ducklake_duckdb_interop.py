@@ -44,10 +44,12 @@ def test_duckdb_writes_and_compacts_between_runs(lake: Any, kit: Any) -> None:
     con = lake.duckdb()
     con.execute("INSERT INTO lake.main.items VALUES (100, 'from duckdb'), (101, 'from duckdb')")
     con.execute("DELETE FROM lake.main.items WHERE id = 1")
+    con.execute("CALL ducklake_flush_inlined_data('lake')")  # the row the batch inlined
     con.execute("CALL ducklake_merge_adjacent_files('lake')")
     con.execute("CALL ducklake_rewrite_data_files('lake', delete_threshold => 0.0)")
     con.close()
     changes = lake.query("SELECT string_agg(changes_made, ',') FROM __ducklake_metadata_lake.ducklake_snapshot_changes")
+    assert "inline_flush" in changes[0][0]
     assert "merge_adjacent" in changes[0][0]  # DuckDB really rewrote the files the pipeline wrote
 
     reference = MemoryDestination()

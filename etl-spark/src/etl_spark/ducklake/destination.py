@@ -28,14 +28,24 @@ from etl.errors import ConfigError, DestinationError, naming_table
 from etl.events import EventBatch, TableChanges
 from etl.postgres.copy import CopyPlan
 from etl.schema import TableName, TableSchema
-from etl_spark.ducklake.catalog import Catalog, CommitConflict, NewFile, Transaction, engine_for, redacted
+from etl_spark.ducklake.catalog import (
+    Catalog,
+    CommitConflict,
+    LakeTable,
+    NewFile,
+    Transaction,
+    engine_for,
+    redacted,
+)
 from etl_spark.ducklake.copy_job import copy_files
 from etl_spark.ducklake.datafiles import DataFileSpec
 from etl_spark.ducklake.files import LakeStorage
+from etl_spark.ducklake.inline_flush import FlushTimer, flush_inlined
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.metrics import DuckLakeMetrics
-from etl_spark.ducklake.plan import TablePlan, plan_changes, plan_copy
+from etl_spark.ducklake.plan import FlushFirst, TablePlan, plan_changes, plan_copy
 from etl_spark.ducklake.reader import open_lake
+from etl_spark.ducklake.upkeep import UPKEEP_SECONDS, Upkeep
 from etl_spark.session import SparkSettings, get_spark
 
 if TYPE_CHECKING:
@@ -59,6 +69,18 @@ class DuckLakeConfig(BaseModel):
         512 * 1024 * 1024, ge=1024 * 1024, description="a data file is closed at about this size (Parquet bytes)"
     )
     commit_attempts: Integer = Field(10, ge=1, description="retries when another writer commits a conflicting change")
+    inline_row_limit: Integer = Field(
+        10_000,
+        ge=0,
+        description="a batch's rows for a table are inlined into the catalog, not written as files, up to this many"
+        " (0: never)",
+    )
+    inline_flush_rows: Integer = Field(
+        100_000, ge=1, description="a table's inlined rows are flushed to a data file once it holds this many"
+    )
+    inline_flush_seconds: Integer = Field(
+        300, ge=1, description="... and at the latest this long after a batch first inlined rows into it"
+    )
     author: str = Field("etl", description="recorded in ducklake_snapshot_changes.author")
 
     @field_validator("catalog")
@@ -93,6 +115,10 @@ class DuckLakeDestination:
         )
         self._storage: LakeStorage | None = None
         self._spark: SparkSession | None = None
+        self._writing = threading.Lock()
+        """Held by each batch, and by upkeep, which so runs between batches."""
+        self._flush_timer = FlushTimer(config.inline_flush_seconds)
+        self._upkeep: Upkeep | None = None
 
     @classmethod
     def from_config(cls, config: Any, context: DestinationContext) -> DuckLakeDestination:
@@ -107,9 +133,25 @@ class DuckLakeDestination:
     def startup(self) -> None:
         self.catalog.open()
         self._storage = LakeStorage(self.catalog.data_path, self.metrics)
+        for table_id in self.catalog.tables_with_inlined_rows():
+            self._flush_timer.inlined(table_id)
+        self._upkeep = Upkeep(self.upkeep, min(UPKEEP_SECONDS, self.config.inline_flush_seconds), self._writing)
+        self._upkeep.start()
 
     def shutdown(self) -> None:
+        if self._upkeep is not None:
+            self._upkeep.stop()
+            self._upkeep = None
         self.catalog.close()
+
+    def upkeep(self) -> None:
+        """What runs between batches: flush the inlined rows that have waited ``inline_flush_seconds``."""
+        for table_id in self._flush_timer.due():
+            table = self.catalog.table(table_id)
+            if table is None:
+                self._flush_timer.flushed(table_id)
+                continue
+            self.flush_inlined(table)
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
         """Export ``etl_ducklake_*`` on the pipeline's registry (the engine calls this once, at start)."""
@@ -131,7 +173,13 @@ class DuckLakeDestination:
     @property
     def lake(self) -> Lake:
         """What planning works on: the catalog, the files and the Spark session (started on first use)."""
-        return Lake(self.catalog, self.storage, lambda: self.spark, self.config.target_file_size_bytes)
+        return Lake(
+            self.catalog,
+            self.storage,
+            lambda: self.spark,
+            self.config.target_file_size_bytes,
+            self.config.inline_row_limit,
+        )
 
     # -- writes ----------------------------------------------------------------------------------
     def drop_table_for_copy(self, schema: TableSchema) -> None:
@@ -172,10 +220,34 @@ class DuckLakeDestination:
 
     def write_events(self, batch: EventBatch) -> WriteResult:
         rounds = max((len(segments) for segments in batch.changes.values()), default=0)
-        for index in range(rounds):
-            segments = [segs[index] for segs in batch.changes.values() if index < len(segs)]
-            self._commit_plans(partial(map, self._plan_changes, segments))
+        with self._writing:
+            for index in range(rounds):
+                segments = [segs[index] for segs in batch.changes.values() if index < len(segs)]
+                self._after_commit(self._commit_plans(partial(map, self._plan_changes, segments)))
         return WriteResult.DURABLE
+
+    def _after_commit(self, plans: list[TablePlan]) -> None:
+        """Count inlined rows; flush a table's inlined rows once it holds ``inline_flush_rows``."""
+        for plan in plans:
+            if plan.inline is None and not plan.ended_inlined:
+                continue
+            handle = self.catalog.handle(plan.schema.id)
+            if handle is None:
+                continue
+            if plan.inline is not None:
+                self.metrics.inlined_rows.inc(plan.inline.num_rows)
+                self._flush_timer.inlined(handle.table.table_id)
+            names = self.catalog.inlined_tables(handle.table)
+            if self.catalog.inlined_count(names, live=False) >= self.config.inline_flush_rows:
+                self.flush_inlined(handle.table)
+
+    def flush_inlined(self, table: LakeTable) -> None:
+        """Flush the table's inlined rows into data files."""
+        with naming_table(table.table_id):
+            rows = flush_inlined(self.lake, table, self.config.commit_attempts)
+        self._flush_timer.flushed(table.table_id)
+        if rows:
+            self.metrics.inline_flush_rows.observe(rows)
 
     def _plan_changes(self, segment: TableChanges) -> TablePlan | None:
         with naming_table(segment.schema.id):
@@ -200,8 +272,9 @@ class DuckLakeDestination:
         return TablePreview(int(total[0]) if total else 0, rows, f"DuckDB {duckdb.__version__}")
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _commit_plans(self, make: Callable[[], Iterable[TablePlan | None]]) -> None:
-        """Make the plans (Spark work, data files written) and commit them as one snapshot; recompute on conflict.
+    def _commit_plans(self, make: Callable[[], Iterable[TablePlan | None]]) -> list[TablePlan]:
+        """Make the plans (Spark work, data files written) and commit them as one snapshot; recompute on conflict,
+        and after flushing a table's inlined rows before its schema changes. Return the committed plans.
 
         Data files of plans that do not get committed, a failure half-way through making them included, are
         removed.
@@ -212,13 +285,17 @@ class DuckLakeDestination:
             try:
                 plans.extend(plan for plan in make() if plan is not None)
                 if not plans:
-                    return
+                    return []
                 self.catalog.commit(
                     partial(_apply_all, plans, self.storage),
                     base_snapshot=base,
                     tables=[p.handle.table.table_id for p in plans if p.handle is not None],
                 )
-                return
+                return plans
+            except FlushFirst as first:
+                for plan in plans:
+                    plan.discard(self.storage)
+                self.flush_inlined(first.table)
             except CommitConflict as conflict:
                 self.metrics.commit_conflicts.inc()
                 log.info("ducklake commit conflict; recomputing", reason=str(conflict), attempt=attempt + 1)

@@ -47,6 +47,17 @@ class DuckLakeMetrics:
             "Commits retried because another writer committed first or changed what the batch was computed from",
             registry=registry,
         )
+        self.inlined_rows = Counter(
+            "etl_ducklake_inlined_rows",
+            "Rows written into the catalog as inlined data instead of into files",
+            registry=registry,
+        )
+        self.inline_flush_rows = Histogram(
+            "etl_ducklake_inline_flush_rows",
+            "Inlined rows (live and ended) one flush wrote to a data file",
+            buckets=(10, 100, 1_000, 10_000, 100_000, 1_000_000),
+            registry=registry,
+        )
         for kind in FILE_KINDS:  # exported from the start, at 0
             self.files_written.labels(kind)
             self.bytes_written.labels(kind)

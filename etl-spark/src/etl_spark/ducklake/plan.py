@@ -1,12 +1,19 @@
 """What one table contributes to a snapshot, computed with Spark before the catalog transaction.
 
-A ``TablePlan`` holds the schema change, the new data files (already written), the positions to
-delete per data file and the new watermark. ``apply`` registers it all inside the commit; delete
-files are written there because their rows record the snapshot id, known only then.
+A ``TablePlan`` holds the schema change, the new data files (already written) or the rows to inline
+into the catalog, the positions to delete per data file, the inlined rows to end, and the new
+watermark. ``apply`` registers it all inside the commit; delete files are written there because
+their rows record the snapshot id, known only then.
+
+A batch's upserts for a table are inlined (``catalog.inlined``) when there are at most
+``Lake.inline_row_limit`` of them and the table's columns can be: no Spark job, no file. A plan never
+changes the schema of a table with live inlined rows: it raises ``FlushFirst``, and the caller
+flushes them (``inline_flush``) and plans again.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -45,17 +52,20 @@ from etl_spark.ducklake.catalog import (
     assign_column_ids,
 )
 from etl_spark.ducklake.catalog.column_ids import ELEMENT
+from etl_spark.ducklake.catalog.inlined import inlinable
 from etl_spark.ducklake.datafiles import DataFileSpec
 from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.scan import file_name, read_live, read_rows
 from etl_spark.ducklake.schema_diff import SchemaDiff, diff
-from etl_spark.ducklake.types import LakeType, lake_type
+from etl_spark.ducklake.types import Form, LakeType, convert, lake_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 SNAPSHOT_COLUMN = "_ducklake_internal_snapshot_id"
+INLINED = "_etl_inlined"
+"""The ``_etl_file`` of inlined rows in a live-rows frame, whose ``_etl_pos`` is their row id."""
 BEFORE_FIRST = -1
 """A transaction ordinal below every change's: a watermark at ``(lsn, BEFORE_FIRST)`` lets all changes at
 ``lsn`` in."""
@@ -73,6 +83,10 @@ class TablePlan:
     truncate: bool = False
     files: list[NewFile] = field(default_factory=list)
     deletes: dict[int, tuple[DataFile, pa.Array]] = field(default_factory=dict)
+    inline: pa.Table | None = None
+    """Rows to inline instead of writing files."""
+    ended_inlined: list[int] = field(default_factory=list)
+    """Row ids of inlined rows that were deleted or replaced."""
     watermark: Position | None = None
 
     def apply(self, txn: Transaction, storage: LakeStorage) -> None:
@@ -84,6 +98,10 @@ class TablePlan:
             txn.add_data_file(table, file)
         for data_file, positions in self.deletes.values():
             self._delete(txn, storage, table, data_file, positions)
+        if self.ended_inlined:
+            txn.end_inlined_rows(table, self.ended_inlined)
+        if self.inline is not None:
+            txn.inline_rows(table, self.inline)
         if self.watermark is not None:
             txn.set_watermark(self.schema.id, table.table_id, self.watermark)
 
@@ -140,6 +158,14 @@ class TablePlan:
         """Remove the data files of a plan that was not committed."""
         if self.files:
             storage.remove(self.directory, self.files)
+
+
+class FlushFirst(Exception):
+    """The plan would change the schema of a table that has live inlined rows: flush them, then plan again."""
+
+    def __init__(self, table: LakeTable) -> None:
+        super().__init__(f"flush the inlined rows of DuckLake table {table.table_id} first")
+        self.table = table
 
 
 def _target_columns(
@@ -229,13 +255,16 @@ def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
     schema = segment.schema
     handle = _handle(lake, schema)
     changes = segment.table
+    inlined_tables: list[str] = []
     if handle is not None:
         changes = after(changes, handle.watermark)
-        lake.catalog.check_no_inlined_data(handle.table)
+        inlined_tables = lake.catalog.inlined_tables(handle.table)
     watermark = last_position(changes)
     if watermark is None:
-        return _plan_schema(lake, schema, handle) if segment.table.num_rows == 0 else None
+        return _plan_schema(lake, schema, handle, inlined_tables) if segment.table.num_rows == 0 else None
     change, new_ids, columns = _target_columns(lake, schema, handle)
+    if handle is not None and change:
+        _check_not_inlined(lake, handle.table, inlined_tables)
     plan = TablePlan(
         schema, handle, _directory(lake, schema, handle), change, new_ids, _sources(columns), watermark=watermark
     )
@@ -247,14 +276,21 @@ def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
     names = schema.column_names
     key = [c.name for c in schema.key_columns]
     data_files = [] if handle is None or plan.truncate else lake.catalog.data_files(handle.table)
+    if plan.truncate:
+        inlined_tables = []
     only_inserts = bool(pc.all(pc.equal(changes[OP_COLUMN], "I")).as_py())
     toast = missing_columns(changes)
     needed = [c for c in columns if c.name in [*key, *toast]] if key else columns
     scan = bool(data_files) and not only_inserts
+    inlined_rows = None
+    if inlined_tables and not only_inserts:
+        inlined_rows = lake.catalog.inlined_rows(inlined_tables, needed, Form.SPARK)
+    inline = inlinable(columns) and changes.num_rows <= lake.inline_row_limit
     if key and not toast:
         # The common case. The batch is collapsed on the driver, in Arrow; one Spark job finds the
         # stored rows of its keys (few next to the table's, so broadcast into the scan), the
-        # positions already deleted are dropped on the driver, and one Spark job writes the upserts.
+        # positions already deleted are dropped on the driver, and the upserts are inlined or
+        # written as files, on the driver.
         collapsed = last_change_per_key_arrow(changes, names, key)
         if scan and handle is not None and len(key) == 1:  # files whose key bounds hold no touched key: skipped
             column = next(c for c in columns if c.name == key[0])
@@ -266,12 +302,17 @@ def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
                 touched, key, "inner"
             )
             plan.deletes = _positions(stored, candidates, lake.storage)
+        if inlined_rows is not None:
+            plan.ended_inlined = _inlined_of_keys(inlined_rows, collapsed.select(key), columns)
         upserts = collapsed.filter(pc.equal(collapsed[ACTION], UPSERT)).select(names)
-        if upserts.num_rows:
+        if upserts.num_rows and inline:
+            plan.inline = upserts
+        elif upserts.num_rows:
             plan.files = lake.storage.write_rows(_spec(lake, plan, columns), upserts)
         return plan
     # Unchanged TOAST values to fill, or no key: collapsed in Spark, kept in memory for its two uses.
-    live = _live(lake, needed, data_files) if scan else None
+    has_inlined = inlined_rows is not None and inlined_rows.num_rows > 0
+    live = _live(lake, needed, data_files, inlined_rows if has_inlined else None) if scan or has_inlined else None
     frame = lake.to_spark(changes, columns)
     if key:
         collapsed = last_change_per_key(frame, names, key, toast).cache()
@@ -279,21 +320,45 @@ def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
         if live is not None:
             upserts = _fill_from_lake(upserts, live, key, toast)
             touched = sf.broadcast(collapsed.select(*key))
-            plan.deletes = _positions(live.join(touched, key, "inner"), data_files, lake.storage)
+            plan.deletes, plan.ended_inlined = _positions_and_inlined(
+                live.join(touched, key, "inner"), data_files, lake.storage
+            )
         rows = upserts.select(*names)
     else:
         collapsed = net_changes_without_key(frame, names).cache()
         if live is not None:
-            plan.deletes = _positions(_occurrences(live, collapsed, names), data_files, lake.storage)
+            plan.deletes, plan.ended_inlined = _positions_and_inlined(
+                _occurrences(live, collapsed, names), data_files, lake.storage
+            )
         rows = _copies(collapsed, names)
     try:
-        plan.files = lake.storage.write_frame(rows, _spec(lake, plan, columns))
+        if inline:  # at most as many rows as changes
+            inlined_upserts = rows.toArrow()
+            plan.inline = inlined_upserts if inlined_upserts.num_rows else None
+        else:
+            plan.files = lake.storage.write_frame(rows, _spec(lake, plan, columns))
     finally:
         collapsed.unpersist()
     return plan
 
 
-def _plan_schema(lake: Lake, schema: TableSchema, handle: Handle | None) -> TablePlan | None:
+def _check_not_inlined(lake: Lake, table: LakeTable, inlined_tables: list[str]) -> None:
+    """Columns change: flush the table's inlined rows first, when it has some."""
+    if inlined_tables and lake.catalog.inlined_count(inlined_tables, live=False):
+        raise FlushFirst(table)
+
+
+def _inlined_of_keys(inlined_rows: pa.Table, keys: pa.Table, columns: Sequence[LakeColumn]) -> list[int]:
+    """Row ids of the live inlined rows (key columns in their Spark form) whose key is one of ``keys``."""
+    if inlined_rows.num_rows == 0:
+        return []
+    by_name = {c.name: c for c in columns}
+    wanted = pa.table({k: convert(keys[k], by_name[k], Form.SPARK) for k in keys.column_names})
+    matched = inlined_rows.select(["row_id", *keys.column_names]).join(wanted, keys.column_names, join_type="inner")
+    return sorted(set(matched["row_id"].to_pylist()))
+
+
+def _plan_schema(lake: Lake, schema: TableSchema, handle: Handle | None, inlined_tables: list[str]) -> TablePlan | None:
     """A schema version with no change of its own in the batch (the DDL trigger reports it at the DDL).
 
     It is applied when it is newer than every change the table holds (its commit LSN is past the
@@ -307,6 +372,8 @@ def _plan_schema(lake: Lake, schema: TableSchema, handle: Handle | None) -> Tabl
     change, new_ids, columns = _target_columns(lake, schema, handle)
     if not change and not _renamed(handle.table, schema):
         return None
+    if change:
+        _check_not_inlined(lake, handle.table, inlined_tables)
     return TablePlan(
         schema, handle, handle.table.directory, change, new_ids, _sources(columns), watermark=(lsn, BEFORE_FIRST)
     )
@@ -331,9 +398,20 @@ def _may_hold(
     return [f for f in data_files if may_hold(f)]
 
 
-def _live(lake: Lake, columns: list[LakeColumn], data_files: list[DataFile]) -> DataFrame:
-    deletes = [f.delete.path for f in data_files if f.delete is not None]
-    return read_live(lake.spark, lake.storage, columns, [f.path for f in data_files], deletes)
+def _live(
+    lake: Lake, columns: list[LakeColumn], data_files: list[DataFile], inlined_rows: pa.Table | None
+) -> DataFrame:
+    """The table's live rows: those of its files, and its live inlined rows (``_etl_file`` ``INLINED``)."""
+    frames = []
+    if data_files:
+        deletes = [f.delete.path for f in data_files if f.delete is not None]
+        frames.append(read_live(lake.spark, lake.storage, columns, [f.path for f in data_files], deletes))
+    if inlined_rows is not None:
+        rows = inlined_rows.select([c.name for c in columns])
+        rows = rows.append_column("_etl_file", pa.array([INLINED] * rows.num_rows, pa.string()))
+        rows = rows.append_column("_etl_pos", inlined_rows["row_id"])
+        frames.append(lake.to_spark(rows, columns))
+    return functools.reduce(lambda a, b: a.unionByName(b), frames)
 
 
 def _fill_from_lake(upserts: DataFrame, live: DataFrame, key: list[str], toast: list[str]) -> DataFrame:
@@ -385,12 +463,27 @@ def _copies(net: DataFrame, names: list[str]) -> DataFrame:
     )
 
 
+def _positions_and_inlined(
+    matches: DataFrame, data_files: list[DataFile], storage: LakeStorage
+) -> tuple[dict[int, tuple[DataFile, pa.Array]], list[int]]:
+    """``_positions`` of the matched file rows, and the row ids of the matched inlined rows."""
+    found = matches.select("_etl_file", "_etl_pos").toArrow()
+    inlined = pc.equal(found["_etl_file"], INLINED)
+    row_ids = sorted(set(found["_etl_pos"].filter(inlined).to_pylist()))
+    return _file_positions(found.filter(pc.invert(inlined)), data_files, storage), row_ids
+
+
 def _positions(
     matches: DataFrame, data_files: list[DataFile], storage: LakeStorage
 ) -> dict[int, tuple[DataFile, pa.Array]]:
     """Collect ``(file, position)`` pairs (small: one per changed row) grouped by data file, without the
     positions the file's delete file already holds."""
-    found = matches.select("_etl_file", "_etl_pos").toArrow()
+    return _file_positions(matches.select("_etl_file", "_etl_pos").toArrow(), data_files, storage)
+
+
+def _file_positions(
+    found: pa.Table, data_files: list[DataFile], storage: LakeStorage
+) -> dict[int, tuple[DataFile, pa.Array]]:
     if found.num_rows == 0:
         return {}
     by_name = {file_name(f.path): f for f in data_files}

@@ -14,6 +14,8 @@ from decimal import Decimal
 from functools import partial
 from typing import Any, Final
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from etl_spark.ducklake.types import Stats
@@ -88,6 +90,40 @@ def file_stats(metadata: pq.FileMetaData, columns: dict[str, tuple[int, Stats | 
             size = chunk.total_compressed_size + (current.size_bytes if current else 0)
             found[name] = ColumnStats(column_id, values, nulls, size, low, high)
     return list(found.values())
+
+
+def arrow_stats(rows: pa.Table, columns: dict[str, tuple[int, Stats | None]]) -> list[ColumnStats]:
+    """Per-column statistics of rows held in Arrow (values in ``Form.FILE``), as ``file_stats`` gives a file's;
+    ``columns`` maps column name -> (column id, stats kind). Sizes are 0: the rows are in no file."""
+    found = []
+    for name, (column_id, kind) in columns.items():
+        values = rows[name]
+        count = len(values) - values.null_count
+        low = high = None
+        if kind is not None and count:
+            bounds = pc.min_max(_physical(values))
+            low, high = _bound(kind, bounds["min"].as_py()), _bound(kind, bounds["max"].as_py())
+            if low is None or high is None:
+                low = high = None
+        found.append(ColumnStats(column_id, count, values.null_count, 0, low, high))
+    return found
+
+
+def _bound(kind: Stats, value: Any) -> str | None:
+    return encode(kind, value, lambda: value)
+
+
+def _physical(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Values as Parquet stores them, where ``encode`` takes them so: dates, times and timestamps as integers,
+    uuids as their 16 bytes."""
+    kind = values.type
+    if isinstance(kind, pa.BaseExtensionType):
+        return pa.chunked_array([chunk.storage for chunk in values.chunks], kind.storage_type)
+    if pa.types.is_date32(kind):
+        return pc.cast(values, pa.int32())
+    if pa.types.is_timestamp(kind) or pa.types.is_time64(kind):
+        return pc.cast(values, pa.int64())
+    return values
 
 
 def _merge(

@@ -10,7 +10,7 @@ the same database and moves in the same transaction.
 
 Modules: ``model`` (the values), ``engine`` (catalog URLs), ``ddl`` (the tables), ``migrations`` (this
 writer's tables over versions), ``bootstrap`` (a new lake), ``column_ids`` (how columns are numbered),
-``reads`` (``Catalog``) and ``transaction`` (``Transaction``).
+``inlined`` (rows kept in the catalog), ``reads`` (``Catalog``) and ``transaction`` (``Transaction``).
 """
 
 from etl_spark.ducklake.catalog.column_ids import ColumnIds, assign_column_ids
@@ -19,7 +19,9 @@ from etl_spark.ducklake.catalog.model import (
     UNKNOWN_SOURCE_TYPE,
     DataFile,
     DeleteFile,
+    Flushed,
     Handle,
+    InlinedFlush,
     LakeColumn,
     LakeTable,
     NewColumn,
@@ -36,7 +38,9 @@ __all__ = [
     "CommitConflict",
     "DataFile",
     "DeleteFile",
+    "Flushed",
     "Handle",
+    "InlinedFlush",
     "LakeColumn",
     "LakeTable",
     "NewColumn",

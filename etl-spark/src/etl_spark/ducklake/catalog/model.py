@@ -92,3 +92,28 @@ class NewColumn:
     type: LakeType
     """A ``list`` type carries its element's type (``LakeType.element``)."""
     nullable: bool
+
+
+@dataclass(frozen=True)
+class Flushed:
+    """Where the rows of a file of flushed inlined rows sit: they keep their row ids (the file's
+    ``_ducklake_internal_row_id``) and their snapshots (``_ducklake_internal_snapshot_id``)."""
+
+    row_id_start: int
+    begin_snapshot: int
+    """The first snapshot of its rows."""
+    partial_max: int
+    """The last snapshot of its rows."""
+
+
+@dataclass(frozen=True)
+class InlinedFlush:
+    """Inlined rows written to a data file, ready to replace them in the catalog."""
+
+    shape: tuple[int, int]
+    """Rows, and ended rows, of the inlined table when they were read; the commit checks they are unchanged."""
+    file: NewFile
+    placed: Flushed
+    deletes: NewFile | None
+    """The delete file of the rows that had ended (with the snapshot that ended each)."""
+    deletes_begin: int

@@ -8,24 +8,26 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pyarrow as pa
 import sqlalchemy as sa
 import structlog
 from sqlalchemy.engine import Connection, Engine
 
 from etl.errors import DestinationError
+from etl_spark.ducklake.catalog import inlined
 from etl_spark.ducklake.catalog.bootstrap import check_lake, create_lake
-from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES, quote
+from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES
 from etl_spark.ducklake.catalog.engine import engine_for, masked, redacted
 from etl_spark.ducklake.catalog.migrations import migrate
 from etl_spark.ducklake.catalog.model import DataFile, DeleteFile, Handle, LakeColumn, LakeTable
 from etl_spark.ducklake.catalog.transaction import Transaction
 from etl_spark.ducklake.metrics import DuckLakeMetrics
-from etl_spark.ducklake.types import LIST
+from etl_spark.ducklake.types import LIST, Form
 
 log = structlog.get_logger(__name__)
 
@@ -258,21 +260,69 @@ class Catalog:
             ).all()
         return {int(r[0]): (int(r[1]), int(r[2])) for r in rows if _is_integer(r[1]) and _is_integer(r[2])}
 
-    def check_no_inlined_data(self, table: LakeTable) -> None:
-        """Refuse to write a table DuckDB has inlined rows into: this writer's scans do not see them."""
-        with self.engine.connect() as conn:
-            names = conn.execute(
-                sa.text("SELECT table_name FROM ducklake_inlined_data_tables WHERE table_id = :t"),
-                {"t": table.table_id},
-            ).scalars()
-            for name in names:
-                count = conn.execute(sa.text(f"SELECT count(*) FROM {quote(name)} WHERE end_snapshot IS NULL")).scalar()
-                if count:
-                    raise DestinationError(
-                        f"DuckLake table {table.schema_name}.{table.name} holds rows DuckDB inlined into the catalog",
-                        hint="run CALL ducklake_flush_inlined_data('<lake>') in DuckDB with the pipeline paused,"
-                        " and keep data_inlining_row_limit at 0",
+    def schema_version(self, table_id: int, conn: Connection | None = None) -> int:
+        """The schema version of the table's last schema change (what names its inlined data table)."""
+        with self._reading(conn) as c:
+            version = c.execute(
+                sa.text("SELECT max(schema_version) FROM ducklake_schema_versions WHERE table_id = :t"), {"t": table_id}
+            ).scalar()
+            if version is None:  # a catalog without the table's versions: the current one
+                version = c.execute(
+                    sa.text(
+                        "SELECT schema_version FROM ducklake_snapshot"
+                        " WHERE snapshot_id = (SELECT max(snapshot_id) FROM ducklake_snapshot)"
                     )
+                ).scalar_one()
+        return int(version)
+
+    def inlined_tables(self, table: LakeTable, conn: Connection | None = None) -> list[str]:
+        """The table's inlined data tables that hold rows.
+
+        One of an earlier schema version is read as holding the current columns, which it must then have
+        (versions that only renamed the table). This writer flushes a table's inlined rows before it changes
+        its columns; rows left at an older column set (a DuckDB writer with inlining on) are refused.
+        """
+        with self._reading(conn) as c:
+            tables = inlined.registered(c, table.table_id)
+            if not tables:
+                return []
+            version = self.schema_version(table.table_id, c)
+            held = [(v, name) for v, name in tables.items() if inlined.shape(c, name)[0]]
+            current = [col.name for col in table.columns]
+            for other, name in held:
+                if other != version and inlined.column_names(c, name) != current and inlined.live_count(c, name):
+                    raise DestinationError(
+                        f"DuckLake table {table.schema_name}.{table.name} holds rows inlined into the catalog under"
+                        " other columns",
+                        hint="run CALL ducklake_flush_inlined_data('<lake>') in DuckDB with the pipeline paused",
+                    )
+            return [name for _, name in sorted(held)]
+
+    def inlined_rows(
+        self, names: Sequence[str], columns: Sequence[LakeColumn], form: Form, *, live: bool = True
+    ) -> pa.Table:
+        """Rows of inlined data tables (``inlined.read``), by row id."""
+        with self.engine.connect() as conn:
+            tables = [inlined.read(conn, name, columns, form, live=live) for name in names]
+        return pa.concat_tables(tables).sort_by("row_id") if len(tables) != 1 else tables[0]
+
+    def inlined_count(self, names: Sequence[str], *, live: bool) -> int:
+        """Rows (only the live ones with ``live``) of inlined data tables."""
+        with self.engine.connect() as conn:
+            return sum(inlined.live_count(conn, n) if live else inlined.shape(conn, n)[0] for n in names)
+
+    def tables_with_inlined_rows(self) -> list[int]:
+        """The lake tables this pipeline keeps that have inlined rows."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    f"SELECT s.table_id, r.table_name FROM {STATE_TABLE} s"
+                    f" JOIN {inlined.REGISTRY} r ON r.table_id = s.table_id"
+                    " WHERE s.pipeline_id = :p AND NOT s.replaced"
+                ),
+                {"p": self.pipeline_id},
+            ).all()
+            return sorted({int(t) for t, name in rows if inlined.shape(conn, name)[0]})
 
     # -- writes ----------------------------------------------------------------------------------
     def mark_for_replacement(self, source_table_id: int) -> None:

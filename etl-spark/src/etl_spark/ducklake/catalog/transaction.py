@@ -14,16 +14,27 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
+import pyarrow as pa
 import sqlalchemy as sa
 import structlog
 from sqlalchemy.engine import Connection
 
 from etl.errors import TableError
+from etl_spark.ducklake.catalog import inlined
 from etl_spark.ducklake.catalog.column_ids import ELEMENT, ColumnIds, assign_column_ids
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES, quote
-from etl_spark.ducklake.catalog.model import DataFile, Handle, LakeTable, NewColumn, NewFile, SourceColumn
-from etl_spark.ducklake.stats import ColumnStats, stats_kind, widen
-from etl_spark.ducklake.types import LIST, LakeType, Stats
+from etl_spark.ducklake.catalog.model import (
+    DataFile,
+    Flushed,
+    Handle,
+    InlinedFlush,
+    LakeTable,
+    NewColumn,
+    NewFile,
+    SourceColumn,
+)
+from etl_spark.ducklake.stats import ColumnStats, arrow_stats, stats_kind, widen
+from etl_spark.ducklake.types import LIST, Form, LakeType, Stats, convert
 
 if TYPE_CHECKING:
     from etl_spark.ducklake.catalog.reads import Catalog
@@ -31,7 +42,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 _TOKEN: Final = re.compile(r"([a-z_]+):(\d+)")
-_INSERT_ONLY: Final = "inserted_into_table"
+_INSERT_ONLY: Final = ("inserted_into_table", "inlined_insert")
 _Params = dict[str, Any] | list[dict[str, Any]]
 
 
@@ -93,7 +104,7 @@ class Transaction:
         )
         for (changes,) in rows:
             for kind, ident in _TOKEN.findall(changes or ""):
-                if int(ident) in tables and kind != _INSERT_ONLY:
+                if int(ident) in tables and kind not in _INSERT_ONLY:
                     raise CommitConflict(f"{kind}:{ident} committed after snapshot {base_snapshot}")
 
     # -- state -----------------------------------------------------------------------------------
@@ -433,20 +444,26 @@ class Transaction:
             self.schema_version += 1
 
     # -- data ------------------------------------------------------------------------------------
-    def add_data_file(self, table: LakeTable, file: NewFile) -> int:
-        """Register a data file: row ids, table statistics and file column statistics."""
+    def add_data_file(self, table: LakeTable, file: NewFile, flushed: Flushed | None = None) -> int:
+        """Register a data file: row ids, table statistics and file column statistics.
+
+        The rows of a file of ``flushed`` inlined rows keep the row ids and snapshots they have.
+        """
         data_file_id = self._file_id()
-        stats = self._run(
-            "SELECT record_count, next_row_id, file_size_bytes FROM ducklake_table_stats WHERE table_id = :t",
-            {"t": table.table_id},
-        ).one_or_none()
-        row_id_start = int(stats.next_row_id) if stats is not None else 0
+        if flushed is None:
+            row_id_start = self._take_row_ids(table.table_id, file.record_count, file.size_bytes)
+        else:
+            row_id_start = flushed.row_id_start
+            self._run(
+                "UPDATE ducklake_table_stats SET file_size_bytes = file_size_bytes + :size WHERE table_id = :t",
+                {"t": table.table_id, "size": file.size_bytes},
+            )
         self._insert(
             "ducklake_data_file",
             {
                 "data_file_id": data_file_id,
                 "table_id": table.table_id,
-                "begin_snapshot": self.snapshot_id,
+                "begin_snapshot": self.snapshot_id if flushed is None else flushed.begin_snapshot,
                 "path": file.name,
                 "path_is_relative": True,
                 "file_format": "parquet",
@@ -454,29 +471,9 @@ class Transaction:
                 "file_size_bytes": file.size_bytes,
                 "footer_size": file.footer_size,
                 "row_id_start": row_id_start,
+                "partial_max": None if flushed is None else flushed.partial_max,
             },
         )
-        if stats is None:
-            self._insert(
-                "ducklake_table_stats",
-                {
-                    "table_id": table.table_id,
-                    "record_count": file.record_count,
-                    "next_row_id": file.record_count,
-                    "file_size_bytes": file.size_bytes,
-                },
-            )
-        else:
-            self._run(
-                "UPDATE ducklake_table_stats SET record_count = :c, next_row_id = :r, file_size_bytes = :size"
-                " WHERE table_id = :t",
-                {
-                    "t": table.table_id,
-                    "c": int(stats.record_count) + file.record_count,
-                    "r": row_id_start + file.record_count,
-                    "size": int(stats.file_size_bytes) + file.size_bytes,
-                },
-            )
         if file.stats:
             self._insert(
                 "ducklake_file_column_stats",
@@ -494,14 +491,93 @@ class Transaction:
                     for s in file.stats
                 ],
             )
-        kinds = {c.column_id: stats_kind(c.type) for top in table.columns for c in top.with_elements()}
-        for s in file.stats:
-            self._widen(table.table_id, s, kinds.get(s.column_id))
-        unknown = kinds.keys() - {s.column_id for s in file.stats}
-        if unknown and file.record_count:  # rows whose values the table bounds do not cover
-            self._forget_bounds(table.table_id, unknown)
-        self._change(f"inserted_into_table:{table.table_id}")
+        self._widen_all(table, file.stats, file.record_count)
+        self._change(f"inserted_into_table:{table.table_id}" if flushed is None else f"inline_flush:{table.table_id}")
         return data_file_id
+
+    def _take_row_ids(self, table_id: int, count: int, size_bytes: int) -> int:
+        """Give ``count`` new rows the next row ids (the first one returned), and count them and their bytes."""
+        stats = self._run(
+            "SELECT record_count, next_row_id, file_size_bytes FROM ducklake_table_stats WHERE table_id = :t",
+            {"t": table_id},
+        ).one_or_none()
+        if stats is None:
+            self._insert(
+                "ducklake_table_stats",
+                {"table_id": table_id, "record_count": count, "next_row_id": count, "file_size_bytes": size_bytes},
+            )
+            return 0
+        start = int(stats.next_row_id)
+        self._run(
+            "UPDATE ducklake_table_stats SET record_count = :c, next_row_id = :r, file_size_bytes = :size"
+            " WHERE table_id = :t",
+            {
+                "t": table_id,
+                "c": int(stats.record_count) + count,
+                "r": start + count,
+                "size": int(stats.file_size_bytes) + size_bytes,
+            },
+        )
+        return start
+
+    def _widen_all(self, table: LakeTable, stats: Sequence[ColumnStats], rows: int) -> None:
+        """Widen the table bounds to cover new rows, of which ``stats`` are the statistics."""
+        kinds = {c.column_id: stats_kind(c.type) for top in table.columns for c in top.with_elements()}
+        for s in stats:
+            self._widen(table.table_id, s, kinds.get(s.column_id))
+        unknown = kinds.keys() - {s.column_id for s in stats}
+        if unknown and rows:  # rows whose values the table bounds do not cover
+            self._forget_bounds(table.table_id, unknown)
+
+    # -- inlined rows ----------------------------------------------------------------------------
+    def inline_rows(self, table: LakeTable, rows: pa.Table) -> None:
+        """Insert rows (columns named as the table's) into the table's inlined data, with new row ids."""
+        name = self._inlined_table(table)
+        start = self._take_row_ids(table.table_id, rows.num_rows, 0)
+        inlined.insert(self.conn, name, table.columns, rows, row_id_start=start, snapshot=self.snapshot_id)
+        values = pa.table({c.name: convert(rows[c.name], c, Form.FILE) for c in table.columns})
+        kinds = {c.name: (c.column_id, stats_kind(c.type)) for c in table.columns}
+        self._widen_all(table, arrow_stats(values, kinds), rows.num_rows)
+        self._file_id()  # as DuckDB does: an inlined insert takes a file id
+        self._change(f"inlined_insert:{table.table_id}")
+
+    def end_inlined_rows(self, table: LakeTable, row_ids: Sequence[int]) -> None:
+        """End inlined rows (deleted or updated); all of them must still be live."""
+        names = self.catalog.inlined_tables(table, self.conn)
+        if sum(inlined.end(self.conn, name, row_ids, self.snapshot_id) for name in names) != len(row_ids):
+            raise CommitConflict(f"inlined rows of DuckLake table {table.table_id} changed")
+        self._change(f"inlined_delete:{table.table_id}")
+
+    def flush_inlined_rows(self, table: LakeTable, name: str, flush: InlinedFlush) -> None:
+        """Replace the inlined rows of ``name`` by the data file (and delete file) they were written to."""
+        if inlined.shape(self.conn, name) != flush.shape:
+            raise CommitConflict(f"inlined rows of DuckLake table {table.table_id} changed")
+        data_file_id = self.add_data_file(table, flush.file, flush.placed)
+        if flush.deletes is not None:
+            self._insert(
+                "ducklake_delete_file",
+                {
+                    "delete_file_id": self._file_id(),
+                    "table_id": table.table_id,
+                    "begin_snapshot": flush.deletes_begin,
+                    "data_file_id": data_file_id,
+                    "path": flush.deletes.name,
+                    "path_is_relative": True,
+                    "format": "parquet",
+                    "delete_count": flush.deletes.record_count,
+                    "file_size_bytes": flush.deletes.size_bytes,
+                    "footer_size": flush.deletes.footer_size,
+                },
+            )
+        inlined.remove_all(self.conn, name)
+
+    def _inlined_table(self, table: LakeTable) -> str:
+        """The table's inlined data table at its current schema version, created when missing."""
+        version = self.schema_version if table.table_id in self._schema_changed else None
+        if version is None:
+            version = self.catalog.schema_version(table.table_id, self.conn)
+        existing = inlined.registered(self.conn, table.table_id).get(version)
+        return existing if existing is not None else inlined.create(self.conn, table.table_id, version, table.columns)
 
     def _widen(self, table_id: int, file: ColumnStats, kind: Stats | None) -> None:
         """Widen the table bounds to cover a new file. No row means unknown bounds, and stays so; a row without
@@ -595,12 +671,15 @@ class Transaction:
         self._change(f"deleted_from_table:{table.table_id}")
 
     def end_data_files(self, table: LakeTable) -> None:
-        """Truncate: end every active data file of the table."""
+        """Truncate: end every active data file, and every live inlined row, of the table."""
         self._run(
             "UPDATE ducklake_data_file SET end_snapshot = :s WHERE table_id = :t AND end_snapshot IS NULL",
             {"s": self.snapshot_id, "t": table.table_id},
         )
         self._change(f"deleted_from_table:{table.table_id}")
+        for name in inlined.registered(self.conn, table.table_id).values():
+            if inlined.end_all(self.conn, name, self.snapshot_id):
+                self._change(f"inlined_delete:{table.table_id}")
 
     def _record_count(self, table_id: int) -> int:
         value = self._run("SELECT record_count FROM ducklake_table_stats WHERE table_id = :t", {"t": table_id}).scalar()

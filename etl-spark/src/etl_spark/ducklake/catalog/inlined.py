@@ -1,0 +1,231 @@
+"""Inlined data: a table's rows kept in the catalog database itself, not in Parquet files.
+
+DuckLake 1.0 ("Data Inlining"): the rows of table T inlined at its schema version V live in
+``ducklake_inlined_data_T_V`` (``row_id``, ``begin_snapshot``, ``end_snapshot``, then the table's columns
+by name), listed in ``ducklake_inlined_data_tables``. A row is visible from its begin snapshot until its
+end snapshot, as a file is. Values are stored as DuckDB 1.5 stores them: in SQLite integers and booleans
+as BIGINT, blobs as BLOB, all else as text; in Postgres in their own type where there is one, text as
+bytea, dates and timestamps as text.
+
+A table is inlined only when every column has a stored form this writer writes and reads back exactly:
+not lists, not intervals (``inlinable``). Values go in from, and come back out in, the Arrow forms of
+``types`` (``Form``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from etl_spark.ducklake.catalog.ddl import quote
+from etl_spark.ducklake.catalog.model import LakeColumn
+from etl_spark.ducklake.types import LIST, Form, convert
+
+REGISTRY: Final = "ducklake_inlined_data_tables"
+_CHUNK: Final = 1000
+"""Row ids per ``IN (...)`` list."""
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """How a lake type is stored in an inlined table."""
+
+    sqlite: str
+    postgres: str
+    passed: str
+    """How values are bound: ``int``, ``bool``, ``bytes``, ``text``, or ``utf8`` (text in a Postgres bytea)."""
+
+
+_INT: Final = {"int8": "smallint", "int16": "smallint", "int32": "integer", "int64": "bigint"}
+_SLOTS: Final[dict[str, _Slot]] = {
+    **{name: _Slot("BIGINT", pg, "int") for name, pg in _INT.items()},
+    "boolean": _Slot("BIGINT", "boolean", "bool"),
+    "float32": _Slot("VARCHAR", "real", "text"),
+    "float64": _Slot("VARCHAR", "double precision", "text"),
+    "date": _Slot("VARCHAR", "varchar", "text"),
+    "timestamp": _Slot("VARCHAR", "varchar", "text"),
+    "timestamptz": _Slot("VARCHAR", "varchar", "text"),
+    "time": _Slot("VARCHAR", "time", "text"),
+    "uuid": _Slot("VARCHAR", "uuid", "text"),
+    "blob": _Slot("BLOB", "bytea", "bytes"),
+    "varchar": _Slot("VARCHAR", "bytea", "utf8"),
+    "json": _Slot("VARCHAR", "bytea", "utf8"),
+}
+_NATIVE_TEXT: Final = ("varchar", "bytea")
+"""Postgres types a text value goes into without a cast."""
+
+
+def _slot(column: LakeColumn) -> _Slot | None:
+    if column.type.startswith("decimal("):
+        return _Slot("VARCHAR", "numeric" + column.type[len("decimal") :], "text")
+    return _SLOTS.get(column.type)
+
+
+def inlinable(columns: Sequence[LakeColumn]) -> bool:
+    """Whether rows of a table with these columns can be inlined (no list or interval column)."""
+    return all(c.type != LIST and _slot(c) is not None for c in columns)
+
+
+def table_name(table_id: int, schema_version: int) -> str:
+    return f"ducklake_inlined_data_{table_id}_{schema_version}"
+
+
+def _postgres(conn: Connection) -> bool:
+    return conn.dialect.name == "postgresql"
+
+
+def _slots(columns: Sequence[LakeColumn]) -> list[_Slot]:
+    slots = [_slot(c) for c in columns]
+    if any(s is None for s in slots):
+        raise ValueError("a table with list or interval columns is not inlined")
+    return [s for s in slots if s is not None]
+
+
+def registered(conn: Connection, table_id: int) -> dict[int, str]:
+    """The table's inlined data tables by schema version."""
+    rows = conn.execute(
+        sa.text(f"SELECT schema_version, table_name FROM {REGISTRY} WHERE table_id = :t"), {"t": table_id}
+    )
+    return {int(version): str(name) for version, name in rows}
+
+
+def create(conn: Connection, table_id: int, schema_version: int, columns: Sequence[LakeColumn]) -> str:
+    """Create the inlined data table of a table at a schema version, and register it."""
+    name = table_name(table_id, schema_version)
+    postgres = _postgres(conn)
+    body = ", ".join(
+        f"{quote(c.name)} {s.postgres if postgres else s.sqlite}" for c, s in zip(columns, _slots(columns), strict=True)
+    )
+    conn.execute(
+        sa.text(f"CREATE TABLE {quote(name)} (row_id BIGINT, begin_snapshot BIGINT, end_snapshot BIGINT, {body})")
+    )
+    conn.execute(
+        sa.text(f"INSERT INTO {REGISTRY} (table_id, table_name, schema_version) VALUES (:t, :n, :v)"),
+        {"t": table_id, "n": name, "v": schema_version},
+    )
+    return name
+
+
+def insert(
+    conn: Connection, name: str, columns: Sequence[LakeColumn], rows: pa.Table, *, row_id_start: int, snapshot: int
+) -> None:
+    """Insert rows (in either value form, columns named as ``columns``) with consecutive row ids."""
+    postgres = _postgres(conn)
+    slots = _slots(columns)
+    values = [_encode(convert(rows[c.name], c, Form.SPARK), s, postgres) for c, s in zip(columns, slots, strict=True)]
+    params = [f"p{i}" for i in range(len(columns))]
+    targets = ", ".join(quote(c.name) for c in columns)
+    placeholders = ", ".join(_bind(p, s, postgres) for p, s in zip(params, slots, strict=True))
+    statement = sa.text(
+        f"INSERT INTO {quote(name)} (row_id, begin_snapshot, end_snapshot, {targets})"
+        f" VALUES (:row_id, :begin, NULL, {placeholders})"
+    )
+    batch = [
+        {"row_id": row_id_start + index, "begin": snapshot, **dict(zip(params, row, strict=True))}
+        for index, row in enumerate(zip(*values, strict=True))
+    ]
+    if batch:
+        conn.execute(statement, batch)
+
+
+def _bind(param: str, slot: _Slot, postgres: bool) -> str:
+    if postgres and slot.passed == "text" and slot.postgres not in _NATIVE_TEXT:
+        return f"CAST(:{param} AS {slot.postgres})"
+    return f":{param}"
+
+
+def _encode(values: pa.ChunkedArray | pa.Array, slot: _Slot, postgres: bool) -> list[Any]:
+    """A column in ``Form.SPARK`` as the values to bind."""
+    if slot.passed in ("int", "bool", "bytes"):
+        return list(values.to_pylist())
+    if slot.passed == "utf8" and postgres:
+        return list(pc.cast(values, pa.binary()).to_pylist())
+    if pa.types.is_timestamp(values.type) and values.type.tz is not None:
+        return list(pc.strftime(values, format="%Y-%m-%d %H:%M:%S+00").to_pylist())
+    return list(pc.cast(values, pa.string()).to_pylist())
+
+
+def end(conn: Connection, name: str, row_ids: Sequence[int], snapshot: int) -> int:
+    """End the live rows of these row ids in ``snapshot``; how many it ended."""
+    statement = sa.text(
+        f"UPDATE {quote(name)} SET end_snapshot = :s WHERE end_snapshot IS NULL AND row_id IN :ids"
+    ).bindparams(sa.bindparam("ids", expanding=True))
+    ended = 0
+    for start in range(0, len(row_ids), _CHUNK):
+        ended += conn.execute(statement, {"s": snapshot, "ids": list(row_ids[start : start + _CHUNK])}).rowcount
+    return ended
+
+
+def end_all(conn: Connection, name: str, snapshot: int) -> int:
+    """End every live row (a truncate); how many it ended."""
+    return conn.execute(
+        sa.text(f"UPDATE {quote(name)} SET end_snapshot = :s WHERE end_snapshot IS NULL"), {"s": snapshot}
+    ).rowcount
+
+
+def live_count(conn: Connection, name: str) -> int:
+    return int(conn.execute(sa.text(f"SELECT count(*) FROM {quote(name)} WHERE end_snapshot IS NULL")).scalar_one())
+
+
+def column_names(conn: Connection, name: str) -> list[str]:
+    """The names of the table columns an inlined data table holds."""
+    return [str(c["name"]) for c in sa.inspect(conn).get_columns(name)][3:]
+
+
+def shape(conn: Connection, name: str) -> tuple[int, int]:
+    """Rows, and ended rows: what a flush checks is unchanged when it commits."""
+    row = conn.execute(sa.text(f"SELECT count(*), count(end_snapshot) FROM {quote(name)}")).one()
+    return int(row[0]), int(row[1])
+
+
+def read(conn: Connection, name: str, columns: Sequence[LakeColumn], form: Form, *, live: bool) -> pa.Table:
+    """Rows with ``row_id``, ``begin_snapshot``, ``end_snapshot`` and ``columns`` (values in ``form``), by row id;
+    only the live ones with ``live``."""
+    postgres = _postgres(conn)
+    slots = _slots(columns)
+    selected = ", ".join(_select(c, s, postgres) for c, s in zip(columns, slots, strict=True))
+    where = " WHERE end_snapshot IS NULL" if live else ""
+    rows = conn.execute(
+        sa.text(
+            f"SELECT row_id, begin_snapshot, end_snapshot{', ' if selected else ''}{selected}"
+            f" FROM {quote(name)}{where} ORDER BY row_id"
+        )
+    ).all()
+    stored = list(zip(*rows, strict=True)) if rows else [()] * (3 + len(columns))
+    arrays = [pa.array(stored[i], pa.int64()) for i in range(3)]
+    arrays += [_decode(list(v), c, s, form) for v, c, s in zip(stored[3:], columns, slots, strict=True)]
+    return pa.table(arrays, names=["row_id", "begin_snapshot", "end_snapshot", *(c.name for c in columns)])
+
+
+def _select(column: LakeColumn, slot: _Slot, postgres: bool) -> str:
+    name = quote(column.name)
+    if postgres and slot.passed == "utf8":
+        return f"convert_from({name}, 'UTF8')"
+    if postgres and slot.passed == "text" and slot.postgres not in _NATIVE_TEXT:
+        return f"CAST({name} AS text)"
+    return name
+
+
+def _decode(values: list[Any], column: LakeColumn, slot: _Slot, form: Form) -> pa.Array:
+    if slot.passed == "int":
+        stored = pa.array(values, pa.int64())
+    elif slot.passed == "bool":
+        stored = pa.array([None if v is None else bool(v) for v in values], pa.bool_())
+    elif slot.passed == "bytes":
+        stored = pa.array([None if v is None else bytes(v) for v in values], pa.binary())
+    else:
+        stored = pa.array(values, pa.string())
+        if column.type == "timestamptz":  # DuckDB writes +00, Arrow reads +00:00
+            stored = pc.replace_substring_regex(stored, r"([+-]\d\d)$", r"\1:00")
+    return convert(stored, column, form)
+
+
+def remove_all(conn: Connection, name: str) -> None:
+    """Delete every row (they were flushed to a data file)."""
+    conn.execute(sa.text(f"DELETE FROM {quote(name)}"))

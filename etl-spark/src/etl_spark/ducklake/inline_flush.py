@@ -1,0 +1,138 @@
+"""Flushing a table's inlined rows into a data file, as DuckDB's ``ducklake_flush_inlined_data`` does.
+
+Every row of the inlined data table goes into one data file, ended rows too, with two more columns:
+``_ducklake_internal_row_id`` (the row's id) and ``_ducklake_internal_snapshot_id`` (the snapshot that
+inserted it). The file's ``begin_snapshot`` is its first row's snapshot and ``partial_max`` its last.
+The ended rows are deleted by a delete file that records the snapshot that ended each. So time travel
+to any earlier snapshot reads what it read before, and the change feed stays whole. The catalog rows
+go in the same snapshot (``inline_flush:<table id>``).
+
+The rows come out of the catalog through the driver, so the driver writes the file: a Spark task would
+only receive them from it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from functools import partial
+from typing import Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import structlog
+
+from etl.errors import DestinationError
+from etl_spark.ducklake.catalog import CommitConflict, Flushed, InlinedFlush, LakeColumn, LakeTable, Transaction
+from etl_spark.ducklake.lake import Lake
+from etl_spark.ducklake.types import Form
+
+log = structlog.get_logger(__name__)
+
+ROW_ID: Final = LakeColumn(2147483540, "_ducklake_internal_row_id", "int64", True)
+SNAPSHOT: Final = LakeColumn(2147483539, "_ducklake_internal_snapshot_id", "int64", True)
+_ONE_FILE: Final = 2**62
+"""A flush writes one file, whatever its size (as DuckDB's does)."""
+
+
+def write_flush(lake: Lake, table: LakeTable, name: str) -> InlinedFlush | None:
+    """Write the rows of inlined data table ``name`` to a data file (and a delete file for the ended ones);
+    ``None`` when it holds none."""
+    rows = lake.catalog.inlined_rows([name], table.columns, Form.FILE, live=False)
+    if rows.num_rows == 0:
+        return None
+    ended = rows["end_snapshot"].is_valid()
+    shape = (rows.num_rows, int(pc.sum(ended).as_py() or 0))
+    values = rows.select([c.name for c in table.columns])
+    values = values.append_column(ROW_ID.name, rows["row_id"]).append_column(SNAPSHOT.name, rows["begin_snapshot"])
+    spec = lake.storage.spec(table.directory, [*table.columns, ROW_ID, SNAPSHOT], _ONE_FILE)
+    (file,) = lake.storage.write_rows(spec, values)
+    own = {c.column_id for top in table.columns for c in top.with_elements()}
+    file = replace(file, stats=[s for s in file.stats if s.column_id in own])
+    begins = pc.min_max(rows["begin_snapshot"])
+    placed = Flushed(rows["row_id"][0].as_py(), begins["min"].as_py(), begins["max"].as_py())
+    deletes, deletes_begin = None, 0
+    if shape[1]:
+        positions = pa.table(
+            {
+                "pos": pa.array(range(rows.num_rows), pa.int64()).filter(ended),
+                SNAPSHOT.name: rows["end_snapshot"].filter(ended),
+            }
+        )
+        try:
+            deletes = lake.storage.write_delete(table, table.directory + file.name, positions)
+        except BaseException:
+            lake.storage.remove(table.directory, [file])
+            raise
+        deletes_begin = pc.min(positions[SNAPSHOT.name]).as_py()
+    return InlinedFlush(shape, file, placed, deletes, deletes_begin)
+
+
+def flush_inlined(lake: Lake, table: LakeTable, attempts: int) -> int:
+    """Flush the table's inlined rows, one snapshot per inlined data table; how many it flushed (live and
+    ended)."""
+    return sum(flush_inlined_table(lake, table, name, attempts) for name in lake.catalog.inlined_tables(table))
+
+
+def flush_inlined_table(lake: Lake, table: LakeTable, name: str, attempts: int) -> int:
+    """Flush the rows of inlined data table ``name`` in one snapshot; how many it flushed.
+
+    A writer that changes the rows meanwhile (DuckDB flushing them itself) makes it start over.
+    """
+    for _ in range(attempts):
+        started = time.perf_counter()
+        flush = write_flush(lake, table, name)
+        if flush is None:
+            return 0
+        try:
+            lake.catalog.commit(partial(_apply, table=table, name=name, flush=flush))
+        except CommitConflict as conflict:
+            log.info("inlined rows changed while flushing them; again", table_id=table.table_id, reason=str(conflict))
+            _discard(lake, table, flush)
+            continue
+        except BaseException:
+            _discard(lake, table, flush)
+            raise
+        log.info(
+            "flushed inlined rows",
+            table=f"{table.schema_name}.{table.name}",
+            rows=flush.shape[0],
+            seconds=round(time.perf_counter() - started, 3),
+        )
+        return flush.shape[0]
+    raise DestinationError(
+        f"could not flush the inlined rows of DuckLake table {table.schema_name}.{table.name}: they kept changing",
+        hint="pause other writers of the lake (DuckDB) and retry",
+    )
+
+
+def _apply(txn: Transaction, *, table: LakeTable, name: str, flush: InlinedFlush) -> None:
+    txn.flush_inlined_rows(txn.table(table.table_id), name, flush)
+
+
+def _discard(lake: Lake, table: LakeTable, flush: InlinedFlush) -> None:
+    lake.storage.remove(table.directory, [flush.file, *([flush.deletes] if flush.deletes else [])])
+
+
+class FlushTimer:
+    """When each table's inlined rows are due to be flushed by age: ``interval`` after a batch first inlined
+    rows into it (after startup, for tables that hold some already)."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._since: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def inlined(self, table_id: int) -> None:
+        with self._lock:
+            self._since.setdefault(table_id, time.monotonic())
+
+    def flushed(self, table_id: int) -> None:
+        with self._lock:
+            self._since.pop(table_id, None)
+
+    def due(self) -> list[int]:
+        now = time.monotonic()
+        with self._lock:
+            return [t for t, since in self._since.items() if now - since >= self.interval]

@@ -1,0 +1,264 @@
+"""Small batches are inlined into the catalog (DuckLake data inlining), then flushed to Parquet.
+
+Real DuckDB reads every state (inlined only, mixed, after this writer's flush, after DuckDB's own
+flush), at the current snapshot and by time travel, and its rows equal the memory destination fed
+the same batches.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sqlite3
+import time
+import uuid
+from contextlib import closing
+from datetime import UTC, date, datetime
+from datetime import time as clock
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from etl.destination.memory import MemoryDestination, row_sort_key
+from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
+
+NUMERIC_12_3 = ((12 << 16) | 3) + 4
+KINDS = TableSchema(
+    16900,
+    TableName("public", "kinds"),
+    (
+        ColumnSchema("id", 20, nullable=False, primary_key=True, attnum=1),
+        ColumnSchema("label", 25, attnum=2),
+        ColumnSchema("flag", 16, attnum=3),
+        ColumnSchema("ratio", 701, attnum=4),
+        ColumnSchema("amount", 1700, NUMERIC_12_3, attnum=5),
+        ColumnSchema("day", 1082, attnum=6),
+        ColumnSchema("seen_at", 1184, attnum=7),
+        ColumnSchema("local_at", 1114, attnum=8),
+        ColumnSchema("clock", 1083, attnum=9),
+        ColumnSchema("token", 2950, attnum=10),
+        ColumnSchema("raw", 17, attnum=11),
+        ColumnSchema("doc", 3802, attnum=12),
+        ColumnSchema("small", 21, attnum=13),
+    ),
+)
+PAIRS = TableSchema(
+    16901,
+    TableName("public", "pairs"),
+    (ColumnSchema("a", 25), ColumnSchema("b", 23)),
+    replica_identity=ReplicaIdentity.FULL,
+)
+
+
+def kind_row(i: int) -> dict[str, Any]:
+    return {
+        "id": i,
+        "label": f"label {i}, with 'quotes' and ünïcode",
+        "flag": i % 2 == 0,
+        "ratio": [float("nan"), float("inf"), -0.5, 1 / 3][i % 4],
+        "amount": Decimal(f"{i}.125"),
+        "day": date(2024, 1, 1 + i % 28),
+        "seen_at": datetime(2024, 5, 6, 7, 8, 9, i, tzinfo=UTC),
+        "local_at": datetime(2020, 2, 29, 23, 59, 59, 999999 - i),
+        "clock": clock(i % 24, 30, 15, i),
+        "token": str(uuid.UUID(int=i)),
+        "raw": bytes([0, i % 256, 255]),
+        "doc": f'{{"n": {i}}}',
+        "small": -i,
+    }
+
+
+def lake_rows(lake: Any, schema: TableSchema, version: int | None = None) -> list[dict[str, Any]]:
+    at = f" AT (VERSION => {version})" if version is not None else ""
+    names = schema.column_names
+    quoted = ", ".join(f'"{n}"' for n in names)
+    rows = lake.query(f"SELECT {quoted} FROM lake.public.{schema.name.name}{at}")
+    return sorted((comparable(dict(zip(names, r, strict=True))) for r in rows), key=row_sort_key)
+
+
+def comparable(row: dict[str, Any]) -> dict[str, Any]:
+    """Values as DuckDB and the memory destination both give them (uuid and json as text, NaN as a string)."""
+    out = dict(row)
+    for name, value in row.items():
+        if isinstance(value, uuid.UUID):
+            out[name] = str(value)
+        elif isinstance(value, float) and math.isnan(value):
+            out[name] = "nan"
+        elif name == "doc" and value is not None:
+            out[name] = value.replace(" ", "")
+    return out
+
+
+def expected(reference: MemoryDestination, schema: TableSchema) -> list[dict[str, Any]]:
+    return sorted((comparable(r) for r in reference.rows(str(schema.name))), key=row_sort_key)
+
+
+def snapshot(lake: Any) -> int:
+    return int(lake.query("SELECT max(snapshot_id) FROM lake.snapshots()")[0][0])
+
+
+def catalog_count(lake: Any, table: str, where: str = "") -> int:
+    return int(lake.query(f"SELECT count(*) FROM __ducklake_metadata_lake.{table} {where}")[0][0])
+
+
+def inlined_rows(lake: Any, live: bool = True) -> int:
+    names = lake.query("SELECT table_name FROM __ducklake_metadata_lake.ducklake_inlined_data_tables")
+    where = "WHERE end_snapshot IS NULL" if live else ""
+    return sum(catalog_count(lake, name, where) for (name,) in names)
+
+
+def test_small_batches_are_inlined_updated_deleted_and_flushed(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake)
+    reference = MemoryDestination()
+    b = kit.BatchBuilder()
+    b.commit()
+    for i in range(1, 9):
+        b.insert(KINDS, kind_row(i))
+    b.insert(PAIRS, {"a": "x", "b": 1}).insert(PAIRS, {"a": "x", "b": 1}).insert(PAIRS, {"a": "y", "b": 2})
+    states: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    for batch in (
+        b.build(),
+        b.commit()
+        .update(KINDS, {**kind_row(2), "label": "second", "ratio": 2.5})
+        .update(KINDS, {**kind_row(3), "id": 30}, old={"id": 3})
+        .delete(KINDS, {"id": 4})
+        .update(KINDS, {**kind_row(5), "label": None}, missing=("raw",))  # unchanged TOAST: from the inlined row
+        .delete(PAIRS, {"a": "x", "b": 1})
+        .build(),
+        b.commit().update(KINDS, {**kind_row(2), "label": "third"}).insert(KINDS, kind_row(9)).build(),
+    ):
+        for target in (destination, reference):
+            target.write_events(batch)
+        states[snapshot(lake)] = {s.name.name: expected(reference, s) for s in (KINDS, PAIRS)}
+        for schema in (KINDS, PAIRS):
+            assert lake_rows(lake, schema) == expected(reference, schema)
+    assert catalog_count(lake, "ducklake_data_file") == 0  # no Parquet file, no Spark job for the rows
+    assert inlined_rows(lake) == 8 + 2  # 9 kinds rows (one deleted), pairs: one of the two x rows deleted
+    assert {r["raw"] for r in lake_rows(lake, KINDS) if r["id"] == 5} == {kind_row(5)["raw"]}
+
+    destination.flush_inlined(destination.catalog.handle(KINDS.id).table)
+    assert inlined_rows(lake, live=False) == 3  # only the pairs rows are left inlined
+    files = lake.query("SELECT data_file, delete_file FROM ducklake_list_files('lake', 'kinds', schema => 'public')")
+    assert len(files) == 1 and files[0][1] is not None  # the ended rows are deleted by a delete file
+    columns = pq.read_schema(files[0][0]).names
+    assert columns[-2:] == ["_ducklake_internal_row_id", "_ducklake_internal_snapshot_id"]
+    for version, state in states.items():  # time travel reads what it read before the flush
+        for schema in (KINDS, PAIRS):
+            assert lake_rows(lake, schema, version) == state[schema.name.name]
+
+    batch = b.commit().delete(KINDS, {"id": 1}).update(KINDS, {**kind_row(9), "label": "after flush"}).build()
+    for target in (destination, reference):
+        target.write_events(batch)
+    assert lake_rows(lake, KINDS) == expected(reference, KINDS)
+    destination.shutdown()
+
+
+@pytest.mark.parametrize("lake", ["sqlite"], indirect=True)  # two copies of one catalog: a file copy
+def test_our_flush_writes_what_duckdbs_flush_writes(lake: Any, kit: Any, tmp_path: Path) -> None:
+    destination = kit.make_destination(lake)
+    b = kit.BatchBuilder()
+    for batch in (
+        b.commit().insert(KINDS, kind_row(1)).insert(KINDS, kind_row(2)).insert(KINDS, kind_row(3)).build(),
+        b.commit().delete(KINDS, {"id": 2}).insert(KINDS, kind_row(4)).build(),
+    ):
+        destination.write_events(batch)
+    destination.shutdown()
+    catalog = Path(lake.url.removeprefix("sqlite:///"))
+    twin = tmp_path / "twin.sqlite"
+    shutil.copy(catalog, twin)
+    con = lake.duckdb_bare()
+    con.execute(f"ATTACH 'ducklake:sqlite:{twin}' AS twin")
+    con.execute("CALL ducklake_flush_inlined_data('twin')")
+    con.close()
+    destination = kit.make_destination(lake)
+    destination.flush_inlined(destination.catalog.handle(KINDS.id).table)
+    destination.shutdown()
+
+    def entries(path: Path) -> list[tuple[Any, ...]]:
+        with closing(sqlite3.connect(path)) as db:
+            data = db.execute(
+                "SELECT begin_snapshot, end_snapshot, record_count, row_id_start, partial_max FROM ducklake_data_file"
+            ).fetchall()
+            deletes = db.execute(
+                "SELECT begin_snapshot, end_snapshot, delete_count FROM ducklake_delete_file"
+            ).fetchall()
+            changes = db.execute(
+                "SELECT changes_made FROM ducklake_snapshot_changes ORDER BY snapshot_id DESC"
+            ).fetchone()
+            stats = db.execute("SELECT record_count, next_row_id FROM ducklake_table_stats").fetchall()
+            (name,) = db.execute("SELECT table_name FROM ducklake_inlined_data_tables").fetchone()
+            inlined = db.execute(f"SELECT count(*) FROM {name}").fetchone()
+        return [*data, *deletes, changes, *stats, inlined]
+
+    assert entries(catalog) == entries(twin)
+    ours = lake.query("SELECT data_file FROM ducklake_list_files('lake', 'kinds', schema => 'public')")[0][0]
+    con = lake.duckdb_bare()
+    con.execute(f"ATTACH 'ducklake:sqlite:{twin}' AS twin")
+    theirs = con.execute("SELECT data_file FROM ducklake_list_files('twin', 'kinds', schema => 'public')").fetchall()
+    con.close()
+    ours_table, theirs_table = pq.read_table(ours), pq.read_table(theirs[0][0])
+    assert ours_table.schema.names == theirs_table.schema.names
+    assert [comparable(r) for r in ours_table.to_pylist()] == [comparable(r) for r in theirs_table.to_pylist()]
+
+
+def test_a_schema_change_flushes_the_inlined_rows_first(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake)
+    reference = MemoryDestination()
+    b = kit.BatchBuilder()
+    altered = TableSchema(KINDS.id, KINDS.name, (*KINDS.columns[:12], ColumnSchema("extra", 25, attnum=14)))
+    for batch in (
+        b.commit().insert(KINDS, kind_row(1)).insert(KINDS, kind_row(2)).build(),
+        b.commit().insert(altered, {**kind_row(3), "extra": "e"}).delete(altered, {"id": 1}).build(),
+    ):
+        for target in (destination, reference):
+            target.write_events(batch)
+    assert lake_rows(lake, altered) == expected(reference, altered)
+    assert [(r["id"], r["extra"]) for r in lake_rows(lake, altered)] == [(2, None), (3, "e")]
+    assert inlined_rows(lake, live=False) == 1  # the new row, at the new schema version; the old ones flushed
+    assert catalog_count(lake, "ducklake_data_file") == 1
+    destination.shutdown()
+
+
+def test_a_truncate_ends_inlined_rows_and_big_batches_write_files(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake, inline_row_limit=5)
+    reference = MemoryDestination()
+    b = kit.BatchBuilder()
+    big = b.commit()
+    for i in range(1, 8):
+        big.insert(KINDS, kind_row(i))
+    for batch in (
+        b.commit().insert(PAIRS, {"a": "x", "b": 1}).build(),
+        big.build(),
+        b.commit().truncate(PAIRS).insert(PAIRS, {"a": "after", "b": 2}).build(),
+    ):
+        for target in (destination, reference):
+            target.write_events(batch)
+    for schema in (KINDS, PAIRS):
+        assert lake_rows(lake, schema) == expected(reference, schema)
+    assert catalog_count(lake, "ducklake_data_file") == 1  # the 7-row batch
+    destination.shutdown()
+
+
+def test_inlined_rows_are_flushed_at_the_threshold_and_on_the_timer(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake, inline_flush_rows=3, inline_flush_seconds=5)
+    reference = MemoryDestination()
+    b = kit.BatchBuilder()
+    for batch in (
+        b.commit().insert(KINDS, kind_row(1)).insert(KINDS, kind_row(2)).build(),
+        b.commit().update(KINDS, {**kind_row(1), "label": "x"}).build(),  # 3 rows with the ended one: flushed
+        b.commit().insert(PAIRS, {"a": "x", "b": 1}).build(),
+    ):
+        for target in (destination, reference):
+            target.write_events(batch)
+    assert catalog_count(lake, "ducklake_data_file") == 1
+    assert inlined_rows(lake, live=False) == 1  # the pairs row, until the timer
+    deadline = time.monotonic() + 30
+    while inlined_rows(lake, live=False):
+        assert time.monotonic() < deadline, "the timer never flushed the pairs row"
+        time.sleep(0.2)
+    for schema in (KINDS, PAIRS):
+        assert lake_rows(lake, schema) == expected(reference, schema)
+    destination.shutdown()
