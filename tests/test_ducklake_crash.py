@@ -1,12 +1,13 @@
 """SIGKILL ``etl run`` into DuckLake in the middle of a batch, during the copy and during streaming; restart it.
 
-"In the middle of a batch" is observed, not guessed: the kill comes while data files of a copy, a
-batch or a flush of inlined rows are in the lake but not yet registered in the catalog, and such a
-file is still unregistered after the kill. Streamed rows are inlined into the catalog between the
-kills. After each restart DuckDB must read every table equal to the source, with no duplicate
-row. Runs on a SQLite catalog and on a Postgres catalog, with Spark in one JVM (``local[2]``) and as a
-standalone cluster of two executor JVMs (``local-cluster[2,1,1024]``); the store is SQLite, so the
-pipeline's own state survives the kill too.
+"In the middle of a batch" is observed, not guessed: the kill comes while data files of a copy or a
+batch are in the lake but not yet registered in the catalog, and such a file is still unregistered
+after the kill; a kill during a flush of inlined rows comes while the flush's file is written and
+not yet registered. Streamed rows of the tables without array columns are inlined into the catalog.
+After each restart DuckDB must read every table equal to the source, with no duplicate row. Runs on
+a SQLite catalog and on a Postgres catalog, with Spark in one JVM (``local[2]``) and as a standalone
+cluster of two executor JVMs (``local-cluster[2,1,1024]``); the store is SQLite, so the pipeline's
+own state survives the kill too.
 """
 
 from __future__ import annotations
@@ -62,12 +63,12 @@ class Setup:
         return on_disk - registered
 
     def staged_flushes(self) -> set[str]:
-        """Staged files that hold flushed inlined rows (``_ducklake_internal_row_id``)."""
+        """Staged files of flushed inlined rows (they hold ``_ducklake_internal_row_id``)."""
         found = set()
         for name in self.staged():
             try:
                 names = pq.read_schema(next(self.data.rglob(name))).names
-            except (OSError, StopIteration, pa.ArrowInvalid):  # still being written, or committed and gone
+            except (OSError, StopIteration, pa.ArrowInvalid):  # still being written, or registered and gone
                 continue
             if "_ducklake_internal_row_id" in names:
                 found.add(name)
@@ -137,7 +138,7 @@ def setup(
             "catalog": catalog,
             "data_path": f"{data}/",
             "spark": {"master": spark_master, "conf": {"spark.sql.shuffle.partitions": "2"}},
-            "inline_flush_rows": 30,  # streamed rows are inlined, and flushed every few batches
+            "inline_flush_rows": 20_000,
         },
     )
     run = PipelineProcess(write_config(tmp_path / "pipeline.toml", config), log_level="info")
@@ -168,14 +169,16 @@ def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
         time.sleep(0.5)
         setup.run.kill_mid_write(setup.staged)
         setup.run.start()
+
     # During a flush of inlined rows: their file is written, the catalog still holds them inlined. Each
-    # transaction updates the whole ledger: its thousands of new row images are inlined, then flushed.
+    # transaction updates the whole ledger: its thousands of row images are inlined, and once the ledger's
+    # inlined data holds 20,000 rows (ended ones count) they are flushed into one file.
     def whole_ledger(conn: psycopg.Connection[Any], i: int) -> None:
         conn.execute("UPDATE ledger SET delta = delta + 1")
 
-    with concurrent_transactions(db, whole_ledger, count=40, pause=0.2):
+    with concurrent_transactions(db, whole_ledger, count=80, pause=0.2):
         setup.run.kill_mid_write(setup.staged_flushes, timeout=120)
-        setup.run.start()
+    setup.run.start()
     db.execute("TRUNCATE ledger")
     db.execute("INSERT INTO ledger (item, delta) VALUES (1, 1)")
     setup.wait_equal()

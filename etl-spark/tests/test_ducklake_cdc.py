@@ -5,6 +5,7 @@ Real DuckDB reads the lake: current contents, filtered queries, time travel and 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
@@ -17,6 +18,7 @@ from etl.destination.memory import MemoryDestination, row_sort_key
 from etl.errors import TableError
 from etl.lsn import Lsn
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
+from etl_spark.ducklake import destination as destination_module
 from etl_spark.ducklake import plan as plan_module
 from etl_spark.ducklake.catalog import engine_for
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, VERSION_TABLE
@@ -199,7 +201,7 @@ def test_attribute_numbers_an_earlier_writer_version_recorded_still_follow_renam
 
 
 def test_a_type_change_the_lake_cannot_read_errors_only_its_table(lake: Any, kit: Any) -> None:
-    destination = kit.make_destination(lake)
+    destination = kit.make_destination(lake, inline_row_limit=0)  # the log's new row becomes a file
     destination.write_table_rows(ORDERS, kit.rows_table(ORDERS, [{"id": 1, "note": "n", "qty": 1, "amount": None}]))
     destination.write_table_rows(LOG, kit.rows_table(LOG, [{"a": "x", "b": 1}]))
     retyped = TableSchema(
@@ -217,6 +219,33 @@ def test_a_type_change_the_lake_cannot_read_errors_only_its_table(lake: Any, kit
     assert sorted(Path(p).name for (p,) in listed) == sorted(
         p.name for p in Path(lake.data_path).rglob("log/*.parquet")
     )
+
+
+def test_the_tables_of_a_batch_are_planned_at_the_same_time(
+    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    destination = kit.make_destination(lake)
+    reference = MemoryDestination()
+    for target in (destination, reference):
+        target.write_table_rows(ORDERS, kit.rows_table(ORDERS, [{"id": 1, "note": "n", "qty": 1, "amount": None}]))
+        target.write_table_rows(LOG, kit.rows_table(LOG, [{"a": "x", "b": 1}]))
+    together = threading.Barrier(2, timeout=60)  # each plan waits for the other: one at a time would time out
+    real_plan = destination_module.plan_changes
+
+    def plan_beside_the_other(lake_: Any, segment: Any) -> Any:
+        together.wait()
+        return real_plan(lake_, segment)
+
+    monkeypatch.setattr(destination_module, "plan_changes", plan_beside_the_other)
+    b = kit.BatchBuilder()
+    batch = (
+        b.commit().update(ORDERS, {"id": 1, "note": "m", "qty": 2, "amount": None}).delete(LOG, {"a": "x", "b": 1})
+    ).build()
+    for target in (destination, reference):
+        target.write_events(batch)
+    assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+    assert lake_rows(lake, LOG) == reference.rows("public.log") == []
+    destination.shutdown()
 
 
 def test_table_renames_and_schema_moves_are_followed(lake: Any, kit: Any) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, wait
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -54,7 +55,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-SPARK_CONF = {"spark.sql.parquet.fieldId.read.enabled": "true"}
+SPARK_CONF = {"spark.sql.parquet.fieldId.read.enabled": "true", "spark.scheduler.mode": "FAIR"}
+"""Field ids pick the columns of the files read; the fair scheduler runs the Spark jobs of a batch's tables,
+planned on threads of their own, side by side."""
 
 
 class DuckLakeConfig(BaseModel):
@@ -82,6 +85,9 @@ class DuckLakeConfig(BaseModel):
         300, ge=1, description="... and at the latest this long after a batch first inlined rows into it"
     )
     author: str = Field("etl", description="recorded in ducklake_snapshot_changes.author")
+    planning_threads: Integer = Field(
+        4, ge=1, description="tables of one batch whose changes are planned (and their Spark jobs run) at once"
+    )
 
     @field_validator("catalog")
     @classmethod
@@ -115,10 +121,12 @@ class DuckLakeDestination:
         )
         self._storage: LakeStorage | None = None
         self._spark: SparkSession | None = None
+        self._spark_lock = threading.Lock()
         self._writing = threading.Lock()
         """Held by each batch, and by upkeep, which so runs between batches."""
         self._flush_timer = FlushTimer(config.inline_flush_seconds)
         self._upkeep: Upkeep | None = None
+        self._planner = ThreadPoolExecutor(config.planning_threads, thread_name_prefix="ducklake-plan")
 
     @classmethod
     def from_config(cls, config: Any, context: DestinationContext) -> DuckLakeDestination:
@@ -142,6 +150,7 @@ class DuckLakeDestination:
         if self._upkeep is not None:
             self._upkeep.stop()
             self._upkeep = None
+        self._planner.shutdown()
         self.catalog.close()
 
     def upkeep(self) -> None:
@@ -160,9 +169,10 @@ class DuckLakeDestination:
 
     @property
     def spark(self) -> SparkSession:
-        if self._spark is None:
-            self._spark = get_spark(self.config.spark, SPARK_CONF)
-        return self._spark
+        with self._spark_lock:  # planning threads, and copies, may all want it first
+            if self._spark is None:
+                self._spark = get_spark(self.config.spark, SPARK_CONF)
+            return self._spark
 
     @property
     def storage(self) -> LakeStorage:
@@ -223,7 +233,7 @@ class DuckLakeDestination:
         with self._writing:
             for index in range(rounds):
                 segments = [segs[index] for segs in batch.changes.values() if index < len(segs)]
-                self._after_commit(self._commit_plans(partial(map, self._plan_changes, segments)))
+                self._after_commit(self._commit_plans(partial(self._plan_all, segments)))
         return WriteResult.DURABLE
 
     def _after_commit(self, plans: list[TablePlan]) -> None:
@@ -238,20 +248,50 @@ class DuckLakeDestination:
                 self.metrics.inlined_rows.inc(plan.inline.num_rows)
                 self._flush_timer.inlined(handle.table.table_id)
             names = self.catalog.inlined_tables(handle.table)
-            if self.catalog.inlined_count(names, live=False) >= self.config.inline_flush_rows:
+            if self.catalog.inlined_count(names, live=False) < self.config.inline_flush_rows:
+                continue
+            try:
                 self.flush_inlined(handle.table)
+            except Exception:  # the batch is durable; the timer tries the flush again
+                log.warning("flushing inlined rows failed", table=str(plan.schema.name), exc_info=True)
 
     def flush_inlined(self, table: LakeTable) -> None:
         """Flush the table's inlined rows into data files."""
-        with naming_table(table.table_id):
-            rows = flush_inlined(self.lake, table, self.config.commit_attempts)
+        rows = flush_inlined(self.lake, table, self.config.commit_attempts)
         self._flush_timer.flushed(table.table_id)
         if rows:
             self.metrics.inline_flush_rows.observe(rows)
 
+    def _plan_all(self, segments: list[TableChanges]) -> list[TablePlan | None]:
+        """Plan each table's changes on a thread of its own; when one fails, the files of the others are removed."""
+        if len(segments) == 1:
+            return [self._plan_changes(segments[0])]
+        futures = [self._planner.submit(self._plan_changes, segment) for segment in segments]
+        wait(futures)
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        plans = [f.result() for f in futures if f.exception() is None]
+        if failed:
+            for plan in plans:
+                if plan is not None:
+                    plan.discard(self.storage)
+            raise failed[0]  # type: ignore[misc]
+        return plans
+
     def _plan_changes(self, segment: TableChanges) -> TablePlan | None:
+        if self._spark is not None:  # each planning thread's Spark jobs in a fair pool of their own
+            self._spark.sparkContext.setLocalProperty("spark.scheduler.pool", threading.current_thread().name)
         with naming_table(segment.schema.id):
-            return plan_changes(self.lake, segment)
+            plan = plan_changes(self.lake, segment)
+        if plan is not None:
+            log.debug(
+                "ducklake table planned",
+                table=str(segment.schema.name),
+                files=len(plan.files),
+                inlined=plan.inline.num_rows if plan.inline is not None else 0,
+                file_deletes=sum(len(positions) for _, positions in plan.deletes.values()),
+                inlined_ended=len(plan.ended_inlined),
+            )
+        return plan
 
     # -- reading back ----------------------------------------------------------------------------
     def preview(self, table: TableName, limit: int) -> TablePreview:

@@ -285,7 +285,7 @@ def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
     inlined_rows = None
     if inlined_tables and not only_inserts:
         inlined_rows = lake.catalog.inlined_rows(inlined_tables, needed, Form.SPARK)
-    inline = inlinable(columns) and changes.num_rows <= lake.inline_row_limit
+    inline = inlinable(columns)
     if key and not toast:
         # The common case. The batch is collapsed on the driver, in Arrow; one Spark job finds the
         # stored rows of its keys (few next to the table's, so broadcast into the scan), the
@@ -305,7 +305,7 @@ def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
         if inlined_rows is not None:
             plan.ended_inlined = _inlined_of_keys(inlined_rows, collapsed.select(key), columns)
         upserts = collapsed.filter(pc.equal(collapsed[ACTION], UPSERT)).select(names)
-        if upserts.num_rows and inline:
+        if upserts.num_rows and inline and upserts.num_rows <= lake.inline_row_limit:
             plan.inline = upserts
         elif upserts.num_rows:
             plan.files = lake.storage.write_rows(_spec(lake, plan, columns), upserts)
@@ -332,7 +332,7 @@ def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
             )
         rows = _copies(collapsed, names)
     try:
-        if inline:  # at most as many rows as changes
+        if inline and changes.num_rows <= lake.inline_row_limit:  # no more rows than changes
             inlined_upserts = rows.toArrow()
             plan.inline = inlined_upserts if inlined_upserts.num_rows else None
         else:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
@@ -29,11 +31,22 @@ def masked(message: str, url: str) -> str:
     return message.replace(str(password), "***") if password else message
 
 
+_WRITE: Final = "etl_write"
+
+
+@contextmanager
+def writing(engine: Engine) -> Iterator[Connection]:
+    """A connection in a transaction that will write (committed at the end, rolled back on error)."""
+    with engine.connect().execution_options(**{_WRITE: True}) as conn, conn.begin():
+        yield conn
+
+
 def engine_for(url: str) -> Engine:
     """An engine for a ``sqlite:///`` or ``postgresql://`` URL (psycopg 3 driver).
 
-    SQLite transactions begin with ``BEGIN IMMEDIATE``: a writer takes the write lock before it reads the
-    latest snapshot, so two writers serialize instead of failing on upgrade.
+    SQLite transactions of ``writing`` begin with ``BEGIN IMMEDIATE``: a writer takes the write lock before it
+    reads the latest snapshot, so two writers serialize instead of failing on upgrade. Reads begin a deferred
+    transaction, which never holds the write lock: many readers (DuckDB among them) do not stall the writer.
     """
     try:
         parsed = make_url(url)
@@ -51,7 +64,7 @@ def engine_for(url: str) -> Engine:
 
         @sa.event.listens_for(engine, "begin")
         def _write_lock(connection: Connection) -> None:
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
+            connection.exec_driver_sql("BEGIN IMMEDIATE" if connection.get_execution_options().get(_WRITE) else "BEGIN")
 
     else:
         raise ConfigError(f"the DuckLake catalog must live in SQLite or Postgres, not {backend!r}", hint=_URL_HINT)

@@ -22,7 +22,7 @@ from etl.errors import DestinationError
 from etl_spark.ducklake.catalog import inlined
 from etl_spark.ducklake.catalog.bootstrap import check_lake, create_lake
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES
-from etl_spark.ducklake.catalog.engine import engine_for, masked, redacted
+from etl_spark.ducklake.catalog.engine import engine_for, masked, redacted, writing
 from etl_spark.ducklake.catalog.migrations import migrate
 from etl_spark.ducklake.catalog.model import DataFile, DeleteFile, Handle, LakeColumn, LakeTable
 from etl_spark.ducklake.catalog.transaction import Transaction
@@ -78,7 +78,7 @@ class Catalog:
         if engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
             Path(engine.url.database).parent.mkdir(parents=True, exist_ok=True)
         try:
-            with engine.begin() as conn:
+            with writing(engine) as conn:
                 if not sa.inspect(conn).has_table("ducklake_metadata"):
                     create_lake(conn, self._requested_data_path, self.author)
                     log.info("created ducklake catalog", catalog=redacted(self._url))
@@ -334,7 +334,7 @@ class Catalog:
         changes nothing.
         """
         state = TABLES[STATE_TABLE]
-        with self.engine.begin() as conn:
+        with writing(self.engine) as conn:
             conn.execute(
                 sa.update(state)
                 .where(state.c.pipeline_id == self.pipeline_id, state.c.source_table_id == source_table_id)
@@ -359,7 +359,7 @@ class Catalog:
             try:
                 with self._lock:
                     started = time.perf_counter()
-                    with self.engine.begin() as conn:
+                    with writing(self.engine) as conn:
                         txn = Transaction(self, conn)
                         if base_snapshot is not None and watched:
                             txn.check_conflicts(base_snapshot, watched)
