@@ -110,12 +110,24 @@ def lake(request: pytest.FixtureRequest, tmp_path: Path, spark: Any, pg_major: i
     yield Lake(url, str(tmp_path / "data") + "/", duckdb_target)
 
 
+_STARTED: list[DuckLakeDestination] = []
+
+
 def make_destination(lake: Lake, pipeline_id: int = 1, **options: Any) -> DuckLakeDestination:
+    """A started destination; the end of the test shuts it down (its upkeep thread, planners, catalog)."""
     base = {"catalog": lake.url, "data_path": lake.data_path, "spark": SPARK.model_dump()}
     config = DuckLakeConfig.model_validate({**base, **options})
     destination = DuckLakeDestination.from_config(config, DestinationContext(pipeline_id, MemoryStore(pipeline_id)))
     destination.startup()
+    _STARTED.append(destination)
     return destination
+
+
+@pytest.fixture(autouse=True)
+def _shut_destinations_down() -> Iterator[None]:
+    yield
+    while _STARTED:
+        _STARTED.pop().shutdown()
 
 
 # Arrow types the engine's codecs produce per Postgres type OID (etl/postgres/codecs.py).

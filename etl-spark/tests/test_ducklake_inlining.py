@@ -24,6 +24,7 @@ import pytest
 
 from etl.destination.memory import MemoryDestination, row_sort_key
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
+from etl_spark.ducklake import inline_flush
 
 NUMERIC_12_3 = ((12 << 16) | 3) + 4
 KINDS = TableSchema(
@@ -242,8 +243,8 @@ def test_a_truncate_ends_inlined_rows_and_big_batches_write_files(lake: Any, kit
     destination.shutdown()
 
 
-def test_inlined_rows_are_flushed_at_the_threshold_and_on_the_timer(lake: Any, kit: Any) -> None:
-    destination = kit.make_destination(lake, inline_flush_rows=3, inline_flush_seconds=5)
+def test_inlined_rows_are_flushed_at_the_threshold(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake, inline_flush_rows=3, inline_flush_seconds=3600)
     reference = MemoryDestination()
     b = kit.BatchBuilder()
     for batch in (
@@ -254,11 +255,55 @@ def test_inlined_rows_are_flushed_at_the_threshold_and_on_the_timer(lake: Any, k
         for target in (destination, reference):
             target.write_events(batch)
     assert catalog_count(lake, "ducklake_data_file") == 1
-    assert inlined_rows(lake, live=False) == 1  # the pairs row, until the timer
-    deadline = time.monotonic() + 30
-    while inlined_rows(lake, live=False):
-        assert time.monotonic() < deadline, "the timer never flushed the pairs row"
-        time.sleep(0.2)
+    assert inlined_rows(lake, live=False) == 1  # the pairs row, under the threshold
     for schema in (KINDS, PAIRS):
         assert lake_rows(lake, schema) == expected(reference, schema)
+
+
+def test_inlined_rows_are_flushed_on_the_timer_also_after_a_restart(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake, inline_flush_seconds=3600)
+    batch = kit.BatchBuilder().commit().insert(PAIRS, {"a": "x", "b": 1}).build()
+    destination.write_events(batch)
     destination.shutdown()
+    assert inlined_rows(lake) == 1
+    destination = kit.make_destination(lake, inline_flush_seconds=1)  # finds the inlined row at start
+    deadline = time.monotonic() + 60
+    while inlined_rows(lake, live=False):
+        assert time.monotonic() < deadline, "the timer never flushed the inlined row"
+        time.sleep(0.2)
+    assert catalog_count(lake, "ducklake_data_file") == 1
+    assert lake.query("SELECT a, b FROM lake.public.pairs") == [("x", 1)]
+
+
+def test_a_flush_that_finds_its_rows_changed_starts_over_and_loses_nothing(
+    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    destination = kit.make_destination(lake)
+    reference = MemoryDestination()
+    b = kit.BatchBuilder()
+    batch = b.commit().insert(KINDS, kind_row(1)).insert(KINDS, kind_row(2)).insert(KINDS, kind_row(3)).build()
+    for target in (destination, reference):
+        target.write_events(batch)
+    real_write = inline_flush.write_flush
+    writes = []
+
+    def write_then_another_writer_changes_the_rows(lake_: Any, table: Any, name: str) -> Any:
+        flush = real_write(lake_, table, name)
+        writes.append(flush)
+        if len(writes) == 1:  # another writer ends row 2 and inlines a row after the flush read the rows
+            later = kit.BatchBuilder(lsn=0x9000).commit().delete(KINDS, {"id": 2}).insert(KINDS, kind_row(4)).build()
+            with monkeypatch.context() as patched:
+                patched.setattr(inline_flush, "write_flush", real_write)
+                other = kit.make_destination(lake, pipeline_id=1)
+                other.write_events(later)
+                other.shutdown()
+            reference.write_events(later)
+        return flush
+
+    monkeypatch.setattr(inline_flush, "write_flush", write_then_another_writer_changes_the_rows)
+    destination.flush_inlined(destination.catalog.handle(KINDS.id).table)
+    assert len(writes) == 2  # the first flush found the rows changed and was written again
+    assert lake_rows(lake, KINDS) == expected(reference, KINDS)
+    listed = lake.query("SELECT data_file FROM ducklake_list_files('lake', 'kinds', schema => 'public')")
+    on_disk = {p.name for p in Path(lake.data_path).rglob("kinds/ducklake-*.parquet") if "delete" not in p.name}
+    assert {Path(p).name for (p,) in listed} == on_disk  # the first attempt's file was removed

@@ -55,6 +55,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+_PLANNER = "ducklake-plan"
+"""The name prefix of planning threads."""
+
 SPARK_CONF = {"spark.sql.parquet.fieldId.read.enabled": "true", "spark.scheduler.mode": "FAIR"}
 """Field ids pick the columns of the files read; the fair scheduler runs the Spark jobs of a batch's tables,
 planned on threads of their own, side by side."""
@@ -126,7 +129,9 @@ class DuckLakeDestination:
         """Held by each batch, and by upkeep, which so runs between batches."""
         self._flush_timer = FlushTimer(config.inline_flush_seconds)
         self._upkeep: Upkeep | None = None
-        self._planner = ThreadPoolExecutor(config.planning_threads, thread_name_prefix="ducklake-plan")
+        self._planner: ThreadPoolExecutor | None = None
+        self._pool = threading.local()
+        """The fair scheduler pool a planning thread set (``spark``)."""
 
     @classmethod
     def from_config(cls, config: Any, context: DestinationContext) -> DuckLakeDestination:
@@ -139,10 +144,13 @@ class DuckLakeDestination:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def startup(self) -> None:
+        if self._upkeep is not None:
+            return
         self.catalog.open()
         self._storage = LakeStorage(self.catalog.data_path, self.metrics)
         for table_id in self.catalog.tables_with_inlined_rows():
             self._flush_timer.inlined(table_id)
+        self._planner = ThreadPoolExecutor(self.config.planning_threads, thread_name_prefix=_PLANNER)
         self._upkeep = Upkeep(self.upkeep, min(UPKEEP_SECONDS, self.config.inline_flush_seconds), self._writing)
         self._upkeep.start()
 
@@ -150,7 +158,9 @@ class DuckLakeDestination:
         if self._upkeep is not None:
             self._upkeep.stop()
             self._upkeep = None
-        self._planner.shutdown()
+        if self._planner is not None:
+            self._planner.shutdown()
+            self._planner = None
         self.catalog.close()
 
     def upkeep(self) -> None:
@@ -169,10 +179,21 @@ class DuckLakeDestination:
 
     @property
     def spark(self) -> SparkSession:
+        """The Spark session, started on first use. A planning thread's jobs run in a fair pool of its own."""
         with self._spark_lock:  # planning threads, and copies, may all want it first
             if self._spark is None:
                 self._spark = get_spark(self.config.spark, SPARK_CONF)
-            return self._spark
+        thread = threading.current_thread().name
+        if thread.startswith(_PLANNER) and getattr(self._pool, "name", None) != thread:
+            self._spark.sparkContext.setLocalProperty("spark.scheduler.pool", thread)
+            self._pool.name = thread
+        return self._spark
+
+    @property
+    def planner(self) -> ThreadPoolExecutor:
+        if self._planner is None:
+            raise DestinationError("the ducklake destination is not started", hint="call startup() first")
+        return self._planner
 
     @property
     def storage(self) -> LakeStorage:
@@ -248,7 +269,7 @@ class DuckLakeDestination:
                 self.metrics.inlined_rows.inc(plan.inline.num_rows)
                 self._flush_timer.inlined(handle.table.table_id)
             names = self.catalog.inlined_tables(handle.table)
-            if self.catalog.inlined_count(names, live=False) < self.config.inline_flush_rows:
+            if self.catalog.inlined_count(names) < self.config.inline_flush_rows:
                 continue
             try:
                 self.flush_inlined(handle.table)
@@ -266,20 +287,19 @@ class DuckLakeDestination:
         """Plan each table's changes on a thread of its own; when one fails, the files of the others are removed."""
         if len(segments) == 1:
             return [self._plan_changes(segments[0])]
-        futures = [self._planner.submit(self._plan_changes, segment) for segment in segments]
+        futures = [self.planner.submit(self._plan_changes, segment) for segment in segments]
         wait(futures)
-        failed = [f.exception() for f in futures if f.exception() is not None]
+        failed = [error for f in futures if (error := f.exception()) is not None]
         plans = [f.result() for f in futures if f.exception() is None]
         if failed:
             for plan in plans:
                 if plan is not None:
                     plan.discard(self.storage)
-            raise failed[0]  # type: ignore[misc]
+            firsts = [error for error in failed if isinstance(error, FlushFirst)]
+            raise failed[0] if len(firsts) < len(failed) else FlushFirst(*(t for e in firsts for t in e.tables))
         return plans
 
     def _plan_changes(self, segment: TableChanges) -> TablePlan | None:
-        if self._spark is not None:  # each planning thread's Spark jobs in a fair pool of their own
-            self._spark.sparkContext.setLocalProperty("spark.scheduler.pool", threading.current_thread().name)
         with naming_table(segment.schema.id):
             plan = plan_changes(self.lake, segment)
         if plan is not None:
@@ -319,7 +339,8 @@ class DuckLakeDestination:
         Data files of plans that do not get committed, a failure half-way through making them included, are
         removed.
         """
-        for attempt in range(self.config.commit_attempts):
+        attempt, flushed = 0, set()
+        while attempt < self.config.commit_attempts:
             base = self.catalog.latest_snapshot()
             plans: list[TablePlan] = []
             try:
@@ -332,13 +353,22 @@ class DuckLakeDestination:
                     tables=[p.handle.table.table_id for p in plans if p.handle is not None],
                 )
                 return plans
-            except FlushFirst as first:
+            except FlushFirst as first:  # not an attempt: the plans are made again once the rows are flushed
                 for plan in plans:
                     plan.discard(self.storage)
-                self.flush_inlined(first.table)
+                for table in first.tables:
+                    if table.table_id in flushed:
+                        raise DestinationError(
+                            f"the inlined rows of DuckLake table {table.schema_name}.{table.name} are still there"
+                            " after a flush",
+                            hint="check the pipeline's log for why the flush failed",
+                        ) from None
+                    flushed.add(table.table_id)
+                    self.flush_inlined(table)
             except CommitConflict as conflict:
+                attempt += 1
                 self.metrics.commit_conflicts.inc()
-                log.info("ducklake commit conflict; recomputing", reason=str(conflict), attempt=attempt + 1)
+                log.info("ducklake commit conflict; recomputing", reason=str(conflict), attempt=attempt)
                 for plan in plans:
                     plan.discard(self.storage)
             except BaseException:

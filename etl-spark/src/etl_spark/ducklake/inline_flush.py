@@ -66,7 +66,7 @@ def write_flush(lake: Lake, table: LakeTable, name: str) -> InlinedFlush | None:
             lake.storage.remove(table.directory, [file])
             raise
         deletes_begin = pc.min(positions[SNAPSHOT.name]).as_py()
-    return InlinedFlush(shape, file, placed, deletes, deletes_begin)
+    return InlinedFlush(shape, rows["row_id"][-1].as_py(), file, placed, deletes, deletes_begin)
 
 
 def flush_inlined(lake: Lake, table: LakeTable, attempts: int) -> int:
@@ -78,18 +78,24 @@ def flush_inlined(lake: Lake, table: LakeTable, attempts: int) -> int:
 def flush_inlined_table(lake: Lake, table: LakeTable, name: str, attempts: int) -> int:
     """Flush the rows of inlined data table ``name`` in one snapshot; how many it flushed.
 
-    A writer that changes the rows meanwhile (DuckDB flushing them itself) makes it start over.
+    A writer that changes the rows meanwhile (DuckDB flushing them itself) makes it start over; rows inserted
+    meanwhile stay inlined. A table dropped meanwhile has nothing left to flush.
     """
     for _ in range(attempts):
         started = time.perf_counter()
+        base = lake.catalog.latest_snapshot()
         flush = write_flush(lake, table, name)
         if flush is None:
             return 0
         try:
-            lake.catalog.commit(partial(_apply, table=table, name=name, flush=flush))
+            lake.catalog.commit(
+                partial(_apply, table=table, name=name, flush=flush), base_snapshot=base, tables=[table.table_id]
+            )
         except CommitConflict as conflict:
-            log.info("inlined rows changed while flushing them; again", table_id=table.table_id, reason=str(conflict))
             _discard(lake, table, flush)
+            if lake.catalog.table(table.table_id) is None:
+                return 0
+            log.info("inlined rows changed while flushing them; again", table_id=table.table_id, reason=str(conflict))
             continue
         except BaseException:
             _discard(lake, table, flush)

@@ -7,7 +7,7 @@ their rows record the snapshot id, known only then.
 
 A batch's upserts for a table are inlined (``catalog.inlined``) when there are at most
 ``Lake.inline_row_limit`` of them and the table's columns can be: no Spark job, no file. A plan never
-changes the schema of a table with live inlined rows: it raises ``FlushFirst``, and the caller
+changes the columns of a table with inlined rows: it raises ``FlushFirst``, and the caller
 flushes them (``inline_flush``) and plans again.
 """
 
@@ -96,10 +96,10 @@ class TablePlan:
             txn.end_data_files(table)
         for file in self.files:
             txn.add_data_file(table, file)
+        if self.ended_inlined:  # first: it may find them changed, before any delete file is written
+            txn.end_inlined_rows(table, self.ended_inlined)
         for data_file, positions in self.deletes.values():
             self._delete(txn, storage, table, data_file, positions)
-        if self.ended_inlined:
-            txn.end_inlined_rows(table, self.ended_inlined)
         if self.inline is not None:
             txn.inline_rows(table, self.inline)
         if self.watermark is not None:
@@ -161,11 +161,11 @@ class TablePlan:
 
 
 class FlushFirst(Exception):
-    """The plan would change the schema of a table that has live inlined rows: flush them, then plan again."""
+    """Plans would change the columns of tables that have inlined rows: flush them, then plan again."""
 
-    def __init__(self, table: LakeTable) -> None:
-        super().__init__(f"flush the inlined rows of DuckLake table {table.table_id} first")
-        self.table = table
+    def __init__(self, *tables: LakeTable) -> None:
+        super().__init__(f"flush the inlined rows of DuckLake tables {[t.table_id for t in tables]} first")
+        self.tables = tables
 
 
 def _target_columns(
@@ -264,7 +264,7 @@ def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
         return _plan_schema(lake, schema, handle, inlined_tables) if segment.table.num_rows == 0 else None
     change, new_ids, columns = _target_columns(lake, schema, handle)
     if handle is not None and change:
-        _check_not_inlined(lake, handle.table, inlined_tables)
+        _check_not_inlined(handle.table, inlined_tables)
     plan = TablePlan(
         schema, handle, _directory(lake, schema, handle), change, new_ids, _sources(columns), watermark=watermark
     )
@@ -342,9 +342,9 @@ def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
     return plan
 
 
-def _check_not_inlined(lake: Lake, table: LakeTable, inlined_tables: list[str]) -> None:
-    """Columns change: flush the table's inlined rows first, when it has some."""
-    if inlined_tables and lake.catalog.inlined_count(inlined_tables, live=False):
+def _check_not_inlined(table: LakeTable, inlined_tables: list[str]) -> None:
+    """Columns change: flush the table's inlined rows first, when it has some (``inlined_tables`` hold rows)."""
+    if inlined_tables:
         raise FlushFirst(table)
 
 
@@ -373,7 +373,7 @@ def _plan_schema(lake: Lake, schema: TableSchema, handle: Handle | None, inlined
     if not change and not _renamed(handle.table, schema):
         return None
     if change:
-        _check_not_inlined(lake, handle.table, inlined_tables)
+        _check_not_inlined(handle.table, inlined_tables)
     return TablePlan(
         schema, handle, handle.table.directory, change, new_ids, _sources(columns), watermark=(lsn, BEFORE_FIRST)
     )

@@ -46,7 +46,8 @@ def engine_for(url: str) -> Engine:
 
     SQLite transactions of ``writing`` begin with ``BEGIN IMMEDIATE``: a writer takes the write lock before it
     reads the latest snapshot, so two writers serialize instead of failing on upgrade. Reads begin a deferred
-    transaction, which never holds the write lock: many readers (DuckDB among them) do not stall the writer.
+    transaction and never take the write lock, so they do not queue for it (without WAL a commit still waits
+    for the reads under way to end).
     """
     try:
         parsed = make_url(url)

@@ -169,18 +169,17 @@ def end_all(conn: Connection, name: str, snapshot: int) -> int:
     ).rowcount
 
 
-def live_count(conn: Connection, name: str) -> int:
-    return int(conn.execute(sa.text(f"SELECT count(*) FROM {quote(name)} WHERE end_snapshot IS NULL")).scalar_one())
-
-
 def column_names(conn: Connection, name: str) -> list[str]:
     """The names of the table columns an inlined data table holds."""
     return [str(c["name"]) for c in sa.inspect(conn).get_columns(name)][3:]
 
 
-def shape(conn: Connection, name: str) -> tuple[int, int]:
-    """Rows, and ended rows: what a flush checks is unchanged when it commits."""
-    row = conn.execute(sa.text(f"SELECT count(*), count(end_snapshot) FROM {quote(name)}")).one()
+def shape(conn: Connection, name: str, last_row_id: int | None = None) -> tuple[int, int]:
+    """Rows, and ended rows (of row ids up to ``last_row_id``)."""
+    where = "" if last_row_id is None else " WHERE row_id <= :last"
+    row = conn.execute(
+        sa.text(f"SELECT count(*), count(end_snapshot) FROM {quote(name)}{where}"), {"last": last_row_id}
+    ).one()
     return int(row[0]), int(row[1])
 
 
@@ -226,6 +225,6 @@ def _decode(values: list[Any], column: LakeColumn, slot: _Slot, form: Form) -> p
     return convert(stored, column, form)
 
 
-def remove_all(conn: Connection, name: str) -> None:
-    """Delete every row (they were flushed to a data file)."""
-    conn.execute(sa.text(f"DELETE FROM {quote(name)}"))
+def remove(conn: Connection, name: str, last_row_id: int) -> int:
+    """Delete the rows of row ids up to ``last_row_id`` (they were flushed to a data file); how many."""
+    return conn.execute(sa.text(f"DELETE FROM {quote(name)} WHERE row_id <= :last"), {"last": last_row_id}).rowcount

@@ -111,7 +111,9 @@ class InlinedFlush:
     """Inlined rows written to a data file, ready to replace them in the catalog."""
 
     shape: tuple[int, int]
-    """Rows, and ended rows, of the inlined table when they were read; the commit checks they are unchanged."""
+    """Rows, and ended rows, when they were read; the commit checks that those of row ids up to
+    ``last_row_id`` are still so (rows are only ever inserted, with higher ids, ended, or removed)."""
+    last_row_id: int
     file: NewFile
     placed: Flushed
     deletes: NewFile | None

@@ -280,7 +280,7 @@ class Catalog:
 
         One of an earlier schema version is read as holding the current columns, which it must then have
         (versions that only renamed the table). This writer flushes a table's inlined rows before it changes
-        its columns; rows left at an older column set (a DuckDB writer with inlining on) are refused.
+        its columns; rows left under other columns (by a DuckDB writer with inlining on) are refused.
         """
         with self._reading(conn) as c:
             tables = inlined.registered(c, table.table_id)
@@ -290,7 +290,7 @@ class Catalog:
             held = [(v, name) for v, name in tables.items() if inlined.shape(c, name)[0]]
             current = [col.name for col in table.columns]
             for other, name in held:
-                if other != version and inlined.column_names(c, name) != current and inlined.live_count(c, name):
+                if other != version and inlined.column_names(c, name) != current:
                     raise DestinationError(
                         f"DuckLake table {table.schema_name}.{table.name} holds rows inlined into the catalog under"
                         " other columns",
@@ -306,10 +306,10 @@ class Catalog:
             tables = [inlined.read(conn, name, columns, form, live=live) for name in names]
         return pa.concat_tables(tables).sort_by("row_id") if len(tables) != 1 else tables[0]
 
-    def inlined_count(self, names: Sequence[str], *, live: bool) -> int:
-        """Rows (only the live ones with ``live``) of inlined data tables."""
+    def inlined_count(self, names: Sequence[str]) -> int:
+        """Rows, live and ended, of inlined data tables."""
         with self.engine.connect() as conn:
-            return sum(inlined.live_count(conn, n) if live else inlined.shape(conn, n)[0] for n in names)
+            return sum(inlined.shape(conn, n)[0] for n in names)
 
     def tables_with_inlined_rows(self) -> list[int]:
         """The lake tables this pipeline keeps that have inlined rows."""

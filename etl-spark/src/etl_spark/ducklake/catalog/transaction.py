@@ -545,12 +545,12 @@ class Transaction:
         """End inlined rows (deleted or updated); all of them must still be live."""
         names = self.catalog.inlined_tables(table, self.conn)
         if sum(inlined.end(self.conn, name, row_ids, self.snapshot_id) for name in names) != len(row_ids):
-            raise CommitConflict(f"inlined rows of DuckLake table {table.table_id} changed")
+            raise CommitConflict(f"inlined rows of DuckLake table {table.table_id} changed")  # ended by another writer
         self._change(f"inlined_delete:{table.table_id}")
 
     def flush_inlined_rows(self, table: LakeTable, name: str, flush: InlinedFlush) -> None:
         """Replace the inlined rows of ``name`` by the data file (and delete file) they were written to."""
-        if inlined.shape(self.conn, name) != flush.shape:
+        if inlined.shape(self.conn, name, flush.last_row_id) != flush.shape:
             raise CommitConflict(f"inlined rows of DuckLake table {table.table_id} changed")
         data_file_id = self.add_data_file(table, flush.file, flush.placed)
         if flush.deletes is not None:
@@ -569,7 +569,7 @@ class Transaction:
                     "footer_size": flush.deletes.footer_size,
                 },
             )
-        inlined.remove_all(self.conn, name)
+        inlined.remove(self.conn, name, flush.last_row_id)
 
     def _inlined_table(self, table: LakeTable) -> str:
         """The table's inlined data table at its current schema version, created when missing."""
