@@ -307,3 +307,67 @@ def test_a_flush_that_finds_its_rows_changed_starts_over_and_loses_nothing(
     listed = lake.query("SELECT data_file FROM ducklake_list_files('lake', 'kinds', schema => 'public')")
     on_disk = {p.name for p in Path(lake.data_path).rglob("kinds/ducklake-*.parquet") if "delete" not in p.name}
     assert {Path(p).name for (p,) in listed} == on_disk  # the first attempt's file was removed
+
+
+def test_unchanged_toast_values_and_keyless_deletes_find_rows_in_files_and_inlined_alike(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake)
+    reference = MemoryDestination()
+    b = kit.BatchBuilder()
+    first = b.commit().insert(KINDS, kind_row(1)).insert(PAIRS, {"a": "x", "b": 1}).insert(PAIRS, {"a": "y", "b": 2})
+    batch = first.build()
+    for target in (destination, reference):
+        target.write_events(batch)
+    for schema in (KINDS, PAIRS):
+        destination.flush_inlined(destination.catalog.handle(schema.id).table)  # into files
+    batch = b.commit().insert(KINDS, kind_row(2)).insert(PAIRS, {"a": "x", "b": 1}).build()  # inlined
+    for target in (destination, reference):
+        target.write_events(batch)
+    third = (
+        b.commit()
+        .update(KINDS, {**kind_row(1), "label": "file row"}, missing=("raw", "doc"))
+        .update(KINDS, {**kind_row(2), "label": "inlined row"}, missing=("raw", "doc"))
+        .delete(PAIRS, {"a": "x", "b": 1})
+        .delete(PAIRS, {"a": "x", "b": 1})  # one occurrence in a file, one inlined
+        .delete(PAIRS, {"a": "y", "b": 2})
+        .build()
+    )
+    for target in (destination, reference):
+        target.write_events(third)
+    for schema in (KINDS, PAIRS):
+        assert lake_rows(lake, schema) == expected(reference, schema)
+    assert {r["id"]: r["raw"] for r in lake_rows(lake, KINDS)} == {1: kind_row(1)["raw"], 2: kind_row(2)["raw"]}
+    assert lake_rows(lake, PAIRS) == []
+
+
+def test_rows_duckdb_inlined_are_updated_deleted_and_flushed(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake)
+    b = kit.BatchBuilder()
+    destination.write_events(b.commit().insert(KINDS, kind_row(1)).insert(KINDS, kind_row(2)).build())
+    con = lake.duckdb()
+    con.execute("CALL lake.set_option('data_inlining_row_limit', 100)")  # DuckDB inlines its own rows too
+    con.execute(
+        "INSERT INTO lake.public.kinds VALUES"
+        " (7, 'from duckdb', true, 2.5, 7.125, DATE '2024-02-03', TIMESTAMPTZ '2024-05-06 07:08:09.123456+00',"
+        " TIMESTAMP '2020-01-01 00:00:00.5', TIME '01:02:03.000004', '00000000-0000-0000-0000-000000000007',"
+        " '\\x00\\x07'::BLOB, '{\"n\": 7}', -7),"
+        " (8, NULL, false, 'nan'::DOUBLE, -0.001, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"
+    )
+    con.execute("CALL lake.set_option('data_inlining_row_limit', 0)")
+    con.close()
+    assert inlined_rows(lake) == 4 and catalog_count(lake, "ducklake_data_file") == 0
+    stored = {r["id"]: r for r in lake_rows(lake, KINDS)}
+
+    batch = (
+        b.commit()
+        .update(KINDS, {**stored[7], "label": "changed by the pipeline"})  # found by its key among DuckDB's rows
+        .delete(KINDS, {"id": 8})
+        .delete(KINDS, {"id": 1})
+        .build()
+    )
+    destination.write_events(batch)
+    stored[7] = {**stored[7], "label": "changed by the pipeline"}
+    del stored[8], stored[1]
+    assert lake_rows(lake, KINDS) == sorted(stored.values(), key=row_sort_key)
+    destination.flush_inlined(destination.catalog.handle(KINDS.id).table)  # decodes DuckDB's values exactly
+    assert inlined_rows(lake, live=False) == 0
+    assert lake_rows(lake, KINDS) == sorted(stored.values(), key=row_sort_key)
