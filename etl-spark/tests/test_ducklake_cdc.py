@@ -23,6 +23,7 @@ from etl_spark.ducklake import plan as plan_module
 from etl_spark.ducklake.catalog import engine_for
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, VERSION_TABLE
 from etl_spark.ducklake.catalog.migrations import LEGACY_COLUMNS_TABLE
+from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.scan import read_rows
 
 NUMERIC_10_2 = ((10 << 16) | 2) + 4
@@ -137,9 +138,11 @@ def test_mixed_workload_matches_source(lake: Any, kit: Any) -> None:
     assert sorted(feed) == sorted([*updated, ("delete", 4), ("insert", 6), ("insert", 7)])
 
 
+@pytest.mark.parametrize("lookup", ["driver", "spark"])
 def test_files_whose_key_bounds_hold_no_touched_key_are_not_scanned(
-    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch
+    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch, lookup: str
 ) -> None:
+    """Few candidate rows are searched for the batch's keys on the driver; many, by a Spark job."""
     destination = kit.make_destination(lake)
     for start in (1, 101, 201):  # three data files: ids 1-100, 101-200, 201-300
         rows = [{"id": i, "note": f"n{i}", "qty": i, "amount": Decimal("1.00")} for i in range(start, start + 100)]
@@ -153,7 +156,17 @@ def test_files_whose_key_bounds_hold_no_touched_key_are_not_scanned(
         scanned.extend(data_paths)
         return read_rows(spark, storage, columns, data_paths)
 
-    monkeypatch.setattr(plan_module, "read_rows", spy)
+    real_lookup = LakeStorage.positions_of_keys
+
+    def spy_driver(storage: Any, column: Any, paths: list[str], keys: Any) -> Any:
+        scanned.extend(paths)
+        return real_lookup(storage, column, paths, keys)
+
+    if lookup == "spark":
+        monkeypatch.setattr(plan_module, "DRIVER_LOOKUP_ROWS", 0)
+        monkeypatch.setattr(plan_module, "read_rows", spy)
+    else:
+        monkeypatch.setattr(LakeStorage, "positions_of_keys", spy_driver)
     b = kit.BatchBuilder()
     batch = b.commit().update(ORDERS, {"id": 150, "note": "x", "qty": 0, "amount": Decimal("2.00")}).build()
     destination.write_events(batch)

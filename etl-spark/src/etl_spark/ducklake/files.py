@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -124,6 +125,27 @@ class LakeStorage:
             )
         return table.select(["pos", "_ducklake_internal_snapshot_id"])
 
+    # -- key lookups -----------------------------------------------------------------------------
+    def positions_of_keys(self, column: LakeColumn, paths: Sequence[str], keys: pa.Array) -> pa.Table:
+        """``_etl_file`` (file name) and ``_etl_pos`` of the rows of data files whose value of ``column`` (an
+        integer or text column, found by field id) is one of ``keys``; deleted rows included. A file written
+        before the column was widened holds narrower values: they are widened to the keys' type."""
+        found = []
+        for path in paths:
+            with self.fs.open_input_file(self._local(path)) as handle:
+                parquet = pq.ParquetFile(handle)
+                name = _name_of_field(parquet.schema_arrow, column.column_id)
+                if name is None:  # a file from before the column existed: its rows hold NULL there
+                    continue
+                values = parquet.read(columns=[name]).column(0)
+            hits = pc.indices_nonzero(pc.is_in(pc.cast(values, keys.type), value_set=keys))
+            if len(hits):
+                file = pa.array([path.rsplit("/", 1)[-1]] * len(hits), pa.string())
+                found.append(pa.table({"_etl_file": file, "_etl_pos": pc.cast(hits, pa.int64())}))
+        if not found:
+            return pa.table({"_etl_file": pa.array([], pa.string()), "_etl_pos": pa.array([], pa.int64())})
+        return pa.concat_tables(found)
+
     # -- footers ---------------------------------------------------------------------------------
     def native_columns(self, path: str, columns: Sequence[LakeColumn]) -> frozenset[int]:
         """Ids of the ``NATIVE_TYPES`` columns and list elements that a data file holds in their own Parquet
@@ -145,6 +167,14 @@ class LakeStorage:
             if pa.types.is_list(field.type):
                 fields.append(field.type.value_field)
         return found
+
+
+def _name_of_field(schema: pa.Schema, field_id: int) -> str | None:
+    wanted = str(field_id).encode()
+    for field in schema:
+        if field.metadata and field.metadata.get(FIELD_ID) == wanted:
+            return str(field.name)
+    return None
 
 
 def write_partition(spec: DataFileSpec) -> Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]:

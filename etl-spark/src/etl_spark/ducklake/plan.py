@@ -296,7 +296,13 @@ def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
             column = next(c for c in columns if c.name == key[0])
             data_files = _may_hold(lake, handle.table, column, collapsed[key[0]], data_files)
         candidates = data_files if scan else []
-        if candidates:
+        lookup = _driver_lookup(columns, key, candidates)
+        if lookup is not None:
+            found = lake.storage.positions_of_keys(
+                lookup, [f.path for f in candidates], collapsed[key[0]].combine_chunks()
+            )
+            plan.deletes = _file_positions(found, candidates, lake.storage)
+        elif candidates:
             touched = sf.broadcast(lake.to_spark(collapsed.select(key), columns))
             stored = read_rows(lake.spark, lake.storage, needed, [f.path for f in candidates]).join(
                 touched, key, "inner"
@@ -340,6 +346,20 @@ def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
     finally:
         collapsed.unpersist()
     return plan
+
+
+DRIVER_LOOKUP_ROWS = 20_000_000
+"""Candidate files holding up to this many rows (a key column of a few hundred MB at most) are searched for a
+batch's keys on the driver, with pyarrow; more go to a Spark job."""
+
+
+def _driver_lookup(columns: Sequence[LakeColumn], key: list[str], candidates: list[DataFile]) -> LakeColumn | None:
+    """The key column to search the candidate files for on the driver, when that is the cheaper way: a
+    one-column integer or text key, and few candidate rows. A Spark job costs about a second whatever its size."""
+    if len(key) != 1 or not candidates or sum(f.record_count for f in candidates) > DRIVER_LOOKUP_ROWS:
+        return None
+    column = next(c for c in columns if c.name == key[0])
+    return column if column.type.startswith("int") or column.type == "varchar" else None
 
 
 def _check_not_inlined(table: LakeTable, inlined_tables: list[str]) -> None:
