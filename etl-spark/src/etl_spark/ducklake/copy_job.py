@@ -12,17 +12,14 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
-
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from etl.errors import EtlError, TableError, TransientError
 from etl.postgres.copy import CopyPlan, CopyStopped
 from etl_spark.ducklake.catalog import NewFile
-from etl_spark.ducklake.datafiles import DataFileSpec, metadata_batch, write_data_files
-from etl_spark.ducklake.files import run_file_tasks
+from etl_spark.ducklake.datafiles import DataFileSpec
+from etl_spark.ducklake.files import write_indexed
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -35,37 +32,13 @@ def copy_files(spark: SparkSession, plan: CopyPlan, spec: DataFileSpec, stop: th
     """Copy every range of ``plan`` into data files (``spec``) on Spark's executors; their metadata."""
     if not plan.ranges:
         return []
-    ranges = spark.range(len(plan.ranges), numPartitions=len(plan.ranges))
     description = f"etl: copy {plan.schema.name} ({len(plan.ranges)} ranges)"
     try:
-        return cancellable(spark, stop, description, lambda: run_file_tasks(ranges, spec, copy_task(plan, spec)))
+        return cancellable(spark, stop, description, lambda: write_indexed(spark, len(plan.ranges), spec, plan.copy))
     except CopyStopped:
         raise
     except Exception as exc:
         raise task_error(exc, f"the Spark copy of {plan.schema.name}") from None
-
-
-def copy_task(plan: CopyPlan, spec: DataFileSpec) -> Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]:
-    """The task: copy the ranges whose indexes it is given, write their rows as data files."""
-
-    def task(indexes: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        _use_task_cpus()
-        for batch in indexes:
-            for index in pc.cast(batch.column(0), pa.int64()).to_pylist():
-                yield metadata_batch(write_data_files(spec, plan.copy(index)))
-
-    return task
-
-
-def _use_task_cpus() -> None:
-    """Size pyarrow's thread pool (CSV parsing, Parquet encoding) to the cores Spark gave the task
-    (``spark.task.cpus``), not to the machine's: executors run one task per core at once, and pools of
-    every core's size in each of them contend (measured on the copy bench, about a quarter slower)."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    if context is not None:
-        pa.set_cpu_count(max(1, context.cpus()))
 
 
 def cancellable(spark: SparkSession, stop: threading.Event, description: str, work: Callable[[], T]) -> T:

@@ -44,6 +44,12 @@ METADATA_SCHEMA: Final = pa.schema(
 )
 """What a Spark task returns per file it wrote: the file's metadata, never its rows."""
 
+ROW_ID: Final = LakeColumn(2147483540, "_ducklake_internal_row_id", "int64", True)
+"""The row ids of a file's rows, in files whose rows keep the ids they had (flushed, merged, rewritten)."""
+SNAPSHOT: Final = LakeColumn(2147483539, "_ducklake_internal_snapshot_id", "int64", True)
+"""The snapshot that inserted each row, in files of rows of many snapshots (and, in delete files, that
+deleted each)."""
+
 
 @dataclass(frozen=True)
 class DataFileSpec:
@@ -86,7 +92,7 @@ def write_data_files(spec: DataFileSpec, parts: Iterable[pa.RecordBatch | pa.Tab
 
     Empty input writes no file.
     """
-    fs, root = _filesystem(spec.data_path)
+    fs, root = filesystem(spec.data_path)
     schema = file_schema(spec.columns)
     written: list[NewFile] = []
     file: _OpenFile | None = None
@@ -194,7 +200,8 @@ def from_metadata(row: Mapping[str, Any]) -> NewFile:
     return NewFile(row["name"], int(row["record_count"]), int(row["size_bytes"]), int(row["footer_size"]), stats)
 
 
-def _filesystem(data_path: str) -> tuple[pafs.FileSystem, str]:
+def filesystem(data_path: str) -> tuple[pafs.FileSystem, str]:
+    """The file system of a lake's data path, and the data path as a path of it (ending in ``/``)."""
     fs, root = pafs.FileSystem.from_uri(data_path)
     return fs, root.rstrip("/") + "/"
 

@@ -14,8 +14,9 @@ skipped exactly. See docs/destinations/ducklake.md.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -43,10 +44,11 @@ from etl_spark.ducklake.datafiles import DataFileSpec
 from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.inline_flush import FlushTimer, flush_inlined
 from etl_spark.ducklake.lake import Lake
+from etl_spark.ducklake.maintenance import Maintenance, MaintenanceConfig
 from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.plan import FlushFirst, TablePlan, plan_changes, plan_copy
 from etl_spark.ducklake.reader import open_lake
-from etl_spark.ducklake.upkeep import UPKEEP_SECONDS, Upkeep
+from etl_spark.ducklake.upkeep import UPKEEP_SECONDS, Step, Upkeep
 from etl_spark.session import SparkSettings, get_spark
 
 if TYPE_CHECKING:
@@ -91,6 +93,9 @@ class DuckLakeConfig(BaseModel):
     planning_threads: Integer = Field(
         4, ge=1, description="tables of one batch whose changes are planned (and their Spark jobs run) at once"
     )
+    maintenance: MaintenanceConfig | None = Field(
+        None, description="compaction, snapshot expiry and file cleanup while the pipeline runs (off when absent)"
+    )
 
     @field_validator("catalog")
     @classmethod
@@ -128,6 +133,9 @@ class DuckLakeDestination:
         self._writing = threading.Lock()
         """Held by each batch, and by upkeep, which so runs between batches."""
         self._flush_timer = FlushTimer(config.inline_flush_seconds)
+        self._maintenance = Maintenance(config.maintenance, self.metrics) if config.maintenance else None
+        self._copies = 0
+        """Copies under way (their files are registered only at their end: not orphans)."""
         self._upkeep: Upkeep | None = None
         self._planner: ThreadPoolExecutor | None = None
         self._pool = threading.local()
@@ -151,7 +159,10 @@ class DuckLakeDestination:
         for table_id in self.catalog.tables_with_inlined_rows():
             self._flush_timer.inlined(table_id)
         self._planner = ThreadPoolExecutor(self.config.planning_threads, thread_name_prefix=_PLANNER)
-        self._upkeep = Upkeep(self.upkeep, min(UPKEEP_SECONDS, self.config.inline_flush_seconds), self._writing)
+        every = min(UPKEEP_SECONDS, self.config.inline_flush_seconds)
+        if self.config.maintenance is not None:
+            every = min(every, self.config.maintenance.every_seconds)
+        self._upkeep = Upkeep(self.upkeep, every, self._writing)
         self._upkeep.start()
 
     def shutdown(self) -> None:
@@ -163,13 +174,19 @@ class DuckLakeDestination:
             self._planner = None
         self.catalog.close()
 
-    def upkeep(self) -> None:
-        """What runs between batches: flush the inlined rows that have waited ``inline_flush_seconds``."""
-        for table_id in self._flush_timer.due():
-            table = self.catalog.table(table_id)
-            if table is None:
-                self._flush_timer.flushed(table_id)
-                continue
+    def upkeep(self) -> list[Step]:
+        """The work due between batches: flush the inlined rows that have waited ``inline_flush_seconds``, and
+        a round of maintenance when one is due (``maintenance``)."""
+        steps: list[Step] = [partial(self._flush_due, table_id) for table_id in self._flush_timer.due()]
+        if self._maintenance is not None:
+            steps += self._maintenance.due(self.lake, lambda: self._copies > 0)
+        return steps
+
+    def _flush_due(self, table_id: int) -> None:
+        table = self.catalog.table(table_id)
+        if table is None:
+            self._flush_timer.flushed(table_id)
+        else:
             self.flush_inlined(table)
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
@@ -222,10 +239,20 @@ class DuckLakeDestination:
 
     def copy_table(self, plan: CopyPlan, stop: threading.Event) -> int:
         """Copy the table on Spark's executors (``copy_job``) and register every file in one snapshot."""
-        with naming_table(plan.schema.id):
+        with naming_table(plan.schema.id), self._copying():
             copy = plan_copy(self.lake, plan.schema, partial(self._copy_files, plan, stop))
             self._commit_copy(copy)
         return sum(f.record_count for f in copy.files)
+
+    @contextmanager
+    def _copying(self) -> Iterator[None]:
+        with self._spark_lock:
+            self._copies += 1
+        try:
+            yield
+        finally:
+            with self._spark_lock:
+                self._copies -= 1
 
     def _copy_files(self, plan: CopyPlan, stop: threading.Event, spec: DataFileSpec) -> list[NewFile]:
         return self.storage.written(spec, partial(copy_files, self.spark, plan, spec, stop))

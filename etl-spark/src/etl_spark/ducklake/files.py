@@ -19,9 +19,10 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from etl_spark.ducklake.catalog import LakeColumn, LakeTable, NewFile
+from etl_spark.ducklake.catalog import Composed, LakeColumn, LakeTable, NewFile
 from etl_spark.ducklake.datafiles import (
     METADATA_SCHEMA,
+    SNAPSHOT,
     DataFileSpec,
     describe,
     from_metadata,
@@ -34,12 +35,12 @@ from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.types import FIELD_ID
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
 NATIVE_TYPES: Final = ("uuid", "time")
 """Lake types that files of earlier versions of this writer hold as text, and newer files (and DuckDB's) in
 Parquet's own UUID and TIME types."""
-DELETE_FIELD_IDS: Final = {"file_path": 2147483646, "pos": 2147483645, "_ducklake_internal_snapshot_id": 2147483539}
+DELETE_FIELD_IDS: Final = {"file_path": 2147483646, "pos": 2147483645, SNAPSHOT.name: SNAPSHOT.column_id}
 
 
 class LakeStorage:
@@ -99,15 +100,41 @@ class LakeStorage:
         for file in files:
             self.fs.delete_file(self._local(directory + file.name))
 
+    def delete(self, paths: Iterable[str]) -> int:
+        """Delete files of the lake (absolute paths) that the catalog no longer knows; those already gone are
+        skipped. How many were deleted."""
+        deleted = 0
+        for path in paths:
+            try:
+                self.fs.delete_file(self._local(path))
+            except FileNotFoundError:
+                continue
+            deleted += 1
+        return deleted
+
+    def files_in(self, directory: str) -> dict[str, float]:
+        """The files directly under a lake directory (absolute paths) with their modification times (epoch
+        seconds)."""
+        selector = pafs.FileSelector(self._local(directory), allow_not_found=True)
+        return {
+            directory + info.base_name: info.mtime.timestamp()
+            for info in self.fs.get_file_info(selector)
+            if info.type == pafs.FileType.File and info.mtime is not None
+        }
+
+    def discard(self, directory: str, composed: Composed) -> None:
+        """Delete a composed file, and its delete file, that never got registered."""
+        self.remove(directory, [composed.file, *([composed.deletes] if composed.deletes else [])])
+
     # -- delete files ----------------------------------------------------------------------------
     def write_delete(self, table: LakeTable, data_file_path: str, positions: pa.Table) -> NewFile:
         """A positional delete file for one data file: ``pos`` and, when present, ``_ducklake_internal_snapshot_id``."""
         name = f"ducklake-{uuid.uuid4()}-delete.parquet"
         fields = [pa.field("file_path", pa.string()), pa.field("pos", pa.int64())]
         arrays: list[pa.Array] = [pa.array([data_file_path] * positions.num_rows, pa.string()), positions["pos"]]
-        if "_ducklake_internal_snapshot_id" in positions.column_names:
-            fields.append(pa.field("_ducklake_internal_snapshot_id", pa.int64()))
-            arrays.append(positions["_ducklake_internal_snapshot_id"])
+        if SNAPSHOT.name in positions.column_names:
+            fields.append(pa.field(SNAPSHOT.name, pa.int64()))
+            arrays.append(positions[SNAPSHOT.name])
         schema = pa.schema([f.with_metadata({FIELD_ID: str(DELETE_FIELD_IDS[f.name]).encode()}) for f in fields])
         path = table.directory + name
         self.fs.create_dir(self._local(table.directory))
@@ -119,11 +146,9 @@ class LakeStorage:
     def read_delete(self, path: str, begin_snapshot: int) -> pa.Table:
         """A delete file's positions with the snapshot that deleted each (``begin_snapshot`` when not recorded)."""
         table = pq.read_table(self._local(path), filesystem=self.fs)
-        if "_ducklake_internal_snapshot_id" not in table.column_names:
-            table = table.append_column(
-                "_ducklake_internal_snapshot_id", pa.array([begin_snapshot] * table.num_rows, pa.int64())
-            )
-        return table.select(["pos", "_ducklake_internal_snapshot_id"])
+        if SNAPSHOT.name not in table.column_names:
+            table = table.append_column(SNAPSHOT.name, pa.array([begin_snapshot] * table.num_rows, pa.int64()))
+        return table.select(["pos", SNAPSHOT.name])
 
     # -- key lookups -----------------------------------------------------------------------------
     def positions_of_keys(self, column: LakeColumn, paths: Sequence[str], keys: pa.Array) -> pa.Table:
@@ -195,3 +220,29 @@ def run_file_tasks(
     spark_types = {pa.string(): StringType(), pa.int64(): LongType()}
     schema = StructType([StructField(f.name, spark_types[f.type]) for f in METADATA_SCHEMA])
     return [from_metadata(row.asDict()) for row in frame.mapInArrow(task, schema).collect()]
+
+
+def write_indexed(
+    spark: SparkSession, count: int, spec: DataFileSpec, rows_of: Callable[[int], Iterable[pa.RecordBatch | pa.Table]]
+) -> list[NewFile]:
+    """Run ``count`` Spark tasks, task ``i`` writing the rows of ``rows_of(i)`` as data files; the files'
+    metadata, in task order."""
+
+    def task(indexes: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        _use_task_cpus()
+        for batch in indexes:
+            for index in pc.cast(batch.column(0), pa.int64()).to_pylist():
+                yield metadata_batch(write_data_files(spec, rows_of(index)))
+
+    return run_file_tasks(spark.range(count, numPartitions=count), spec, task)
+
+
+def _use_task_cpus() -> None:
+    """Size pyarrow's thread pool (CSV parsing, Parquet encoding) to the cores Spark gave the task
+    (``spark.task.cpus``), not to the machine's: executors run one task per core at once, and pools of
+    every core's size in each of them contend (measured on the copy bench, about a quarter slower)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is not None:
+        pa.set_cpu_count(max(1, context.cpus()))

@@ -24,14 +24,20 @@ import pyarrow.compute as pc
 import structlog
 
 from etl.errors import DestinationError
-from etl_spark.ducklake.catalog import CommitConflict, Flushed, InlinedFlush, LakeColumn, LakeTable, Transaction
+from etl_spark.ducklake.catalog import (
+    CommitConflict,
+    Composed,
+    InlinedFlush,
+    LakeTable,
+    Placed,
+    Transaction,
+)
+from etl_spark.ducklake.datafiles import ROW_ID, SNAPSHOT
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.types import Form
 
 log = structlog.get_logger(__name__)
 
-ROW_ID: Final = LakeColumn(2147483540, "_ducklake_internal_row_id", "int64", True)
-SNAPSHOT: Final = LakeColumn(2147483539, "_ducklake_internal_snapshot_id", "int64", True)
 _ONE_FILE: Final = 2**62
 """A flush writes one file, whatever its size (as DuckDB's does)."""
 
@@ -51,7 +57,7 @@ def write_flush(lake: Lake, table: LakeTable, name: str) -> InlinedFlush | None:
     own = {c.column_id for top in table.columns for c in top.with_elements()}
     file = replace(file, stats=[s for s in file.stats if s.column_id in own])
     begins = pc.min_max(rows["begin_snapshot"])
-    placed = Flushed(rows["row_id"][0].as_py(), begins["min"].as_py(), begins["max"].as_py())
+    placed = Placed(rows["row_id"][0].as_py(), begins["min"].as_py(), begins["max"].as_py())
     deletes, deletes_begin = None, 0
     if shape[1]:
         positions = pa.table(
@@ -66,7 +72,7 @@ def write_flush(lake: Lake, table: LakeTable, name: str) -> InlinedFlush | None:
             lake.storage.remove(table.directory, [file])
             raise
         deletes_begin = pc.min(positions[SNAPSHOT.name]).as_py()
-    return InlinedFlush(shape, rows["row_id"][-1].as_py(), file, placed, deletes, deletes_begin)
+    return InlinedFlush(shape, rows["row_id"][-1].as_py(), Composed(file, placed, deletes, deletes_begin))
 
 
 def flush_inlined(lake: Lake, table: LakeTable, attempts: int) -> int:
@@ -118,7 +124,7 @@ def _apply(txn: Transaction, *, table: LakeTable, name: str, flush: InlinedFlush
 
 
 def _discard(lake: Lake, table: LakeTable, flush: InlinedFlush) -> None:
-    lake.storage.remove(table.directory, [flush.file, *([flush.deletes] if flush.deletes else [])])
+    lake.storage.discard(table.directory, flush.written)
 
 
 class FlushTimer:

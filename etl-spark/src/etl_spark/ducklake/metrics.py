@@ -16,6 +16,8 @@ from etl.metrics import LATENCY_BUCKETS
 
 FILE_KINDS: Final = ("data", "delete")
 """The ``kind`` label of the file series: Parquet data files and positional delete files."""
+MAINTENANCE_STEPS: Final = ("merge", "rewrite", "expire", "cleanup", "orphans")
+"""The ``step`` label of the maintenance series (``[destination.maintenance]``)."""
 
 
 class DuckLakeMetrics:
@@ -58,6 +60,22 @@ class DuckLakeMetrics:
             buckets=(10, 100, 1_000, 10_000, 100_000, 1_000_000),
             registry=registry,
         )
+        self.maintenance = Counter(
+            "etl_ducklake_maintenance",
+            "What maintenance did, per step: files merged and rewritten, snapshots expired, files deleted"
+            " (scheduled ones by cleanup, unknown ones by orphans)",
+            ["step"],
+            registry=registry,
+        )
+        self.maintenance_seconds = Histogram(
+            "etl_ducklake_maintenance_seconds",
+            "Time of one maintenance step, batches waiting meanwhile",
+            ["step"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        for step in MAINTENANCE_STEPS:
+            self.maintenance.labels(step)
         for kind in FILE_KINDS:  # exported from the start, at 0
             self.files_written.labels(kind)
             self.bytes_written.labels(kind)

@@ -53,7 +53,7 @@ from etl_spark.ducklake.catalog import (
 )
 from etl_spark.ducklake.catalog.column_ids import ELEMENT
 from etl_spark.ducklake.catalog.inlined import inlinable
-from etl_spark.ducklake.datafiles import DataFileSpec
+from etl_spark.ducklake.datafiles import SNAPSHOT, DataFileSpec
 from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.scan import file_name, read_live, read_rows
@@ -63,7 +63,6 @@ from etl_spark.ducklake.types import Form, LakeType, convert, lake_type
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-SNAPSHOT_COLUMN = "_ducklake_internal_snapshot_id"
 INLINED = "_etl_inlined"
 """The ``_etl_file`` of inlined rows in a live-rows frame, whose ``_etl_pos`` is their row id."""
 BEFORE_FIRST = -1
@@ -141,7 +140,7 @@ class TablePlan:
             rows, begin, partial = new.sort_by("pos"), txn.snapshot_id, False
         else:
             old = storage.read_delete(data_file.delete.path, data_file.delete.begin_snapshot)
-            stamped = new.append_column(SNAPSHOT_COLUMN, pa.array([txn.snapshot_id] * new.num_rows, pa.int64()))
+            stamped = new.append_column(SNAPSHOT.name, pa.array([txn.snapshot_id] * new.num_rows, pa.int64()))
             rows = pa.concat_tables([old, stamped]).sort_by("pos")
             begin, partial = data_file.delete.begin_snapshot, True
         written = storage.write_delete(table, data_file.path, rows)

@@ -1,14 +1,14 @@
 """Work a destination does on its own between batches, on a daemon thread.
 
-The thread takes the lock each batch holds while it writes, so its work never runs during a batch and a
-batch waits for it at most one step. A failed step is logged and tried again at the next tick: the
-batches report the lake's faults themselves.
+Each round asks for the steps due and runs them one at a time, each holding the lock each batch holds
+while it writes: a step never runs during a batch, and a batch waits for one step at most. A failed
+step is logged and tried again in a later round: the batches report the lake's faults themselves.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import structlog
@@ -18,12 +18,14 @@ log = structlog.get_logger(__name__)
 UPKEEP_SECONDS: Final = 5.0
 """How often the thread looks for work, at most."""
 
+Step = Callable[[], None]
+
 
 class Upkeep:
-    """Runs ``work`` every ``every`` seconds, holding ``lock``, until ``stop``."""
+    """Every ``every`` seconds, runs the steps ``due`` returns, each holding ``lock``, until ``stop``."""
 
-    def __init__(self, work: Callable[[], None], every: float, lock: threading.Lock) -> None:
-        self._work = work
+    def __init__(self, due: Callable[[], Sequence[Step]], every: float, lock: threading.Lock) -> None:
+        self._due = due
         self._every = every
         self._lock = lock
         self._stopping = threading.Event()
@@ -39,10 +41,16 @@ class Upkeep:
 
     def _run(self) -> None:
         while not self._stopping.wait(self._every):
-            with self._lock:
-                if self._stopping.is_set():
-                    return
-                try:
-                    self._work()
-                except Exception:
-                    log.warning("ducklake upkeep failed; trying again later", exc_info=True)
+            try:
+                steps = self._due()
+            except Exception:
+                log.warning("ducklake upkeep could not find its work; trying again later", exc_info=True)
+                continue
+            for step in steps:
+                with self._lock:
+                    if self._stopping.is_set():
+                        return
+                    try:
+                        step()
+                    except Exception:
+                        log.warning("ducklake upkeep step failed; trying again later", exc_info=True)

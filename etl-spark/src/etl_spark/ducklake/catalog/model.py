@@ -55,6 +55,8 @@ class DeleteFile:
     path: str
     begin_snapshot: int
     partial: bool
+    delete_count: int
+    size_bytes: int
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,10 @@ class DataFile:
     path: str
     record_count: int
     delete: DeleteFile | None
+    size_bytes: int
+    begin_snapshot: int
+    row_id_start: int | None
+    """``None`` when the file holds its rows' ids (``_ducklake_internal_row_id``)."""
 
 
 @dataclass(frozen=True)
@@ -95,15 +101,28 @@ class NewColumn:
 
 
 @dataclass(frozen=True)
-class Flushed:
-    """Where the rows of a file of flushed inlined rows sit: they keep their row ids (the file's
-    ``_ducklake_internal_row_id``) and their snapshots (``_ducklake_internal_snapshot_id``)."""
+class Placed:
+    """Where the rows of a file that keeps its rows' ids (``_ducklake_internal_row_id``) sit: flushed inlined
+    rows, merged and rewritten files. Rows of many snapshots also carry each one's
+    (``_ducklake_internal_snapshot_id``)."""
 
-    row_id_start: int
-    begin_snapshot: int
-    """The first snapshot of its rows."""
-    partial_max: int
-    """The last snapshot of its rows."""
+    row_id_start: int | None
+    begin_snapshot: int | None
+    """The first snapshot of its rows; ``None``: the commit's."""
+    partial_max: int | None
+    """The last snapshot of its rows, when they are of many."""
+
+
+@dataclass(frozen=True)
+class Composed:
+    """A data file written from rows that keep their ids, ready to register, with the delete file of those of
+    its rows that were already deleted (with the snapshot that deleted each)."""
+
+    file: NewFile
+    placed: Placed
+    deletes: NewFile | None = None
+    deletes_begin: int = 0
+    """The first snapshot of the deletes."""
 
 
 @dataclass(frozen=True)
@@ -114,8 +133,4 @@ class InlinedFlush:
     """Rows, and ended rows, when they were read; the commit checks that those of row ids up to
     ``last_row_id`` are still so (rows are only ever inserted, with higher ids, ended, or removed)."""
     last_row_id: int
-    file: NewFile
-    placed: Flushed
-    deletes: NewFile | None
-    """The delete file of the rows that had ended (with the snapshot that ended each)."""
-    deletes_begin: int
+    written: Composed

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,7 +20,7 @@ import structlog
 from sqlalchemy.engine import Connection, Engine
 
 from etl.errors import DestinationError
-from etl_spark.ducklake.catalog import inlined
+from etl_spark.ducklake.catalog import inlined, retention
 from etl_spark.ducklake.catalog.bootstrap import check_lake, create_lake
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES
 from etl_spark.ducklake.catalog.engine import engine_for, masked, redacted, writing
@@ -217,12 +218,14 @@ class Catalog:
         return schema_dir + table_name + "/"
 
     def data_files(self, table: LakeTable) -> list[DataFile]:
-        """The table's active data files, each with its active delete file."""
+        """The table's active data files, each with its active delete file, oldest first."""
         with self.engine.connect() as conn:
             rows = conn.execute(
                 sa.text(
-                    "SELECT d.data_file_id, d.path, d.path_is_relative, d.record_count, x.delete_file_id,"
-                    " x.path AS xpath, x.path_is_relative AS xrel, x.begin_snapshot AS xbegin, x.partial_max"
+                    "SELECT d.data_file_id, d.path, d.path_is_relative, d.record_count, d.file_size_bytes,"
+                    " d.begin_snapshot, d.row_id_start, x.delete_file_id, x.path AS xpath,"
+                    " x.path_is_relative AS xrel, x.begin_snapshot AS xbegin, x.partial_max, x.delete_count,"
+                    " x.file_size_bytes AS xsize"
                     " FROM ducklake_data_file d LEFT JOIN ducklake_delete_file x"
                     " ON x.data_file_id = d.data_file_id AND x.end_snapshot IS NULL"
                     " WHERE d.table_id = :t AND d.end_snapshot IS NULL ORDER BY d.data_file_id"
@@ -238,13 +241,36 @@ class Catalog:
                     _join(table.directory, r.xpath, r.xrel),
                     int(r.xbegin),
                     r.partial_max is not None,
+                    int(r.delete_count or 0),
+                    int(r.xsize or 0),
                 )
             files.append(
                 DataFile(
-                    int(r.data_file_id), _join(table.directory, r.path, r.path_is_relative), int(r.record_count), delete
+                    int(r.data_file_id),
+                    _join(table.directory, r.path, r.path_is_relative),
+                    int(r.record_count),
+                    delete,
+                    int(r.file_size_bytes or 0),
+                    int(r.begin_snapshot),
+                    None if r.row_id_start is None else int(r.row_id_start),
                 )
             )
         return files
+
+    def columns_changed(self, table_id: int) -> int:
+        """The last snapshot that created the table or changed its columns: files written since hold its
+        current columns."""
+        with self.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.text(
+                        "SELECT max(s) FROM (SELECT max(begin_snapshot) AS s FROM ducklake_table WHERE table_id = :t"
+                        " UNION ALL SELECT max(coalesce(end_snapshot, begin_snapshot)) FROM ducklake_column"
+                        " WHERE table_id = :t) AS changes"
+                    ),
+                    {"t": table_id},
+                ).scalar_one()
+            )
 
     def integer_bounds(self, table: LakeTable, column_id: int) -> dict[int, tuple[int, int]]:
         """``data_file_id -> (min, max)`` of an integer column, for the active files whose statistics hold both."""
@@ -311,6 +337,15 @@ class Catalog:
         with self.engine.connect() as conn:
             return sum(inlined.shape(conn, n)[0] for n in names)
 
+    def pipeline_tables(self) -> list[int]:
+        """The lake tables this pipeline keeps."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(f"SELECT table_id FROM {STATE_TABLE} WHERE pipeline_id = :p AND NOT replaced"),
+                {"p": self.pipeline_id},
+            ).all()
+        return sorted(int(t) for (t,) in rows)
+
     def tables_with_inlined_rows(self) -> list[int]:
         """The lake tables this pipeline keeps that have inlined rows."""
         with self.engine.connect() as conn:
@@ -323,6 +358,26 @@ class Catalog:
                 {"p": self.pipeline_id},
             ).all()
             return sorted({int(t) for t, name in rows if inlined.shape(conn, name)[0]})
+
+    # -- retention -------------------------------------------------------------------------------
+    def expire_snapshots(self, before: datetime) -> int:
+        """Expire the snapshots taken before ``before`` (``retention.expire_snapshots``); how many."""
+        with writing(self.engine) as conn:
+            return retention.expire_snapshots(conn, self.data_path, before)
+
+    def scheduled_files(self, before: datetime) -> list[tuple[int, str]]:
+        """Files scheduled for deletion before ``before``: id and absolute path."""
+        with self.engine.connect() as conn:
+            return retention.scheduled(conn, self.data_path, before)
+
+    def unschedule(self, file_ids: Sequence[int]) -> None:
+        with writing(self.engine) as conn:
+            retention.unschedule(conn, file_ids)
+
+    def known_files(self) -> set[str]:
+        """Absolute paths of every file the catalog knows (any snapshot, or scheduled for deletion)."""
+        with self.engine.connect() as conn:
+            return retention.known_files(conn, self.data_path)
 
     # -- writes ----------------------------------------------------------------------------------
     def mark_for_replacement(self, source_table_id: int) -> None:

@@ -20,17 +20,18 @@ import structlog
 from sqlalchemy.engine import Connection
 
 from etl.errors import TableError
-from etl_spark.ducklake.catalog import inlined
+from etl_spark.ducklake.catalog import inlined, retention
 from etl_spark.ducklake.catalog.column_ids import ELEMENT, ColumnIds, assign_column_ids
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES, quote
 from etl_spark.ducklake.catalog.model import (
+    Composed,
     DataFile,
-    Flushed,
     Handle,
     InlinedFlush,
     LakeTable,
     NewColumn,
     NewFile,
+    Placed,
     SourceColumn,
 )
 from etl_spark.ducklake.stats import ColumnStats, arrow_stats, stats_kind, widen
@@ -444,26 +445,27 @@ class Transaction:
             self.schema_version += 1
 
     # -- data ------------------------------------------------------------------------------------
-    def add_data_file(self, table: LakeTable, file: NewFile, flushed: Flushed | None = None) -> int:
+    def add_data_file(
+        self, table: LakeTable, file: NewFile, placed: Placed | None = None, change: str = "inserted_into_table"
+    ) -> int:
         """Register a data file: row ids, table statistics and file column statistics.
 
-        The rows of a file of ``flushed`` inlined rows keep the row ids and snapshots they have.
+        The rows of a ``placed`` file (``Composed``) keep the row ids and snapshots they have.
         """
         data_file_id = self._file_id()
-        if flushed is None:
-            row_id_start = self._take_row_ids(table.table_id, file.record_count, file.size_bytes)
+        if placed is None:
+            row_id_start: int | None = self._take_row_ids(table.table_id, file.record_count, file.size_bytes)
         else:
-            row_id_start = flushed.row_id_start
-            self._run(
-                "UPDATE ducklake_table_stats SET file_size_bytes = file_size_bytes + :size WHERE table_id = :t",
-                {"t": table.table_id, "size": file.size_bytes},
-            )
+            row_id_start = placed.row_id_start
+            self._add_file_bytes(table.table_id, file.size_bytes)
         self._insert(
             "ducklake_data_file",
             {
                 "data_file_id": data_file_id,
                 "table_id": table.table_id,
-                "begin_snapshot": self.snapshot_id if flushed is None else flushed.begin_snapshot,
+                "begin_snapshot": self.snapshot_id
+                if placed is None or placed.begin_snapshot is None
+                else placed.begin_snapshot,
                 "path": file.name,
                 "path_is_relative": True,
                 "file_format": "parquet",
@@ -471,7 +473,7 @@ class Transaction:
                 "file_size_bytes": file.size_bytes,
                 "footer_size": file.footer_size,
                 "row_id_start": row_id_start,
-                "partial_max": None if flushed is None else flushed.partial_max,
+                "partial_max": None if placed is None else placed.partial_max,
             },
         )
         if file.stats:
@@ -492,8 +494,34 @@ class Transaction:
                 ],
             )
         self._widen_all(table, file.stats, file.record_count)
-        self._change(f"inserted_into_table:{table.table_id}" if flushed is None else f"inline_flush:{table.table_id}")
+        self._change(f"{change}:{table.table_id}")
         return data_file_id
+
+    def _add_file_bytes(self, table_id: int, size_bytes: int) -> None:
+        self._run(
+            "UPDATE ducklake_table_stats SET file_size_bytes = file_size_bytes + :size WHERE table_id = :t",
+            {"t": table_id, "size": size_bytes},
+        )
+
+    def add_composed(self, table: LakeTable, composed: Composed, change: str) -> None:
+        """Register a composed data file and the delete file of its rows already deleted."""
+        data_file_id = self.add_data_file(table, composed.file, composed.placed, change)
+        if composed.deletes is not None:
+            self._insert(
+                "ducklake_delete_file",
+                {
+                    "delete_file_id": self._file_id(),
+                    "table_id": table.table_id,
+                    "begin_snapshot": composed.deletes_begin,
+                    "data_file_id": data_file_id,
+                    "path": composed.deletes.name,
+                    "path_is_relative": True,
+                    "format": "parquet",
+                    "delete_count": composed.deletes.record_count,
+                    "file_size_bytes": composed.deletes.size_bytes,
+                    "footer_size": composed.deletes.footer_size,
+                },
+            )
 
     def _take_row_ids(self, table_id: int, count: int, size_bytes: int) -> int:
         """Give ``count`` new rows the next row ids (the first one returned), and count them and their bytes."""
@@ -552,24 +580,59 @@ class Transaction:
         """Replace the inlined rows of ``name`` by the data file (and delete file) they were written to."""
         if inlined.shape(self.conn, name, flush.last_row_id) != flush.shape:
             raise CommitConflict(f"inlined rows of DuckLake table {table.table_id} changed")
-        data_file_id = self.add_data_file(table, flush.file, flush.placed)
-        if flush.deletes is not None:
-            self._insert(
-                "ducklake_delete_file",
-                {
-                    "delete_file_id": self._file_id(),
-                    "table_id": table.table_id,
-                    "begin_snapshot": flush.deletes_begin,
-                    "data_file_id": data_file_id,
-                    "path": flush.deletes.name,
-                    "path_is_relative": True,
-                    "format": "parquet",
-                    "delete_count": flush.deletes.record_count,
-                    "file_size_bytes": flush.deletes.size_bytes,
-                    "footer_size": flush.deletes.footer_size,
-                },
-            )
+        self.add_composed(table, flush.written, "inline_flush")
         inlined.remove(self.conn, name, flush.last_row_id)
+
+    # -- upkeep ----------------------------------------------------------------------------------
+    def merge_data_files(self, table: LakeTable, files: Sequence[DataFile], merged: Composed) -> None:
+        """Replace data files (and their delete files) by the one they were merged into, which keeps their rows'
+        ids and snapshots: time travel and the change feed read what they read before. The old files leave the
+        catalog and are scheduled for deletion, as DuckDB's ``merge_adjacent_files`` does."""
+        self._check_unchanged(files)
+        for file in files:
+            doomed = [(file.data_file_id, file.path)]
+            if file.delete is not None:
+                doomed.append((file.delete.delete_file_id, file.delete.path))
+                self._run(
+                    "DELETE FROM ducklake_delete_file WHERE delete_file_id = :d", {"d": file.delete.delete_file_id}
+                )
+            self._run("DELETE FROM ducklake_file_column_stats WHERE data_file_id = :d", {"d": file.data_file_id})
+            self._run("DELETE FROM ducklake_data_file WHERE data_file_id = :d", {"d": file.data_file_id})
+            for file_id, path in doomed:
+                self._schedule_deletion(file_id, path)
+        self._add_file_bytes(table.table_id, -sum(f.size_bytes for f in files))
+        self.add_composed(table, merged, "merge_adjacent")
+
+    def rewrite_data_file(self, table: LakeTable, file: DataFile, rewritten: Composed | None) -> None:
+        """Replace a data file with many deleted rows by one of its live rows (``None``: it has none), which keep
+        their ids. The old file and its delete file end here (time travel to before reads them) and go when
+        their snapshots expire."""
+        self._check_unchanged([file])
+        for catalog_table in ("ducklake_data_file", "ducklake_delete_file"):
+            self._run(
+                f"UPDATE {catalog_table} SET end_snapshot = :s WHERE data_file_id = :d AND end_snapshot IS NULL",
+                {"s": self.snapshot_id, "d": file.data_file_id},
+            )
+        if rewritten is not None:
+            self.add_composed(table, rewritten, "rewrite_delete")
+        else:
+            self._change(f"rewrite_delete:{table.table_id}")
+
+    def _check_unchanged(self, files: Sequence[DataFile]) -> None:
+        """Raise ``CommitConflict`` unless each file is still active with the same delete file."""
+        for file in files:
+            current = self._run(
+                "SELECT d.end_snapshot, x.delete_file_id FROM ducklake_data_file d LEFT JOIN ducklake_delete_file x"
+                " ON x.data_file_id = d.data_file_id AND x.end_snapshot IS NULL WHERE d.data_file_id = :d",
+                {"d": file.data_file_id},
+            ).one_or_none()
+            expected = file.delete.delete_file_id if file.delete is not None else None
+            if current is None or current.end_snapshot is not None or current.delete_file_id != expected:
+                raise CommitConflict(f"data file {file.data_file_id} changed")
+
+    def _schedule_deletion(self, file_id: int, path: str) -> None:
+        """Schedule a file that left the catalog (``path`` absolute) for deletion."""
+        retention.schedule(self.conn, self.catalog.data_path, [(file_id, path)])
 
     def _inlined_table(self, table: LakeTable) -> str:
         """The table's inlined data table at its current schema version, created when missing."""
@@ -642,16 +705,8 @@ class Transaction:
             raise CommitConflict(f"the delete file of data file {data_file.data_file_id} changed")
         if current is not None:
             self._run("DELETE FROM ducklake_delete_file WHERE delete_file_id = :d", {"d": current.delete_file_id})
-            path = (table.relative_directory or "") + current.path if current.path_is_relative else current.path
-            self._insert(
-                "ducklake_files_scheduled_for_deletion",
-                {
-                    "data_file_id": current.delete_file_id,
-                    "path": path,
-                    "path_is_relative": bool(current.path_is_relative) and table.relative_directory is not None,
-                    "schedule_start": datetime.now(UTC),
-                },
-            )
+            path = table.directory + current.path if current.path_is_relative else current.path
+            self._schedule_deletion(current.delete_file_id, path)
         self._insert(
             "ducklake_delete_file",
             {
