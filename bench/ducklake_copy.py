@@ -130,12 +130,12 @@ def start_spark(settings: SparkSettings = SPARK) -> float:
     return time.perf_counter() - started
 
 
-def lake_count(config: DuckLakeConfig) -> tuple[int, int]:
-    """Rows of the lake's table as DuckDB reads them, and its data files."""
+def lake_count(config: DuckLakeConfig, table: str = TABLE) -> tuple[int, int]:
+    """Rows of a lake table as DuckDB reads them, and its data files."""
     con = open_lake(config.catalog.get_secret_value())
     try:
-        rows = con.execute(f"SELECT count(*) FROM lake.public.{TABLE}").fetchone()
-        files = con.execute(f"SELECT count(*) FROM ducklake_list_files('lake', '{TABLE}', schema => 'public')")
+        rows = con.execute(f"SELECT count(*) FROM lake.public.{table}").fetchone()
+        files = con.execute(f"SELECT count(*) FROM ducklake_list_files('lake', '{table}', schema => 'public')")
         found = files.fetchone()
         return (int(rows[0]) if rows else 0), (int(found[0]) if found else 0)
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import pyarrow as pa
@@ -227,14 +228,21 @@ def write_indexed(
 ) -> list[NewFile]:
     """Run ``count`` Spark tasks, task ``i`` writing the rows of ``rows_of(i)`` as data files; the files'
     metadata, in task order."""
+    return run_file_tasks(spark.range(count, numPartitions=count), spec, _IndexedTask(spec, rows_of))
 
-    def task(indexes: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+
+@dataclass(frozen=True)
+class _IndexedTask:
+    """The task of ``write_indexed``: a class of this module, so Spark's workers run the code they import."""
+
+    spec: DataFileSpec
+    rows_of: Callable[[int], Iterable[pa.RecordBatch | pa.Table]]
+
+    def __call__(self, indexes: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         _use_task_cpus()
         for batch in indexes:
             for index in pc.cast(batch.column(0), pa.int64()).to_pylist():
-                yield metadata_batch(write_data_files(spec, rows_of(index)))
-
-    return run_file_tasks(spark.range(count, numPartitions=count), spec, task)
+                yield metadata_batch(write_data_files(self.spec, self.rows_of(index)))
 
 
 def _use_task_cpus() -> None:
