@@ -33,10 +33,14 @@ from etl_spark.ducklake.reader import open_lake
 
 MAINTENANCE = {
     "every_seconds": 30,
+    "merge_min_files": 8,
     "snapshot_retention_seconds": 300,
     "cleanup_after_seconds": 60,
 }
-"""Maintenance for the run: defaults but for a round every 30 s, 5 minutes of time travel and cleanup after a minute."""
+"""Maintenance for the run: defaults but for a round every 30 s, merges from 8 small files, 5 minutes of time
+travel, and cleanup a minute after a file is scheduled for deletion."""
+INLINE_FLUSH_SECONDS = 60
+"""Inlined rows are flushed to a file each minute (not 5): more files for maintenance to merge."""
 
 
 def transactions(src: benchlib.Source, rate: float, base: int, stop: threading.Event, done: list[int]) -> None:
@@ -47,15 +51,10 @@ def transactions(src: benchlib.Source, rate: float, base: int, stop: threading.E
         started = time.monotonic()
         while not stop.is_set():
             b = next_id + count * 7
-            conn.execute(
-                f"INSERT INTO {TABLE} SELECT {benchlib.row_values('g')} FROM generate_series(%s::bigint, %s::bigint) g",
-                (b, b + 6),
-            )
-            conn.execute(
-                f"UPDATE {TABLE} SET score = score + 1, name = 'updated ' || id WHERE id IN (%s, %s)",
-                (b, 1 + (2 * count) % base),
-            )
-            conn.execute(f"DELETE FROM {TABLE} WHERE id = %s", (2 + (2 * count) % base,))
+            first, kept = 1 + (2 * count) % base, 2 + (2 * count) % base
+            conn.execute(f"INSERT INTO {TABLE} SELECT {benchlib.row_values('g')} FROM generate_series({b}, {b + 6}) g")
+            conn.execute(f"UPDATE {TABLE} SET score = score + 1, name = 'updated ' || id WHERE id IN ({b}, {first})")
+            conn.execute(f"DELETE FROM {TABLE} WHERE id = {kept}")
             conn.commit()
             count += 1
             time.sleep(max(0.0, started + count * interval - time.monotonic()))
@@ -109,10 +108,15 @@ def main() -> int:
         src.execute(f"INSERT INTO {TABLE} SELECT {benchlib.row_values('g')} FROM generate_series(1, {args.base}) g")
         print(f"spark:   started in {start_spark():.1f} s")
         with lake(src, "sqlite", "bench_soak") as plain:
-            config = plain.model_copy(update={"maintenance": MaintenanceConfig.model_validate(MAINTENANCE)})
-            print(f"maintenance: {config.maintenance}")
+            config = plain.model_copy(
+                update={
+                    "maintenance": MaintenanceConfig.model_validate(MAINTENANCE),
+                    "inline_flush_seconds": INLINE_FLUSH_SECONDS,
+                }
+            )
+            print(f"maintenance: {config.maintenance}; inline_flush_seconds={config.inline_flush_seconds}")
             destination = DuckLakeDestination(config, 1)
-            pipeline = Pipeline(pipeline_config(src, 1, max_fill_ms=1000, max_bytes=2**40), MemoryStore(), destination)
+            pipeline = Pipeline(pipeline_config(src, 1, max_fill_ms=1000, max_bytes=2**40), MemoryStore(1), destination)
             pipeline.start()
             stop, done = threading.Event(), []
             worker = threading.Thread(target=transactions, args=(src, args.rate, args.base, stop, done), daemon=True)
@@ -120,9 +124,12 @@ def main() -> int:
             worker.start()
             peak: dict[str, int] = {}
             try:
-                while (elapsed := time.monotonic() - started) < args.minutes * 60:
+                while time.monotonic() - started < args.minutes * 60:
                     if pipeline.wait(timeout=60):
                         raise RuntimeError("the pipeline stopped")
+                    if not worker.is_alive():
+                        raise RuntimeError("the workload stopped")
+                    elapsed = time.monotonic() - started
                     figures = census(config)
                     peak = {k: max(v, peak.get(k, 0)) for k, v in figures.items()}
                     print(f"{elapsed / 60:5.1f} min  " + "  ".join(f"{k}: {v}" for k, v in figures.items()), flush=True)

@@ -140,7 +140,13 @@ def test_small_batches_are_inlined_updated_deleted_and_flushed(lake: Any, kit: A
     assert inlined_rows(lake) == 8 + 2  # 9 kinds rows (one deleted), pairs: one of the two x rows deleted
     assert {r["raw"] for r in lake_rows(lake, KINDS) if r["id"] == 5} == {kind_row(5)["raw"]}
 
+    feed_sql = (
+        "SELECT snapshot_id, rowid, change_type, id, label FROM ducklake_table_changes('lake', 'public', 'kinds', 0, ?)"
+    )
+    feed = sorted(lake.query(feed_sql, [snapshot(lake)]))
+    assert len(feed) > 9
     destination.flush_inlined(destination.catalog.handle(KINDS.id).table)
+    assert sorted(lake.query(feed_sql, [snapshot(lake) - 1])) == feed  # the change feed reads the same
     assert inlined_rows(lake, live=False) == 3  # only the pairs rows are left inlined
     files = lake.query("SELECT data_file, delete_file FROM ducklake_list_files('lake', 'kinds', schema => 'public')")
     assert len(files) == 1 and files[0][1] is not None  # the ended rows are deleted by a delete file

@@ -287,19 +287,15 @@ class DuckLakeDestination:
     def _after_commit(self, plans: list[TablePlan]) -> None:
         """Count inlined rows; flush a table's inlined rows once it holds ``inline_flush_rows``."""
         for plan in plans:
-            if plan.inline is None and not plan.ended_inlined:
+            table = plan.applied
+            if plan.inline is None or table is None:  # ending inlined rows adds none
                 continue
-            handle = self.catalog.handle(plan.schema.id)
-            if handle is None:
-                continue
-            if plan.inline is not None:
-                self.metrics.inlined_rows.inc(plan.inline.num_rows)
-                self._flush_timer.inlined(handle.table.table_id)
-            names = self.catalog.inlined_tables(handle.table)
-            if self.catalog.inlined_count(names) < self.config.inline_flush_rows:
+            self.metrics.inlined_rows.inc(plan.inline.num_rows)
+            self._flush_timer.inlined(table.table_id)
+            if self.catalog.inlined_count(table) < self.config.inline_flush_rows:
                 continue
             try:
-                self.flush_inlined(handle.table)
+                self.flush_inlined(table)
             except Exception:  # the batch is durable; the timer tries the flush again
                 log.warning("flushing inlined rows failed", table=str(plan.schema.name), exc_info=True)
 

@@ -87,9 +87,11 @@ class TablePlan:
     ended_inlined: list[int] = field(default_factory=list)
     """Row ids of inlined rows that were deleted or replaced."""
     watermark: Position | None = None
+    applied: LakeTable | None = None
+    """The lake table as the plan's commit left it (set by ``apply``)."""
 
     def apply(self, txn: Transaction, storage: LakeStorage) -> None:
-        table = self._table(txn)
+        table = self.applied = self._table(txn)
         self._record_sources(txn, table)
         if self.truncate:
             txn.end_data_files(table)

@@ -332,10 +332,10 @@ class Catalog:
             tables = [inlined.read(conn, name, columns, form, live=live) for name in names]
         return pa.concat_tables(tables).sort_by("row_id") if len(tables) != 1 else tables[0]
 
-    def inlined_count(self, names: Sequence[str]) -> int:
-        """Rows, live and ended, of inlined data tables."""
+    def inlined_count(self, table: LakeTable) -> int:
+        """Rows, live and ended, inlined into the table."""
         with self.engine.connect() as conn:
-            return sum(inlined.shape(conn, n)[0] for n in names)
+            return sum(inlined.shape(conn, n)[0] for n in self.inlined_tables(table, conn))
 
     def pipeline_tables(self) -> list[int]:
         """The lake tables this pipeline keeps."""
