@@ -46,7 +46,8 @@ class Setup:
     data: Path
 
     def staged(self) -> set[str]:
-        """Data files written into the lake that its catalog does not register (yet)."""
+        """Data files written into the lake that its catalog does not register (yet), nor schedules for deletion
+        (the files that merges replaced)."""
         on_disk = {p.name for p in self.data.rglob("ducklake-*.parquet")}
         if not on_disk:
             return set()
@@ -57,6 +58,7 @@ class Setup:
                     str(path).rsplit("/", 1)[-1]
                     for (path,) in conn.exec_driver_sql(
                         "SELECT path FROM ducklake_data_file UNION ALL SELECT path FROM ducklake_delete_file"
+                        " UNION ALL SELECT path FROM ducklake_files_scheduled_for_deletion"
                     )
                 }
         finally:

@@ -22,10 +22,9 @@ own batches) gives up, and the next round tries again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Final
 
 import numpy as np
 import pyarrow as pa
@@ -35,15 +34,21 @@ import pyarrow.parquet as pq
 import structlog
 
 from etl_spark.ducklake.catalog import CommitConflict, Composed, DataFile, LakeTable, NewFile, Placed, Transaction
-from etl_spark.ducklake.datafiles import ROW_ID, SNAPSHOT, DataFileSpec, file_schema, filesystem, local_path
+from etl_spark.ducklake.datafiles import (
+    ONE_FILE,
+    ROW_ID,
+    SNAPSHOT,
+    DataFileSpec,
+    file_schema,
+    filesystem,
+    local_path,
+    own_stats,
+)
 from etl_spark.ducklake.files import NATIVE_TYPES, write_indexed
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.types import FIELD_ID
 
 log = structlog.get_logger(__name__)
-
-_ONE_FILE: Final = 2**62
-"""A task writes one file, whatever its size: its group was sized beforehand."""
 
 
 @dataclass(frozen=True)
@@ -59,15 +64,16 @@ class Source:
 
 
 def merge_small_files(lake: Lake, table: LakeTable, below_bytes: int, min_files: int) -> int:
-    """Merge the table's small files when it holds at least ``min_files``; how many files were merged."""
+    """Merge the table's small files, oldest first, into one file of up to the target size, when it holds at
+    least ``min_files``; how many files were merged. (One file a step: a batch waits for one step at most.)"""
     base = lake.catalog.latest_snapshot()
     small = [f for f in _candidates(lake, table) if f.size_bytes < below_bytes and f.record_count]
     if len(small) < min_files:
         return 0
-    groups = _groups(small, lake.target_file_size_bytes)
+    groups = _groups(small, lake.target_file_size_bytes)[:1]
     if not groups:
         return 0
-    spec = lake.storage.spec(table.directory, [*table.columns, ROW_ID, SNAPSHOT], _ONE_FILE)
+    spec = lake.storage.spec(table.directory, [*table.columns, ROW_ID, SNAPSHOT], ONE_FILE)
     sources = [[Source(f.path, f.row_id_start, f.begin_snapshot) for f in group] for group in groups]
     written = _run(lake, spec, sources, f"etl: merge {len(small)} files of {table.schema_name}.{table.name}")
     composed: list[Composed] = []
@@ -96,11 +102,17 @@ def rewrite_deleted(lake: Lake, table: LakeTable, ratio: float) -> int:
     if not doomed:
         return 0
     live = [f for f in doomed if f.delete is not None and f.delete.delete_count < f.record_count]
-    spec = lake.storage.spec(table.directory, [*table.columns, ROW_ID], _ONE_FILE)
-    sources = [[Source(f.path, f.row_id_start, f.begin_snapshot, f.delete.path if f.delete else None)] for f in live]
-    written = _run(lake, spec, sources, f"etl: rewrite {len(live)} files of {table.schema_name}.{table.name}")
+    written: list[NewFile] = []
+    if live:
+        spec = lake.storage.spec(table.directory, [*table.columns, ROW_ID], ONE_FILE)
+        sources = [
+            [Source(f.path, f.row_id_start, f.begin_snapshot, f.delete.path if f.delete else None)] for f in live
+        ]
+        written = _run(lake, spec, sources, f"etl: rewrite {len(live)} files of {table.schema_name}.{table.name}")
     placed = Placed(None, None, None)
-    by_file = {f.data_file_id: Composed(_own_stats(table, w), placed) for f, w in zip(live, written, strict=True)}
+    by_file = {
+        f.data_file_id: Composed(own_stats(table.columns, w), placed) for f, w in zip(live, written, strict=True)
+    }
     rewrites = [(f, by_file.get(f.data_file_id)) for f in doomed]  # None: every row deleted, no new file
     changes = partial(_rewrite, table=table, rewrites=rewrites)
     if not _commit(lake, table, base, changes, lambda: lake.storage.remove(table.directory, written)):
@@ -150,10 +162,11 @@ def _run(lake: Lake, spec: DataFileSpec, sources: list[list[Source]], descriptio
     return files
 
 
-def _rows(spec: DataFileSpec, sources: list[list[Source]], index: int) -> list[pa.Table]:
-    """In a task: the rows of one group's files, in order."""
+def _rows(spec: DataFileSpec, sources: list[list[Source]], index: int) -> Iterator[pa.Table]:
+    """In a task: the rows of one group's files, in order, a file at a time."""
     fs, root = filesystem(spec.data_path)
-    return [read_source(fs, lambda path: local_path(root, spec.data_path, path), s, spec) for s in sources[index]]
+    for source in sources[index]:
+        yield read_source(fs, lambda path: local_path(root, spec.data_path, path), source, spec)
 
 
 def read_source(fs: pafs.FileSystem, local: Callable[[str], str], source: Source, spec: DataFileSpec) -> pa.Table:
@@ -192,18 +205,12 @@ def _merged(lake: Lake, table: LakeTable, group: Sequence[DataFile], file: NewFi
             positions = lake.storage.read_delete(old.delete.path, old.delete.begin_snapshot)
             deleted.append(positions.set_column(0, "pos", pc.add(positions["pos"], offset)))
         offset += old.record_count
-    composed = Composed(_own_stats(table, file), placed)
+    composed = Composed(own_stats(table.columns, file), placed)
     if not deleted:
         return composed
     rows = pa.concat_tables(deleted).sort_by("pos")
     deletes = lake.storage.write_delete(table, table.directory + file.name, rows)
     return replace(composed, deletes=deletes, deletes_begin=pc.min(rows[SNAPSHOT.name]).as_py())
-
-
-def _own_stats(table: LakeTable, file: NewFile) -> NewFile:
-    """The file's entry with the statistics of the table's columns only (not of row ids and snapshots)."""
-    own = {c.column_id for top in table.columns for c in top.with_elements()}
-    return replace(file, stats=[s for s in file.stats if s.column_id in own])
 
 
 def _merge(txn: Transaction, *, table: LakeTable, groups: list[list[DataFile]], composed: list[Composed]) -> None:
@@ -236,5 +243,7 @@ def _commit(
 
 
 def _discard(lake: Lake, table: LakeTable, composed: Sequence[Composed], written: Sequence[NewFile]) -> None:
-    lake.storage.remove(table.directory, written)
-    lake.storage.remove(table.directory, [c.deletes for c in composed if c.deletes is not None])
+    """Delete a merge's files: those written, with the delete files of those described so far."""
+    for merged in composed:
+        lake.storage.discard(table.directory, merged)
+    lake.storage.remove(table.directory, written[len(composed) :])

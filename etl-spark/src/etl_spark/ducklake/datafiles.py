@@ -14,7 +14,7 @@ import json
 import struct
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
 
 import pyarrow as pa
@@ -46,6 +46,8 @@ METADATA_SCHEMA: Final = pa.schema(
 
 ROW_ID: Final = LakeColumn(2147483540, "_ducklake_internal_row_id", "int64", True)
 """The row ids of a file's rows, in files whose rows keep the ids they had (flushed, merged, rewritten)."""
+ONE_FILE: Final = 2**62
+"""A target size no file reaches: a job that writes exactly one file (a flush, a merge, a rewrite)."""
 SNAPSHOT: Final = LakeColumn(2147483539, "_ducklake_internal_snapshot_id", "int64", True)
 """The snapshot that inserted each row, in files of rows of many snapshots (and, in delete files, that
 deleted each)."""
@@ -171,6 +173,12 @@ def describe(fs: pafs.FileSystem, path: str, name: str, columns: Sequence[LakeCo
         handle.seek(0)
         metadata = pq.ParquetFile(handle).metadata
     return NewFile(name, metadata.num_rows, size, footer_size, file_stats(metadata, _kinds(columns)))
+
+
+def own_stats(columns: Sequence[LakeColumn], file: NewFile) -> NewFile:
+    """The file's entry with the statistics of ``columns`` only (not those of its row ids and snapshots)."""
+    own = {c.column_id for top in columns for c in top.with_elements()}
+    return replace(file, stats=[s for s in file.stats if s.column_id in own])
 
 
 def _kinds(columns: Sequence[LakeColumn]) -> dict[str, tuple[int, Stats | None]]:

@@ -48,7 +48,7 @@ from etl_spark.ducklake.maintenance import Maintenance, MaintenanceConfig
 from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.plan import FlushFirst, TablePlan, plan_changes, plan_copy
 from etl_spark.ducklake.reader import open_lake
-from etl_spark.ducklake.upkeep import UPKEEP_SECONDS, Step, Upkeep
+from etl_spark.ducklake.upkeep import UPKEEP_SECONDS, Step, Turns, Upkeep
 from etl_spark.session import SparkSettings, get_spark
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ class DuckLakeDestination:
         self._storage: LakeStorage | None = None
         self._spark: SparkSession | None = None
         self._spark_lock = threading.Lock()
-        self._writing = threading.Lock()
+        self._writing = Turns()
         """Held by each batch, and by upkeep, which so runs between batches."""
         self._flush_timer = FlushTimer(config.inline_flush_seconds)
         self._maintenance = Maintenance(config.maintenance, self.metrics) if config.maintenance else None
@@ -278,7 +278,7 @@ class DuckLakeDestination:
 
     def write_events(self, batch: EventBatch) -> WriteResult:
         rounds = max((len(segments) for segments in batch.changes.values()), default=0)
-        with self._writing:
+        with self._writing.batch():
             for index in range(rounds):
                 segments = [segs[index] for segs in batch.changes.values() if index < len(segs)]
                 self._after_commit(self._commit_plans(partial(self._plan_all, segments)))

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
 from functools import partial
-from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,14 +30,11 @@ from etl_spark.ducklake.catalog import (
     Placed,
     Transaction,
 )
-from etl_spark.ducklake.datafiles import ROW_ID, SNAPSHOT
+from etl_spark.ducklake.datafiles import ONE_FILE, ROW_ID, SNAPSHOT, own_stats
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.types import Form
 
 log = structlog.get_logger(__name__)
-
-_ONE_FILE: Final = 2**62
-"""A flush writes one file, whatever its size (as DuckDB's does)."""
 
 
 def write_flush(lake: Lake, table: LakeTable, name: str) -> InlinedFlush | None:
@@ -52,10 +47,9 @@ def write_flush(lake: Lake, table: LakeTable, name: str) -> InlinedFlush | None:
     shape = (rows.num_rows, int(pc.sum(ended).as_py() or 0))
     values = rows.select([c.name for c in table.columns])
     values = values.append_column(ROW_ID.name, rows["row_id"]).append_column(SNAPSHOT.name, rows["begin_snapshot"])
-    spec = lake.storage.spec(table.directory, [*table.columns, ROW_ID, SNAPSHOT], _ONE_FILE)
+    spec = lake.storage.spec(table.directory, [*table.columns, ROW_ID, SNAPSHOT], ONE_FILE)
     (file,) = lake.storage.write_rows(spec, values)
-    own = {c.column_id for top in table.columns for c in top.with_elements()}
-    file = replace(file, stats=[s for s in file.stats if s.column_id in own])
+    file = own_stats(table.columns, file)
     begins = pc.min_max(rows["begin_snapshot"])
     placed = Placed(rows["row_id"][0].as_py(), begins["min"].as_py(), begins["max"].as_py())
     deletes, deletes_begin = None, 0

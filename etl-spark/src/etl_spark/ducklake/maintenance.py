@@ -9,8 +9,9 @@ Every ``every_seconds`` the destination's upkeep thread runs these steps, each b
    lake's, not a table's: this expires those of every writer);
 3. **clean up**: delete the files scheduled for deletion more than ``cleanup_after_seconds`` ago, and
    files under this pipeline's table directories that the catalog does not know and that are older
-   than ``orphan_after_seconds`` (left by a writer that died before its commit); the latter not while
-   a copy runs, whose files are registered only at its end.
+   than ``orphan_after_seconds`` (left by a writer that died before its commit); the latter, which
+   lists the directories, at most every ``ORPHAN_SWEEP_SECONDS``, and not while a copy runs, whose
+   files are registered only at its end.
 
 A step that fails is logged and tried again next round.
 """
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from typing import Final
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,6 +34,9 @@ from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.upkeep import Step
 
 log = structlog.get_logger(__name__)
+
+ORPHAN_SWEEP_SECONDS: Final = 600
+"""How often, at most, the table directories are listed for files the catalog does not know."""
 
 
 class MaintenanceConfig(BaseModel):
@@ -56,7 +61,8 @@ class MaintenanceConfig(BaseModel):
     orphan_after_seconds: Integer = Field(
         24 * 3600,
         ge=60,
-        description="files the catalog does not know are deleted once this old (0 is refused: writers in flight)",
+        description="files the catalog does not know are deleted once this old: longer than any writer's write"
+        " (DuckDB's too) takes from its first file to its commit",
     )
 
 
@@ -66,7 +72,7 @@ class Maintenance:
     def __init__(self, config: MaintenanceConfig, metrics: DuckLakeMetrics) -> None:
         self.config = config
         self.metrics = metrics
-        self._last = float("-inf")
+        self._last = self._last_sweep = float("-inf")
 
     def due(self, lake: Lake, copying: Callable[[], bool]) -> list[Step]:
         """The steps of a round, when ``every_seconds`` have passed since the last one; else none."""
@@ -78,7 +84,11 @@ class Maintenance:
         steps: list[Step] = []
         for table_id in tables:
             steps += [partial(self.rewrite, lake, table_id), partial(self.merge, lake, table_id)]
-        return [*steps, partial(self.expire, lake), partial(self.cleanup, lake), partial(self.orphans, lake, copying)]
+        steps += [partial(self.expire, lake), partial(self.cleanup, lake)]
+        if now - self._last_sweep >= ORPHAN_SWEEP_SECONDS:
+            self._last_sweep = now
+            steps.append(partial(self.orphans, lake, copying))
+        return steps
 
     def rewrite(self, lake: Lake, table_id: int) -> None:
         table = lake.catalog.table(table_id)
@@ -119,9 +129,10 @@ class Maintenance:
             return
         cutoff = time.time() - self.config.orphan_after_seconds
         with self.metrics.maintenance_seconds.labels("orphans").time():
-            directories = {t.directory for i in lake.catalog.pipeline_tables() if (t := lake.catalog.table(i))}
-            present = {path: at for d in sorted(directories) for path, at in lake.storage.files_in(d).items()}
-            known = lake.catalog.known_files()
+            tables = [t for i in lake.catalog.pipeline_tables() if (t := lake.catalog.table(i)) is not None]
+            directories = sorted({t.directory for t in tables})
+            present = {path: at for d in directories for path, at in lake.storage.files_in(d).items()}
+            known = lake.catalog.known_files([t.table_id for t in tables])
             orphans = [path for path, at in present.items() if at < cutoff and path not in known]
             deleted = lake.storage.delete(orphans)
         if deleted:

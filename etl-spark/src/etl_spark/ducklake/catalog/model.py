@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from etl_spark.ducklake.stats import ColumnStats
 from etl_spark.ducklake.types import LakeType
@@ -56,7 +57,6 @@ class DeleteFile:
     begin_snapshot: int
     partial: bool
     delete_count: int
-    size_bytes: int
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,8 @@ class DataFile:
     size_bytes: int
     begin_snapshot: int
     row_id_start: int | None
-    """``None`` when the file holds its rows' ids (``_ducklake_internal_row_id``)."""
+    """``None`` when the catalog records none: a rewritten file, which holds its rows' ids
+    (``_ducklake_internal_row_id``; files of flushed and merged rows hold them too, with a start)."""
 
 
 @dataclass(frozen=True)
@@ -134,3 +135,9 @@ class InlinedFlush:
     ``last_row_id`` are still so (rows are only ever inserted, with higher ids, ended, or removed)."""
     last_row_id: int
     written: Composed
+
+
+def table_directory(data_path: str, schema_path: str, schema_relative: Any, path: str, relative: Any) -> str:
+    """A table's directory from its catalog entries: its path under its schema's, each relative or not."""
+    schema = data_path + schema_path if schema_relative else schema_path
+    return schema + path if relative else path

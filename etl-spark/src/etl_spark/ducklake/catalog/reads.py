@@ -25,7 +25,7 @@ from etl_spark.ducklake.catalog.bootstrap import check_lake, create_lake
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES
 from etl_spark.ducklake.catalog.engine import engine_for, masked, redacted, writing
 from etl_spark.ducklake.catalog.migrations import migrate
-from etl_spark.ducklake.catalog.model import DataFile, DeleteFile, Handle, LakeColumn, LakeTable
+from etl_spark.ducklake.catalog.model import DataFile, DeleteFile, Handle, LakeColumn, LakeTable, table_directory
 from etl_spark.ducklake.catalog.transaction import Transaction
 from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.types import LIST, Form
@@ -183,7 +183,7 @@ class Catalog:
             )
 
         relative = (row.spath + row.path) if row.srel and row.path_is_relative else None
-        directory = _join(_join(self.data_path, row.spath, row.srel), row.path, row.path_is_relative)
+        directory = table_directory(self.data_path, row.spath, row.srel, row.path, row.path_is_relative)
         return LakeTable(
             table_id=int(row.table_id),
             schema_name=row.schema_name,
@@ -224,8 +224,7 @@ class Catalog:
                 sa.text(
                     "SELECT d.data_file_id, d.path, d.path_is_relative, d.record_count, d.file_size_bytes,"
                     " d.begin_snapshot, d.row_id_start, x.delete_file_id, x.path AS xpath,"
-                    " x.path_is_relative AS xrel, x.begin_snapshot AS xbegin, x.partial_max, x.delete_count,"
-                    " x.file_size_bytes AS xsize"
+                    " x.path_is_relative AS xrel, x.begin_snapshot AS xbegin, x.partial_max, x.delete_count"
                     " FROM ducklake_data_file d LEFT JOIN ducklake_delete_file x"
                     " ON x.data_file_id = d.data_file_id AND x.end_snapshot IS NULL"
                     " WHERE d.table_id = :t AND d.end_snapshot IS NULL ORDER BY d.data_file_id"
@@ -242,7 +241,6 @@ class Catalog:
                     int(r.xbegin),
                     r.partial_max is not None,
                     int(r.delete_count or 0),
-                    int(r.xsize or 0),
                 )
             files.append(
                 DataFile(
@@ -258,15 +256,13 @@ class Catalog:
         return files
 
     def columns_changed(self, table_id: int) -> int:
-        """The last snapshot that created the table or changed its columns: files written since hold its
-        current columns."""
+        """The last snapshot that changed the table's columns (or created them): files written since hold its
+        columns as they are."""
         with self.engine.connect() as conn:
             return int(
                 conn.execute(
                     sa.text(
-                        "SELECT max(s) FROM (SELECT max(begin_snapshot) AS s FROM ducklake_table WHERE table_id = :t"
-                        " UNION ALL SELECT max(coalesce(end_snapshot, begin_snapshot)) FROM ducklake_column"
-                        " WHERE table_id = :t) AS changes"
+                        "SELECT max(coalesce(end_snapshot, begin_snapshot)) FROM ducklake_column WHERE table_id = :t"
                     ),
                     {"t": table_id},
                 ).scalar_one()
@@ -362,6 +358,9 @@ class Catalog:
     # -- retention -------------------------------------------------------------------------------
     def expire_snapshots(self, before: datetime) -> int:
         """Expire the snapshots taken before ``before`` (``retention.expire_snapshots``); how many."""
+        with self.engine.connect() as conn:  # mostly there are none: then no write transaction (lock) at all
+            if not retention.expiring(conn, before):
+                return 0
         with writing(self.engine) as conn:
             return retention.expire_snapshots(conn, self.data_path, before)
 
@@ -374,10 +373,11 @@ class Catalog:
         with writing(self.engine) as conn:
             retention.unschedule(conn, file_ids)
 
-    def known_files(self) -> set[str]:
-        """Absolute paths of every file the catalog knows (any snapshot, or scheduled for deletion)."""
+    def known_files(self, table_ids: Sequence[int]) -> set[str]:
+        """Absolute paths of the files of these tables the catalog knows (any snapshot), and of those scheduled
+        for deletion."""
         with self.engine.connect() as conn:
-            return retention.known_files(conn, self.data_path)
+            return retention.known_files(conn, self.data_path, table_ids)
 
     # -- writes ----------------------------------------------------------------------------------
     def mark_for_replacement(self, source_table_id: int) -> None:

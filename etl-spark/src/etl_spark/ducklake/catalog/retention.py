@@ -20,6 +20,7 @@ from sqlalchemy.engine import Connection
 
 from etl_spark.ducklake.catalog import inlined
 from etl_spark.ducklake.catalog.ddl import TABLES, quote
+from etl_spark.ducklake.catalog.model import table_directory
 
 _ENDED = "end_snapshot IS NOT NULL AND end_snapshot <= :k"
 _CHUNK = 500
@@ -29,6 +30,17 @@ def instant(value: Any) -> datetime:
     """A catalog timestamp (a ``datetime``, or the text SQLite holds: DuckDB's or SQLAlchemy's) in UTC."""
     moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
+def expiring(conn: Connection, before: datetime) -> bool:
+    """Whether a snapshot (not the latest) was taken before ``before``."""
+    oldest = conn.execute(
+        sa.text(
+            "SELECT snapshot_time FROM ducklake_snapshot WHERE snapshot_id = (SELECT min(snapshot_id)"
+            " FROM ducklake_snapshot) AND snapshot_id < (SELECT max(snapshot_id) FROM ducklake_snapshot)"
+        )
+    ).scalar()
+    return oldest is not None and instant(oldest) < before
 
 
 def expire_snapshots(conn: Connection, data_path: str, before: datetime) -> int:
@@ -75,11 +87,7 @@ def table_directories(conn: Connection, data_path: str) -> dict[int, str]:
             " FROM ducklake_table t JOIN ducklake_schema s ON s.schema_id = t.schema_id ORDER BY t.begin_snapshot"
         )
     ).all()
-    directories = {}
-    for r in rows:
-        schema = data_path + r.spath if r.srel else r.spath
-        directories[int(r.table_id)] = schema + r.path if r.path_is_relative else r.path
-    return directories
+    return {int(r.table_id): table_directory(data_path, r.spath, r.srel, r.path, r.path_is_relative) for r in rows}
 
 
 def schedule(conn: Connection, data_path: str, files: Iterable[tuple[int, str]]) -> None:
@@ -124,17 +132,18 @@ def unschedule(conn: Connection, file_ids: Sequence[int]) -> None:
         )
 
 
-def known_files(conn: Connection, data_path: str) -> set[str]:
-    """The absolute paths of every file the catalog knows: data and delete files of any snapshot, and those
-    scheduled for deletion."""
+def known_files(conn: Connection, data_path: str, table_ids: Sequence[int]) -> set[str]:
+    """The absolute paths of the files the catalog knows of these tables (data and delete files of any
+    snapshot), and of every file scheduled for deletion."""
     directories = table_directories(conn, data_path)
     known = {
         directories.get(int(r.table_id), "") + r.path if r.path_is_relative else r.path
         for r in conn.execute(
             sa.text(
-                "SELECT table_id, path, path_is_relative FROM ducklake_data_file"
-                " UNION ALL SELECT table_id, path, path_is_relative FROM ducklake_delete_file"
-            )
+                "SELECT table_id, path, path_is_relative FROM ducklake_data_file WHERE table_id IN :t"
+                " UNION ALL SELECT table_id, path, path_is_relative FROM ducklake_delete_file WHERE table_id IN :t"
+            ).bindparams(sa.bindparam("t", expanding=True)),
+            {"t": list(table_ids)},
         )
     }
     known.update(path for _, path in scheduled(conn, data_path, datetime.max.replace(tzinfo=UTC)))

@@ -450,14 +450,14 @@ class Transaction:
     ) -> int:
         """Register a data file: row ids, table statistics and file column statistics.
 
-        The rows of a ``placed`` file (``Composed``) keep the row ids and snapshots they have.
+        The rows of a ``placed`` file (``Composed``) keep the row ids and snapshots they have; its caller counts
+        them in the table statistics as fits.
         """
         data_file_id = self._file_id()
         if placed is None:
             row_id_start: int | None = self._take_row_ids(table.table_id, file.record_count, file.size_bytes)
         else:
             row_id_start = placed.row_id_start
-            self._add_file_bytes(table.table_id, file.size_bytes)
         self._insert(
             "ducklake_data_file",
             {
@@ -497,10 +497,12 @@ class Transaction:
         self._change(f"{change}:{table.table_id}")
         return data_file_id
 
-    def _add_file_bytes(self, table_id: int, size_bytes: int) -> None:
+    def _count(self, table_id: int, *, size_bytes: int = 0, records: int = 0) -> None:
+        """Add to the table statistics' bytes and rows."""
         self._run(
-            "UPDATE ducklake_table_stats SET file_size_bytes = file_size_bytes + :size WHERE table_id = :t",
-            {"t": table_id, "size": size_bytes},
+            "UPDATE ducklake_table_stats SET file_size_bytes = file_size_bytes + :size,"
+            " record_count = record_count + :records WHERE table_id = :t",
+            {"t": table_id, "size": size_bytes, "records": records},
         )
 
     def add_composed(self, table: LakeTable, composed: Composed, change: str) -> None:
@@ -581,6 +583,7 @@ class Transaction:
         if inlined.shape(self.conn, name, flush.last_row_id) != flush.shape:
             raise CommitConflict(f"inlined rows of DuckLake table {table.table_id} changed")
         self.add_composed(table, flush.written, "inline_flush")
+        self._count(table.table_id, size_bytes=flush.written.file.size_bytes)
         inlined.remove(self.conn, name, flush.last_row_id)
 
     # -- upkeep ----------------------------------------------------------------------------------
@@ -600,8 +603,7 @@ class Transaction:
             self._run("DELETE FROM ducklake_data_file WHERE data_file_id = :d", {"d": file.data_file_id})
             for file_id, path in doomed:
                 self._schedule_deletion(file_id, path)
-        self._add_file_bytes(table.table_id, -sum(f.size_bytes for f in files))
-        self.add_composed(table, merged, "merge_adjacent")
+        self.add_composed(table, merged, "merge_adjacent")  # the table statistics stay, as DuckDB's
 
     def rewrite_data_file(self, table: LakeTable, file: DataFile, rewritten: Composed | None) -> None:
         """Replace a data file with many deleted rows by one of its live rows (``None``: it has none), which keep
@@ -617,6 +619,8 @@ class Transaction:
             self.add_composed(table, rewritten, "rewrite_delete")
         else:
             self._change(f"rewrite_delete:{table.table_id}")
+        kept, size = (rewritten.file.record_count, rewritten.file.size_bytes) if rewritten is not None else (0, 0)
+        self._count(table.table_id, size_bytes=size, records=kept - file.record_count)  # as DuckDB counts it
 
     def _check_unchanged(self, files: Sequence[DataFile]) -> None:
         """Raise ``CommitConflict`` unless each file is still active with the same delete file."""
