@@ -4,17 +4,19 @@ Each step, for one table, is one Spark job (a task per file it writes: the task 
 field id with pyarrow and writes the new one, returning only its metadata) and one snapshot.
 
 - **Merge**: once a table holds ``merge_min_files`` files under ``merge_below_bytes`` written since its
-  columns last changed, they are merged, oldest first, into files of up to the target size. A merged
-  file keeps each row's id and the snapshot that inserted it (``_ducklake_internal_row_id``,
-  ``_ducklake_internal_snapshot_id``, ``partial_max``), deleted rows too, and gets one delete file
-  that keeps the snapshot of each delete; so time travel and the change feed read what they read
-  before. The old files leave the catalog and are scheduled for deletion (``merge_adjacent:<table id>``),
-  as DuckDB's ``ducklake_merge_adjacent_files`` does. DuckDB's merge leaves files that have deletes
-  alone; this one takes them, or the files of a table whose rows are updated would never merge.
+  columns last changed, they are merged, oldest first, into a file of up to the target size (more wait
+  for the next step). A merged file keeps each row's id and the snapshot that inserted it
+  (``_ducklake_internal_row_id``, ``_ducklake_internal_snapshot_id``, ``partial_max``), deleted rows
+  too, and gets one delete file that keeps the snapshot of each delete; so time travel and the change
+  feed read what they read before. The old files leave the catalog and are scheduled for deletion
+  (``merge_adjacent:<table id>``), as DuckDB's ``ducklake_merge_adjacent_files`` does. DuckDB's merge
+  leaves files that have deletes alone; this one takes them, or the files of a table whose rows are
+  updated would never merge.
 - **Rewrite**: a file whose deleted rows reach ``rewrite_delete_ratio`` of its rows becomes a file of
   its live rows, which keep their ids (``rewrite_delete:<table id>``), as DuckDB's
   ``ducklake_rewrite_data_files`` does. The old file ends there: time travel to before it still reads
-  it, until its snapshots expire (``retention``).
+  it, until its snapshots expire (``catalog.retention``). The change feed shows the rewritten rows as
+  updated to themselves, as after DuckDB's rewrite.
 
 A step whose files another writer changed meanwhile (DuckDB; the destination runs steps between its
 own batches) gives up, and the next round tries again.
