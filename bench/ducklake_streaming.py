@@ -48,7 +48,7 @@ BEGIN
         t := tables[1 + i % cardinality(tables)];
         j := i / cardinality(tables);
         b := first_id + i::bigint * 7;
-        EXECUTE format('INSERT INTO %I SELECT {benchlib.row_values("g").replace("'", "''")}'
+        EXECUTE format('INSERT INTO %I SELECT {benchlib.row_values("g").replace("'", "''").replace("%", "%%")}'
                        ' FROM generate_series($1, $1 + 6) g', t) USING b;
         EXECUTE format('UPDATE %I SET score = score + 1, name = ''updated '' || id WHERE id IN ($1, $2)', t)
             USING b, 1 + (2 * j) % base;

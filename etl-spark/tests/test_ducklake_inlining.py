@@ -377,3 +377,15 @@ def test_rows_duckdb_inlined_are_updated_deleted_and_flushed(lake: Any, kit: Any
     destination.flush_inlined(destination.catalog.handle(KINDS.id).table)  # decodes DuckDB's values exactly
     assert inlined_rows(lake, live=False) == 0
     assert lake_rows(lake, KINDS) == sorted(stored.values(), key=row_sort_key)
+
+
+def test_names_with_quotes_and_percent_signs_are_inlined(lake: Any, kit: Any) -> None:
+    odd = TableSchema(
+        16902,
+        TableName("public", 'odd "100%"'),
+        (ColumnSchema("id", 20, nullable=False, primary_key=True), ColumnSchema("share %s", 25)),
+    )
+    destination = kit.make_destination(lake)
+    destination.write_events(kit.BatchBuilder().commit().insert(odd, {"id": 1, "share %s": "50%"}).build())
+    assert lake.query('SELECT id, "share %s" FROM lake.public."odd ""100%"""') == [(1, "50%")]
+    assert inlined_rows(lake) == 1
