@@ -283,9 +283,6 @@ def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
     toast = missing_columns(changes)
     needed = [c for c in columns if c.name in [*key, *toast]] if key else columns
     scan = bool(data_files) and not only_inserts
-    inlined_rows = None
-    if inlined_tables and not only_inserts:
-        inlined_rows = lake.catalog.inlined_rows(inlined_tables, needed, Form.SPARK)
     inline = inlinable(columns)
     if key and not toast:
         # The common case. The batch is collapsed on the driver, in Arrow; one Spark job finds the
@@ -309,8 +306,10 @@ def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
                 touched, key, "inner"
             )
             plan.deletes = _positions(stored, candidates, lake.storage)
-        if inlined_rows is not None:
-            plan.ended_inlined = _inlined_of_keys(inlined_rows, collapsed.select(key), columns)
+        if inlined_tables and not only_inserts:
+            wanted = _integer_key(columns, key, collapsed)  # then only the inlined rows of touched keys are read
+            stored = lake.catalog.inlined_rows(inlined_tables, needed, Form.SPARK, keys=wanted)
+            plan.ended_inlined = _inlined_of_keys(stored, collapsed.select(key), columns)
         upserts = collapsed.filter(pc.equal(collapsed[ACTION], UPSERT)).select(names)
         if upserts.num_rows and inline and upserts.num_rows <= lake.inline_row_limit:
             plan.inline = upserts
@@ -318,6 +317,9 @@ def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
             plan.files = lake.storage.write_rows(_spec(lake, plan, columns), upserts)
         return plan
     # Unchanged TOAST values to fill, or no key: collapsed in Spark, kept in memory for its two uses.
+    inlined_rows = None
+    if inlined_tables and not only_inserts:
+        inlined_rows = lake.catalog.inlined_rows(inlined_tables, needed, Form.SPARK)
     has_inlined = inlined_rows is not None and inlined_rows.num_rows > 0
     live = _live(lake, needed, data_files, inlined_rows if has_inlined else None) if scan or has_inlined else None
     frame = lake.to_spark(changes, columns)
@@ -367,6 +369,13 @@ def _check_not_inlined(table: LakeTable, inlined_tables: list[str]) -> None:
     """Columns change: flush the table's inlined rows first, when it has some (``inlined_tables`` hold rows)."""
     if inlined_tables:
         raise FlushFirst(table)
+
+
+def _integer_key(columns: Sequence[LakeColumn], key: list[str], collapsed: pa.Table) -> tuple[str, list[int]] | None:
+    """A one-column integer key's name and the batch's values of it; ``None`` for other keys."""
+    if len(key) != 1 or not next(c for c in columns if c.name == key[0]).type.startswith("int"):
+        return None
+    return key[0], pc.unique(collapsed[key[0]].drop_null()).to_pylist()
 
 
 def _inlined_of_keys(inlined_rows: pa.Table, keys: pa.Table, columns: Sequence[LakeColumn]) -> list[int]:

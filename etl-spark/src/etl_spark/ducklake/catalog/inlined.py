@@ -29,6 +29,8 @@ from etl_spark.ducklake.types import LIST, Form, convert
 
 REGISTRY: Final = "ducklake_inlined_data_tables"
 _CHUNK: Final = 1000
+_KEYS_CHUNK: Final = 10_000
+"""Key values bound in one query (below SQLite's and Postgres's limits on parameters)."""
 """Row ids per ``IN (...)`` list."""
 
 
@@ -189,19 +191,40 @@ def shape(conn: Connection, name: str, last_row_id: int | None = None) -> tuple[
     return int(row[0]), int(row[1])
 
 
-def read(conn: Connection, name: str, columns: Sequence[LakeColumn], form: Form, *, live: bool) -> pa.Table:
+def read(
+    conn: Connection,
+    name: str,
+    columns: Sequence[LakeColumn],
+    form: Form,
+    *,
+    live: bool,
+    keys: tuple[str, Sequence[int]] | None = None,
+) -> pa.Table:
     """Rows with ``row_id``, ``begin_snapshot``, ``end_snapshot`` and ``columns`` (values in ``form``), by row id;
-    only the live ones with ``live``."""
+    only the live ones with ``live``, and with ``keys`` (an integer column's name and values) those holding one
+    of the values there."""
     postgres = _postgres(conn)
     slots = _slots(columns)
     selected = ", ".join(_select(c, s, postgres) for c, s in zip(columns, slots, strict=True))
-    where = " WHERE end_snapshot IS NULL" if live else ""
-    rows = conn.execute(
-        sa.text(
-            f"SELECT row_id, begin_snapshot, end_snapshot{', ' if selected else ''}{selected}"
-            f" FROM {quote(name)}{where} ORDER BY row_id"
-        )
-    ).all()
+    conditions = ["end_snapshot IS NULL"] if live else []
+    if keys is not None:
+        conditions.append(f"{quote(keys[0])} IN :keys")
+    statement = sa.text(
+        f"SELECT row_id, begin_snapshot, end_snapshot{', ' if selected else ''}{selected} FROM {quote(name)}"
+        + (" WHERE " + " AND ".join(conditions) if conditions else "")
+        + " ORDER BY row_id"
+    )
+    if keys is None:
+        rows = conn.execute(statement).all()
+    else:
+        statement = statement.bindparams(sa.bindparam("keys", expanding=True))
+        values = list(keys[1])
+        rows = [
+            row
+            for start in range(0, len(values), _KEYS_CHUNK)
+            for row in conn.execute(statement, {"keys": values[start : start + _KEYS_CHUNK]}).all()
+        ]
+        rows.sort(key=lambda row: row[0])
     stored = list(zip(*rows, strict=True)) if rows else [()] * (3 + len(columns))
     arrays = [pa.array(stored[i], pa.int64()) for i in range(3)]
     arrays += [_decode(list(v), c, s, form) for v, c, s in zip(stored[3:], columns, slots, strict=True)]

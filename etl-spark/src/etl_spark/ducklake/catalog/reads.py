@@ -321,11 +321,17 @@ class Catalog:
             return [name for _, name in sorted(held)]
 
     def inlined_rows(
-        self, names: Sequence[str], columns: Sequence[LakeColumn], form: Form, *, live: bool = True
+        self,
+        names: Sequence[str],
+        columns: Sequence[LakeColumn],
+        form: Form,
+        *,
+        live: bool = True,
+        keys: tuple[str, Sequence[int]] | None = None,
     ) -> pa.Table:
         """Rows of inlined data tables (``inlined.read``), by row id."""
         with self.engine.connect() as conn:
-            tables = [inlined.read(conn, name, columns, form, live=live) for name in names]
+            tables = [inlined.read(conn, name, columns, form, live=live, keys=keys) for name in names]
         return pa.concat_tables(tables).sort_by("row_id") if len(tables) != 1 else tables[0]
 
     def inlined_count(self, table: LakeTable) -> int:
