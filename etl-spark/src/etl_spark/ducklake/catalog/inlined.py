@@ -14,6 +14,7 @@ not lists, not intervals (``inlinable``). Values go in from, and come back out i
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -139,7 +140,7 @@ def insert(
         f" VALUES ({mark}, {mark}, NULL, {placeholders})"
     )
     ids = range(row_id_start, row_id_start + rows.num_rows)
-    conn.exec_driver_sql(statement, [(row_id, snapshot, *row) for row_id, *row in zip(ids, *values, strict=True)])
+    conn.exec_driver_sql(statement, list(zip(ids, itertools.repeat(snapshot, rows.num_rows), *values, strict=True)))
 
 
 def _bind(mark: str, slot: _Slot, postgres: bool) -> str:
