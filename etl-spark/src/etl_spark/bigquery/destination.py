@@ -30,9 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from etl.config import validate
 from etl.destination.base import DestinationContext, WriteResult
-from etl.errors import ConfigError, DestinationError, TableError, naming_table
+from etl.errors import ConfigError, DestinationError, EtlError, TableError, TransientError, naming_table
 from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
 from etl.schema import ColumnSchema, TableSchema
+from etl_spark.bigquery.errors import QUOTA_REASONS, RETRIED_REASONS, classify, reasons
 from etl_spark.bigquery.metrics import BigQueryMetrics
 from etl_spark.bigquery.names import STAGING_PREFIX, column_name, table_id
 from etl_spark.bigquery.schema_change import alter_statements, unrecorded
@@ -143,6 +144,9 @@ class BigQueryDestination:
                 " attnum INT64);"
             )
         except exceptions.GoogleAPICallError as exc:
+            passing = classify(exc, "opening the dataset")
+            if isinstance(passing, TransientError):
+                raise passing from None
             raise DestinationError(
                 f"BigQuery dataset {self.config.project}.{self.config.dataset} is not usable: {exc.message}",
                 hint="check the project, dataset, location and that the credentials may create tables and run jobs",
@@ -407,10 +411,16 @@ class BigQueryDestination:
         job_config.parquet_options = bigquery.ParquetOptions()  # type: ignore[no-untyped-call]
         job_config.parquet_options.enable_list_inference = True
         try:
-            job = self.client.load_table_from_uri(
-                f"gs://{bucket}/{relative}/*.parquet", self._path(staging), job_config=job_config
-            )
-            job.result()
+            try:
+                job = self.client.load_table_from_uri(
+                    f"gs://{bucket}/{relative}/*.parquet", self._path(staging), job_config=job_config
+                )
+                job.result()
+            except Exception as exc:
+                error = classify(exc, f"loading the staged rows of {schema.name}")
+                if error is None:
+                    raise
+                raise error from None
             self.metrics.load_jobs.labels(str(schema.name)).inc()
             self.metrics.bytes_loaded.inc(staged_bytes)
         finally:
@@ -447,6 +457,8 @@ class BigQueryDestination:
         try:
             return self.client.query_and_wait(sql, location=self.config.location)
         except exceptions.BadRequest as exc:
+            if reasons(exc) & (RETRIED_REASONS | QUOTA_REASONS):  # a 400 that is not about the statement
+                raise _classified(exc, sql, table) or exc from None
             log.warning("bigquery rejected a statement", sql=sql, error=exc.message)
             if table is not None:
                 raise TableError(
@@ -455,6 +467,17 @@ class BigQueryDestination:
                     table_id=table.id,
                 ) from None
             raise DestinationError(f"BigQuery rejected a statement: {exc.message}", hint="see the log") from None
+        except Exception as exc:
+            error = _classified(exc, sql, table)
+            if error is None:
+                raise
+            raise error from None
+
+
+def _classified(exc: Exception, sql: str, table: TableSchema | None) -> EtlError | None:
+    """``exc`` as the engine's error (``errors.classify``); ``None`` when it is not BigQuery's."""
+    doing = f"writing {table.name}" if table is not None else "running " + sql.split(" ", 1)[0].lower()
+    return classify(exc, doing)
 
 
 def _parquet_bytes(spark: SparkSession, path: str) -> int:

@@ -1,0 +1,72 @@
+"""BigQuery's failures as the engine's errors: what passes is retried, what does not says what to do.
+
+BigQuery reports a failure as an HTTP status and, per error, a ``reason``
+(https://cloud.google.com/bigquery/docs/error-messages). The client library retries some of them
+itself for a while; what still reaches the destination is classified here:
+
+- retried with backoff by the engine (``TransientError``): 429 and ``rateLimitExceeded``, 500, 502,
+  503, 504 and ``backendError`` / ``internalError``, and connections reset, refused or timed out;
+- stopped with the quota's name and the setting that avoids it: ``quotaExceeded`` and the other daily
+  limits;
+- stopped with the missing IAM permission: 401 and 403 ``accessDenied``;
+- anything else: a ``DestinationError`` with BigQuery's message.
+
+A rejected statement (400 ``invalidQuery``, bad values) is the destination's to report: it knows the
+table (``TableError``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from etl.errors import DestinationError, EtlError, TransientError
+
+RETRIED_STATUS: Final = frozenset({429, 500, 502, 503, 504})
+RETRIED_REASONS: Final = frozenset({"rateLimitExceeded", "backendError", "internalError", "jobBackendError"})
+QUOTA_REASONS: Final = frozenset({"quotaExceeded", "dailyLimitExceeded", "limitExceeded"})
+_PERMISSION: Final = re.compile(r"Permission ([\w.]+) denied")
+_QUOTA_HINT: Final = (
+    "each batch modifies each table it touches once; modify them less often: raise batch.max_fill_ms (or the"
+    " destination's min_apply_interval_s), or ask Google for a higher quota. The pipeline resumes from its"
+    " watermark"
+)
+
+
+def reasons(exc: BaseException) -> set[str]:
+    """The ``reason`` of each error BigQuery reported in ``exc``."""
+    errors = getattr(exc, "errors", None) or []
+    return {str(e.get("reason")) for e in errors if isinstance(e, dict) and e.get("reason")}
+
+
+def classify(exc: BaseException, doing: str) -> EtlError | None:
+    """The engine's error for a failure of BigQuery or of the connection to it while ``doing``; ``None`` when
+    it is neither (a bug, say: let it through)."""
+    from google.api_core import exceptions
+    from requests import exceptions as http
+
+    if isinstance(exc, (http.ConnectionError, http.Timeout, ConnectionError, TimeoutError)):
+        return TransientError(f"BigQuery did not answer while {doing}: {type(exc).__name__}", hint="retried")
+    if not isinstance(exc, exceptions.GoogleAPICallError):
+        return None
+    found, message, status = reasons(exc), exc.message, exc.code
+    if found & QUOTA_REASONS:
+        quota = next(iter(sorted(found & QUOTA_REASONS)))
+        return DestinationError(f"BigQuery quota exceeded ({quota}) while {doing}: {message}", hint=_QUOTA_HINT)
+    if status in RETRIED_STATUS or found & RETRIED_REASONS:
+        return TransientError(f"BigQuery failed while {doing} ({status}): {message}", hint="retried with backoff")
+    if status == 401:
+        return DestinationError(
+            f"BigQuery refused the credentials while {doing}: {message}",
+            hint="check credentials_file, or the application default credentials (gcloud auth application-default"
+            " login)",
+        )
+    if status == 403:
+        permission = _PERMISSION.search(message or "")
+        missing = permission.group(1) if permission else "the permission BigQuery names above"
+        return DestinationError(
+            f"BigQuery denied {missing} while {doing}: {message}",
+            hint=f"grant the pipeline's service account a role with {missing} on the dataset or project"
+            " (roles/bigquery.dataEditor and roles/bigquery.jobUser hold all the destination needs)",
+        )
+    return DestinationError(f"BigQuery failed while {doing} ({status}): {message}", hint="see BigQuery's message")

@@ -1,0 +1,56 @@
+"""BigQuery failures as the engine's errors (``etl_spark.bigquery.errors``), from the client library's own
+exception types as it raises them for each HTTP answer."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from google.api_core import exceptions
+
+from etl.errors import DestinationError, TransientError
+from etl_spark.bigquery.errors import classify
+
+
+def answer(status: int, reason: str, message: str = "") -> exceptions.GoogleAPICallError:
+    return exceptions.from_http_status(status, message or reason, errors=[{"reason": reason, "message": message}])
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        answer(429, "rateLimitExceeded"),
+        answer(403, "rateLimitExceeded", "Exceeded rate limits: too many table update operations"),
+        answer(500, "backendError"),
+        answer(502, "badGateway"),
+        answer(503, "backendError"),
+        answer(504, "timeout"),
+        requests.exceptions.ConnectionError("Connection reset by peer"),
+        requests.exceptions.ReadTimeout("read timed out"),
+        ConnectionResetError(104, "Connection reset by peer"),
+    ],
+)
+def test_passing_failures_are_retried(failure: BaseException) -> None:
+    assert isinstance(classify(failure, "loading staged rows"), TransientError)
+
+
+def test_an_exceeded_quota_names_the_quota_and_the_setting_that_avoids_it() -> None:
+    error = classify(
+        answer(403, "quotaExceeded", "Quota exceeded: Your table exceeded quota for table update operations"),
+        "merging into public.orders",
+    )
+    assert isinstance(error, DestinationError) and not isinstance(error, TransientError)
+    assert "quotaExceeded" in error.message and "public.orders" in error.message
+    assert "max_fill_ms" in error.hint
+
+
+def test_a_denied_permission_is_named() -> None:
+    denied = answer(403, "accessDenied", "Access Denied: Permission bigquery.tables.updateData denied on table x")
+    error = classify(denied, "writing public.orders")
+    assert isinstance(error, DestinationError) and not isinstance(error, TransientError)
+    assert "bigquery.tables.updateData" in error.message and "bigquery.tables.updateData" in error.hint
+    refused = classify(answer(401, "unauthorized", "Request had invalid authentication credentials"), "starting")
+    assert isinstance(refused, DestinationError) and "credentials" in refused.hint
+
+
+def test_what_is_not_bigquerys_is_let_through() -> None:
+    assert classify(KeyError("x"), "writing") is None
