@@ -52,5 +52,12 @@ def test_a_denied_permission_is_named() -> None:
     assert isinstance(refused, DestinationError) and "credentials" in refused.hint
 
 
+def test_a_retry_that_ran_out_is_judged_by_its_last_failure() -> None:
+    ran_out = exceptions.RetryError("Timeout of 2.0s exceeded", answer(503, "backendError"))
+    assert isinstance(classify(ran_out, "loading"), TransientError)
+    quota = exceptions.RetryError("Timeout", answer(403, "quotaExceeded"))
+    assert not isinstance(classify(quota, "loading"), TransientError)
+
+
 def test_what_is_not_bigquerys_is_let_through() -> None:
     assert classify(KeyError("x"), "writing") is None

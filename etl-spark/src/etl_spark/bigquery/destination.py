@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from etl.config import validate
+from etl.config import Integer, validate
 from etl.destination.base import DestinationContext, WriteResult
 from etl.errors import ConfigError, DestinationError, EtlError, TableError, TransientError, naming_table
 from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
@@ -87,6 +87,12 @@ class BigQueryConfig(BaseModel):
         None, description="a local directory serving as the staging bucket (the emulator's); Spark writes there"
     )
     endpoint: str | None = Field(None, description="BigQuery API endpoint override (a local emulator)")
+    api_retry_seconds: Integer = Field(
+        120,
+        ge=1,
+        description="how long the BigQuery client retries a failing call itself; then the engine's backoff takes"
+        " over (and the batch is retried whole)",
+    )
     spark: SparkSettings = Field(default_factory=SparkSettings)
 
     @field_validator("staging_uri")
@@ -161,6 +167,20 @@ class BigQueryDestination:
         """Export ``etl_bigquery_*`` on the pipeline's registry (the engine calls this once, at start)."""
         if registry is not self.metrics.registry:
             self.metrics.register(registry)
+
+    @property
+    def _retry(self) -> Any:
+        """The client's retry of one API call, bounded by ``api_retry_seconds``."""
+        from google.cloud.bigquery.retry import DEFAULT_RETRY
+
+        return DEFAULT_RETRY.with_timeout(self.config.api_retry_seconds)
+
+    @property
+    def _job_retry(self) -> Any:
+        """The client's retry of a failed query job, bounded by ``api_retry_seconds``."""
+        from google.cloud.bigquery.retry import DEFAULT_JOB_RETRY
+
+        return DEFAULT_JOB_RETRY.with_timeout(self.config.api_retry_seconds)
 
     @property
     def client(self) -> bigquery.Client:
@@ -413,9 +433,9 @@ class BigQueryDestination:
         try:
             try:
                 job = self.client.load_table_from_uri(
-                    f"gs://{bucket}/{relative}/*.parquet", self._path(staging), job_config=job_config
+                    f"gs://{bucket}/{relative}/*.parquet", self._path(staging), job_config=job_config, retry=self._retry
                 )
-                job.result()
+                job.result(retry=self._retry)
             except Exception as exc:
                 error = classify(exc, f"loading the staged rows of {schema.name}")
                 if error is None:
@@ -455,7 +475,9 @@ class BigQueryDestination:
         from google.api_core import exceptions
 
         try:
-            return self.client.query_and_wait(sql, location=self.config.location)
+            return self.client.query_and_wait(
+                sql, location=self.config.location, retry=self._retry, job_retry=self._job_retry
+            )
         except exceptions.BadRequest as exc:
             if reasons(exc) & (RETRIED_REASONS | QUOTA_REASONS):  # a 400 that is not about the statement
                 raise _classified(exc, sql, table) or exc from None

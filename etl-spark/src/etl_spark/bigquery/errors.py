@@ -45,6 +45,13 @@ def classify(exc: BaseException, doing: str) -> EtlError | None:
     from google.api_core import exceptions
     from requests import exceptions as http
 
+    if isinstance(exc, exceptions.RetryError):  # the client's own retries ran out: what failed last decides
+        last = exc.cause
+        return (
+            classify(last, doing)
+            if last is not None
+            else TransientError(f"BigQuery kept failing while {doing}: {exc.message}", hint="retried with backoff")
+        )
     if isinstance(exc, (http.ConnectionError, http.Timeout, ConnectionError, TimeoutError)):
         return TransientError(f"BigQuery did not answer while {doing}: {type(exc).__name__}", hint="retried")
     if not isinstance(exc, exceptions.GoogleAPICallError):

@@ -24,7 +24,10 @@ import structlog
 log = structlog.get_logger(__name__)
 
 DROP = 0
-"""The ``status`` of a fault that closes the connection without an answer."""
+"""The ``status`` of a fault that closes the connection without an answer, the request never forwarded."""
+LOSE_ANSWER = -1
+"""The ``status`` of a fault that forwards the request, then closes the connection without its answer: the
+server did the work, the client cannot know."""
 
 
 @dataclass
@@ -86,6 +89,12 @@ class FaultProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 fault = proxy.fault_for(self.command, self.path, body)
+                if fault is not None and fault.status == LOSE_ANSWER:
+                    log.info("fault injected: answer lost", method=self.command, path=self.path)
+                    self._upstream(body)
+                    self.close_connection = True
+                    self.connection.close()
+                    return
                 if fault is not None:
                     log.info("fault injected", status=fault.status, method=self.command, path=self.path)
                     if fault.status == DROP:
@@ -107,14 +116,7 @@ class FaultProxy:
                     self.end_headers()
                     self.wfile.write(payload)
                     return
-                upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=300)
-                try:
-                    headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                    upstream.request(self.command, self.path, body=body or None, headers=headers)
-                    answer = upstream.getresponse()
-                    data = answer.read()
-                finally:
-                    upstream.close()
+                answer, data = self._upstream(body)
                 self.send_response(answer.status)
                 for key, value in answer.getheaders():
                     if key.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -122,6 +124,16 @@ class FaultProxy:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _upstream(self, body: bytes) -> tuple[http.client.HTTPResponse, bytes]:
+                upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=300)
+                try:
+                    headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                    upstream.request(self.command, self.path, body=body or None, headers=headers)
+                    answer = upstream.getresponse()
+                    return answer, answer.read()
+                finally:
+                    upstream.close()
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward  # noqa: N815 - http.server calls these
 
