@@ -126,7 +126,7 @@ class FaultProxy:
                 self.wfile.write(data)
 
             def _upstream(self, body: bytes) -> tuple[http.client.HTTPResponse, bytes]:
-                upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=300)
+                upstream = http.client.HTTPConnection(target.hostname or "127.0.0.1", target.port, timeout=300)
                 try:
                     headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
                     upstream.request(self.command, self.path, body=body or None, headers=headers)
