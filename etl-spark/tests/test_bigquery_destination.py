@@ -299,3 +299,41 @@ def test_table_without_key_keeps_identical_rows_apart(destination: BigQueryDesti
         ("f", 6),
         ("f", 6),
     ]
+
+
+def test_target_tables_are_clustered_by_their_key_and_partitioned_when_asked(
+    emulator: BigQueryEmulator, spark: Any, kit: Any
+) -> None:
+    events = TableSchema(
+        16610,
+        TableName("public", "events"),
+        (
+            ColumnSchema("tenant", 23, nullable=False, primary_key=True),
+            ColumnSchema("id", 20, nullable=False, primary_key=True),
+            ColumnSchema("at", 1184),
+        ),
+    )
+    config = BigQueryConfig(
+        project=PROJECT,
+        dataset="d_clustered",
+        staging_uri="gs://staging/etl",
+        staging_local_dir=str(emulator.bucket_dir("staging")),
+        endpoint=emulator.endpoint,
+        spark=spark_settings(),
+        partition_by={"public.events": "at"},
+    )
+    target = BigQueryDestination.from_config(config, DestinationContext(1, MemoryStore(1)))
+    target.startup()
+    try:
+        b = kit.BatchBuilder()
+        target.write_events(
+            b.commit()
+            .insert(events, {"tenant": 1, "id": 7, "at": dt.datetime(2026, 11, 24, 10, tzinfo=dt.UTC)})
+            .build()
+        )
+        table = target.client.get_table(f"{PROJECT}.d_clustered.{table_id(events.name)}")
+        assert table.clustering_fields == ["tenant", "id"]
+        assert table.time_partitioning is not None and table.time_partitioning.field == "at"
+        assert len(bq_rows(target, events)) == 1
+    finally:
+        target.shutdown()

@@ -61,3 +61,16 @@ def test_a_retry_that_ran_out_is_judged_by_its_last_failure() -> None:
 
 def test_what_is_not_bigquerys_is_let_through() -> None:
     assert classify(KeyError("x"), "writing") is None
+
+
+def test_partitioning_by_a_column_that_is_no_date_errors_the_table() -> None:
+    from etl.errors import TableError
+    from etl.schema import ColumnSchema, TableName, TableSchema
+    from etl_spark.bigquery.types import table_options
+
+    schema = TableSchema(1, TableName("public", "t"), (ColumnSchema("id", 23, primary_key=True), ColumnSchema("n", 25)))
+    assert table_options(schema, None) == "CLUSTER BY `id`"
+    with pytest.raises(TableError, match="not a date or timestamp"):
+        table_options(schema, "n")
+    with pytest.raises(TableError):
+        table_options(schema, "missing")

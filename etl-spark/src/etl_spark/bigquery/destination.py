@@ -37,7 +37,7 @@ from etl_spark.bigquery.errors import QUOTA_REASONS, RETRIED_REASONS, classify, 
 from etl_spark.bigquery.metrics import BigQueryMetrics
 from etl_spark.bigquery.names import STAGING_PREFIX, column_name, table_id
 from etl_spark.bigquery.schema_change import alter_statements, unrecorded
-from etl_spark.bigquery.types import bq_type, staged, table_ddl
+from etl_spark.bigquery.types import bq_type, staged, table_ddl, table_options
 from etl_spark.collapse import (
     ACTION,
     NET,
@@ -87,6 +87,11 @@ class BigQueryConfig(BaseModel):
         None, description="a local directory serving as the staging bucket (the emulator's); Spark writes there"
     )
     endpoint: str | None = Field(None, description="BigQuery API endpoint override (a local emulator)")
+    partition_by: dict[str, str] = Field(
+        default_factory=dict,
+        description='per source table ("schema.table"), a date or timestamp column its target table is partitioned'
+        " by, by day (applied when the target table is created)",
+    )
     api_retry_seconds: Integer = Field(
         120,
         ge=1,
@@ -353,7 +358,8 @@ class BigQueryDestination:
             self._applied[schema.id] = schema
             return target
         if applied is None:
-            self._query(f"CREATE TABLE IF NOT EXISTS {target} ({table_ddl(schema)})", schema)
+            options = table_options(schema, self.config.partition_by.get(str(schema.name)))
+            self._query(f"CREATE TABLE IF NOT EXISTS {target} ({table_ddl(schema)}) {options}", schema)
         table = self.client.get_table(self._path(table_id(schema.name)))
         actions = alter_statements(table, applied or unrecorded(table, schema), schema)
         # BigQuery runs DDL outside transactions only: the record follows the ALTERs in the same script.

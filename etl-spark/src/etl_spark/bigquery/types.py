@@ -141,6 +141,32 @@ def table_ddl(schema: TableSchema) -> str:
     return ", ".join(columns)
 
 
+CLUSTER_COLUMNS: Final = 4
+"""BigQuery clusters a table by at most four columns."""
+
+
+def table_options(schema: TableSchema, partition_by: str | None) -> str:
+    """``PARTITION BY`` and ``CLUSTER BY`` of a new target table: clustered by its key (its first four
+    columns), so a batch's DELETE of touched keys reads only their blocks; partitioned by day on
+    ``partition_by`` (a date or timestamp column) when given."""
+    options = []
+    if partition_by is not None:
+        column = next((c for c in schema.columns if c.name == partition_by), None)
+        kind = bq_type(column).ddl if column is not None else None
+        if kind not in ("DATE", "TIMESTAMP", "DATETIME"):
+            raise TableError(
+                f"{schema.name}: partition_by names {partition_by!r}, not a date or timestamp column of the table",
+                hint="name a date, timestamp or timestamptz column in the destination's partition_by",
+                table_id=schema.id,
+            )
+        name = column_name(partition_by)
+        options.append(f"PARTITION BY {name if kind == 'DATE' else f'DATE({name})'}")
+    key = [column_name(c.name) for c in schema.key_columns][:CLUSTER_COLUMNS]
+    if key:
+        options.append(f"CLUSTER BY {', '.join(key)}")
+    return " ".join(options)
+
+
 def staged(schema: TableSchema, column: ColumnSchema, values: pa.Array | pa.ChunkedArray) -> pa.ChunkedArray:
     """A source column's values in their staging form, after checking BigQuery can hold each of them."""
     target = bq_type(column)
