@@ -302,3 +302,79 @@ def test_what_bigquery_cannot_hold_errors_its_table_only(
     assert "outside BigQuery's range" in printed["public.bad_stream"] and "column day" in printed["public.bad_stream"]
     assert "column prices is numeric[]" in printed["public.amounts"], printed
     assert printed["public.good"].split()[1] == "ready", printed
+
+
+# -- quota use: one load job per batch, at most one apply per table and interval ---------------------------
+
+APPLY_INTERVAL_S = 8
+
+
+def apply_jobs(emulator: BigQueryEmulator, dataset: str, oids: dict[str, int]) -> dict[str, int]:
+    """Per table, the query jobs that applied a batch to it (their script ends by advancing its watermark)."""
+    client = emulator.client()
+    try:
+        scripts = [
+            job.query
+            for job in client.list_jobs(all_users=True)
+            if job.job_type == "query"
+            and f"{dataset}._etl_watermarks" in job.query
+            and "COMMIT TRANSACTION" in job.query
+        ]
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+    return {table: sum(f"table_oid = {oid}" in s for s in scripts) for table, oid in oids.items()}
+
+
+def test_ten_tables_at_one_second_batches_use_one_load_per_batch_and_pace_the_applies(
+    pg_database: TestDatabase, bigquery_emulator: BigQueryEmulator, tmp_path: Path
+) -> None:
+    """A minute of transactions over ten tables, five a second: staging grows with the batches, not with
+    batches x tables, and no table is applied more often than ``min_apply_interval_s`` allows."""
+    db, emulator = pg_database, bigquery_emulator
+    tables = tuple(f"public.q{i}" for i in range(10))
+    for table in tables:
+        db.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v int)")
+        db.execute(f"INSERT INTO {table} SELECT g, 0 FROM generate_series(1, 10) g")
+    db.execute(f"CREATE PUBLICATION pub FOR TABLE {', '.join(tables)}")
+    oids = {t: int(db.execute(f"SELECT '{t}'::regclass::oid")[0][0]) for t in tables}
+    dataset = dataset_for(db, "quota")
+    config = pipeline_config(
+        db,
+        store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
+        destination=bigquery_destination(emulator, dataset) | {"min_apply_interval_s": APPLY_INTERVAL_S},
+        batch={"max_fill_ms": 1000},
+    )
+    pipeline = start_pipeline(config)
+    registry = pipeline.metrics.registry
+
+    def loads() -> float:
+        return registry.get_sample_value("etl_bigquery_load_jobs_total", {"table": "*"}) or 0.0
+
+    def batches() -> float:
+        return registry.get_sample_value("etl_batch_write_seconds_count", {"destination": "bigquery"}) or 0.0
+
+    try:
+        wait_until(lambda: all_ready(pipeline, len(tables)), "tables ready", pipeline, timeout=240)
+        wait_equal(db, emulator, dataset, tables, pipeline)
+        loads_before, batches_before, applies_before = loads(), batches(), apply_jobs(emulator, dataset, oids)
+        started = time.monotonic()
+        n = 0
+        while time.monotonic() - started < 60:
+            n += 1
+            db.execute(
+                "BEGIN; "
+                + " ".join(f"UPDATE {t} SET v = v + 1 WHERE id = {n % 10 + 1};" for t in tables)
+                + f" INSERT INTO {tables[n % 10]} VALUES ({n + 100}, {n}); COMMIT"
+            )
+            time.sleep(0.2)
+        wait_equal(db, emulator, dataset, tables, pipeline)
+        window = time.monotonic() - started
+        staged, written = loads() - loads_before, batches() - batches_before
+    finally:
+        pipeline.shutdown()
+    applies = apply_jobs(emulator, dataset, oids)
+    per_table = {t: applies[t] - applies_before[t] for t in tables}
+    assert n >= 250  # transactions arrived every 0.2 s, so 1 s batches would be due about every second
+    assert 2 <= staged <= written  # one load job per batch written, whatever the number of tables it carries
+    assert set(per_table.values()) == {staged}  # each batch applied every table once, in one transaction
+    assert staged <= window / APPLY_INTERVAL_S + 1  # batches due faster were merged

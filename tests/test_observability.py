@@ -115,7 +115,9 @@ def test_a_running_pipeline_serves_its_series_and_health(
     assert samples["etl_table_errors"][()] == 0
     assert samples["etl_commit_to_durable_seconds_count"][()] >= 1
     assert samples["etl_batch_write_seconds_count"][(("destination", "memory"),)] >= 1
-    wait_until(lambda: ("slot", "etl_apply_1") in {k[0] for k in scrape(base)["etl_slot_retained_wal_bytes"]}, "slot")
+    wait_until(
+        lambda: ("slot", "etl_apply_1") in {k[0] for k in scrape(base).get("etl_slot_retained_wal_bytes", {})}, "slot"
+    )
 
     # A held destination: the lag grows, the read loop stops turning, /readyz says so; released, both recover.
     wait_until(lambda: value(base, "etl_replication_lag_bytes") < 100_000, "caught up", pipeline)
@@ -126,7 +128,7 @@ def test_a_running_pipeline_serves_its_series_and_health(
         db.execute("DELETE FROM t WHERE id >= 1000")
     wait_until(lambda: value(base, "etl_replication_lag_bytes") > before + 1_000_000, "the lag grows", pipeline)
     wait_until(lambda: get(f"{base}/readyz")[0] == 503, "unready while the apply worker is stuck", pipeline)
-    assert "has not turned" in get(f"{base}/readyz")[1]
+    assert "made no progress" in get(f"{base}/readyz")[1]
     destination.released.set()
     wait_until(lambda: get(f"{base}/readyz")[0] == 200, "ready again", pipeline)
     wait_until(lambda: value(base, "etl_replication_lag_bytes") < 100_000, "the lag falls back", pipeline)

@@ -158,3 +158,42 @@ def test_a_failed_write_stops_the_worker_without_waiting_for_another_batch(pg_da
         thread.join(timeout=15)
         assert stopped_by_itself
         assert [str(f) for f in failures] == ["the destination broke"]
+
+
+class HeldDestination(CountingDestination):
+    """Holds its first write until ``release`` is set; records the ids each write carried."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.written = threading.Event()
+        self.ids: list[list[int]] = []
+
+    def write_events(self, batch: EventBatch) -> WriteResult:
+        self.ids.append(
+            sorted(i for segments in batch.changes.values() for s in segments for i in s.table["id"].to_pylist())
+        )
+        self.written.set()
+        if len(self.ids) == 1:
+            assert self.release.wait(30)
+        return super().write_events(batch)
+
+
+def test_batches_due_while_a_write_runs_are_merged_into_the_next_write(pg_database: TestDatabase) -> None:
+    conn, protocol = streaming(pg_database, ["INSERT INTO t VALUES (1, 'a')"])
+    with conn:
+        destination = HeldDestination()
+        worker = FirstTransactions(conn, protocol, 6, BatchSection(max_fill_ms=20), destination)
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        try:
+            assert destination.written.wait(15)  # the first batch is being written, and held
+            for i in range(2, 7):  # each transaction alone would be a batch, due 20 ms after it
+                pg_database.execute(f"INSERT INTO t VALUES ({i}, 'v')")
+                time.sleep(0.2)
+            time.sleep(0.5)
+        finally:
+            destination.release.set()
+            thread.join(timeout=15)
+        assert not thread.is_alive()
+        assert destination.ids == [[1], [2, 3, 4, 5, 6]]  # read while the first write ran, handed over as one

@@ -63,6 +63,7 @@ def destination(
         dataset=f"d_{request.node.name.replace('[', '_').replace(']', '').replace('-', '_')}",
         staging_uri="gs://staging/etl",
         staging_local_dir=str(emulator.bucket_dir("staging")),
+        min_apply_interval_s=0,
         endpoint=emulator.endpoint,
         spark=spark_settings(),
     )
@@ -199,7 +200,8 @@ def test_value_out_of_range_errors_the_table(destination: BigQueryDestination, k
     with pytest.raises(TableError, match="column doc holds the JSON integer 184467440737") as error:
         destination.write_events(b.build())
     assert error.value.table_id == ORDERS.id
-    assert bq_rows(destination, ORDERS) == []
+    dataset = f"{destination.config.project}.{destination.config.dataset}"
+    assert table_id(ORDERS.name) not in [t.table_id for t in destination.client.list_tables(dataset)]  # untouched
 
     grid = replace(ORDERS, columns=(*ORDERS.columns, ColumnSchema("cells", 1007, type_name="integer[][]", attnum=8)))
     b.commit().insert(grid, order(3))  # the column is added by a schema change
@@ -318,6 +320,7 @@ def test_target_tables_are_clustered_by_their_key_and_partitioned_when_asked(
         dataset="d_clustered",
         staging_uri="gs://staging/etl",
         staging_local_dir=str(emulator.bucket_dir("staging")),
+        min_apply_interval_s=0,
         endpoint=emulator.endpoint,
         spark=spark_settings(),
         partition_by={"public.events": "at"},
@@ -337,3 +340,85 @@ def test_target_tables_are_clustered_by_their_key_and_partitioned_when_asked(
         assert len(bq_rows(target, events)) == 1
     finally:
         target.shutdown()
+
+
+CODES = TableSchema(
+    16604,
+    TableName("public", "codes"),
+    (ColumnSchema("code", 25, nullable=False, primary_key=True, attnum=1), ColumnSchema("n", 23, attnum=2)),
+)
+
+
+def staging_tables(destination: BigQueryDestination) -> list[str]:
+    dataset = f"{destination.config.project}.{destination.config.dataset}"
+    return [t.table_id for t in destination.client.list_tables(dataset) if t.table_id.startswith("_etl_staging_")]
+
+
+def test_a_batch_of_many_tables_is_staged_by_one_load_job(destination: BigQueryDestination, kit: Any) -> None:
+    """Keyed rows with unchanged TOAST values, rows without a key and a schema change, in one batch: one load
+    job per round of segments, not one per table; every staging table dropped after use."""
+    reference = MemoryDestination()
+    for target in (destination, reference):
+        target.write_table_rows(ORDERS, kit.rows_table(ORDERS, [order(1), order(2)]))
+        target.write_table_rows(NOTES, kit.rows_table(NOTES, [{"body": "a", "qty": 1, "doc": "{}"}]))
+    copies = destination.metrics.load_jobs.labels("public.order_items")._value.get()
+    assert copies == 1
+
+    b = kit.BatchBuilder()
+    b.commit().update(ORDERS, order(1, qty=10), missing=("note",)).insert(ORDERS, order(3))
+    b.delete(NOTES, {"body": "a", "qty": 1, "doc": "{}"}).insert(NOTES, {"body": "b", "qty": 2, "doc": "{}"})
+    b.commit().insert(CODES, {"code": "x", "n": 1})
+    batch = b.build()
+    for target in (destination, reference):
+        target.write_events(batch)
+    assert destination.metrics.load_jobs.labels("*")._value.get() == 1  # three tables, one load
+    for schema in (ORDERS, NOTES):
+        assert bq_rows(destination, schema) == ref_rows(reference, schema)
+    assert bq_rows(destination, CODES) == [{"code": "x", "n": 1}]
+
+    # A column added to ORDERS inside the next batch: two segments of it, so two rounds, two loads.
+    extended = replace(ORDERS, columns=(*ORDERS.columns, ColumnSchema("extra", 25, attnum=8)))
+    b.commit().insert(ORDERS, order(4)).insert(NOTES, {"body": "c", "qty": 3, "doc": "{}"})
+    b.commit().insert(extended, {**order(5), "extra": "e5"})
+    batch = b.build()
+    assert len(batch.changes[ORDERS.id]) == 2
+    destination.write_events(batch)
+    assert destination.metrics.load_jobs.labels("*")._value.get() == 3
+    assert {r["id"]: r["extra"] for r in bq_rows(destination, extended)} == {
+        1: None,
+        2: None,
+        3: None,
+        4: None,
+        5: "e5",
+    }
+    assert [r["body"] for r in bq_rows(destination, NOTES)] == ["b", "c"]
+    assert staging_tables(destination) == []
+
+
+def test_staging_tables_left_by_a_crash_are_dropped_at_start(destination: BigQueryDestination) -> None:
+    dataset = f"{destination.config.project}.{destination.config.dataset}"
+    for name in ("_etl_staging_1_left", "_etl_staging_12_other_pipeline"):
+        destination.client.query_and_wait(f"CREATE TABLE `{dataset}.{name}` (x INT64)")
+    again = restarted(destination)
+    try:
+        assert staging_tables(again) == ["_etl_staging_12_other_pipeline"]
+    finally:
+        again.shutdown()
+
+
+def test_applies_are_at_least_min_apply_interval_s_apart(destination: BigQueryDestination, kit: Any) -> None:
+    import time
+
+    paced = BigQueryDestination.from_config(
+        destination.config.model_copy(update={"min_apply_interval_s": 1.5}), DestinationContext(1, MemoryStore(1))
+    )
+    paced.startup()
+    try:
+        b = kit.BatchBuilder()
+        started = time.monotonic()
+        for i in range(3):
+            paced.write_events(b.commit().insert(ORDERS, order(i)).build())
+        assert time.monotonic() - started >= 3.0  # the second and the third waited for their turn
+        assert [r["id"] for r in bq_rows(paced, ORDERS)] == [0, 1, 2]
+    finally:
+        paced.shutdown()

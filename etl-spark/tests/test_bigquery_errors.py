@@ -40,7 +40,7 @@ def test_an_exceeded_quota_names_the_quota_and_the_setting_that_avoids_it() -> N
     )
     assert isinstance(error, DestinationError) and not isinstance(error, TransientError)
     assert "quotaExceeded" in error.message and "public.orders" in error.message
-    assert "max_fill_ms" in error.hint
+    assert "min_apply_interval_s" in error.hint
 
 
 def test_a_denied_permission_is_named() -> None:

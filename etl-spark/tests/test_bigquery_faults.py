@@ -53,6 +53,7 @@ def destination(
         dataset="d_" + re.sub(r"\W", "_", request.node.name),
         staging_uri="gs://staging/etl",
         staging_local_dir=str(emulator.bucket_dir("staging")),
+        min_apply_interval_s=0,
         endpoint=proxy.endpoint,
         api_retry_seconds=2,
         spark=SparkSettings(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"}),

@@ -110,7 +110,9 @@ class PipelineSection(Section):
 
 
 class BatchSection(Section):
-    max_fill_ms: Integer = Field(1000, ge=1, description="flush a batch after this long")
+    max_fill_ms: Integer = Field(
+        1000, ge=1, description="hand a batch over this long after its first change, once the previous write has ended"
+    )
     max_bytes: Integer = Field(8 * 1024 * 1024, ge=1024, description="flush a batch past this size")
     spill_threshold_bytes: Integer = Field(
         64 * 1024 * 1024, ge=1024, description="spill an in-progress streamed transaction to disk past this"
@@ -144,7 +146,7 @@ class MetricsSection(Section):
     )
     sample_interval_s: Integer = Field(10, ge=1, description="how often the source is asked for its WAL position")
     stuck_after_s: Integer = Field(
-        120, ge=1, description="/readyz fails when the apply worker's read loop has not turned for this long"
+        120, ge=1, description="/readyz fails when the apply worker's read loop or destination write is stuck this long"
     )
 
 

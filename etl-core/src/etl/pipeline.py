@@ -110,7 +110,8 @@ class Pipeline:
         return False, "stopped" if self._error is None else f"failed: {self._error}"
 
     def ready(self) -> tuple[bool, str]:
-        """``/readyz``: the apply worker streams, and its read loop turned within ``[metrics] stuck_after_s``."""
+        """``/readyz``: the apply worker streams, and neither its read loop nor its destination write has been
+        stuck for ``[metrics] stuck_after_s``."""
         healthy, why = self.healthy()
         if not healthy:
             return False, why
@@ -118,9 +119,12 @@ class Pipeline:
         if apply is None or not self._streaming:
             return False, "not streaming (starting, or reconnecting to the source)"
         stuck_after = self.config.metrics.stuck_after_s if self.config.metrics else MetricsSection().stuck_after_s
-        idle = time.monotonic() - apply.last_turn
-        if idle > stuck_after:
-            return False, f"the apply worker's read loop has not turned for {idle:.0f}s (a destination write hangs?)"
+        stalled = apply.stalled_for()
+        if stalled > stuck_after:
+            return False, (
+                f"the apply worker has made no progress for {stalled:.0f}s (a destination write hangs, or its read loop"
+                " stopped)"
+            )
         return True, "streaming"
 
     def _observe(self) -> None:

@@ -34,6 +34,8 @@ log = structlog.get_logger(__name__)
 STATUS_INTERVAL_S = 10.0
 TICK_INTERVAL_S = 1.0
 BURST_MESSAGES = 1000
+BUSY_POLL_S = 0.05
+"""How often a due batch looks whether the write in flight has ended."""
 """Messages handled in one turn of the read loop at most (the bookkeeping runs once a turn)."""
 REPLAY_RUN = 512
 """Inserts of a replayed streamed transaction added to a batch at once, at most (the size check runs once a run)."""
@@ -210,7 +212,16 @@ class StreamWorker:
         if self._batch_started is None:
             return 1.0
         remaining = self.batch_config.max_fill_ms / 1000 - (time.monotonic() - self._batch_started)
+        if remaining <= 0 and self.writer.busy:
+            return BUSY_POLL_S  # a due batch keeps reading while it waits for the writer
         return max(0.0, min(1.0, remaining))
+
+    def stalled_for(self) -> float:
+        """How long the worker has made no progress: since its read loop last turned, or since the write in
+        flight began (a batch that keeps filling while a write hangs turns the loop, yet gets nowhere)."""
+        now = time.monotonic()
+        started = self.writer.write_started
+        return max(now - self.last_turn, 0.0 if started is None else now - started)
 
     def nothing_pending(self) -> bool:
         return not self.in_transaction and self.builder.is_empty and not self.writer.busy and not self.streamed
@@ -302,13 +313,19 @@ class StreamWorker:
 
     # -- batching ------------------------------------------------------------------------------------
     def _maybe_flush(self) -> None:
+        """Hand the batch over when it is full, or when it is due and the writer is free.
+
+        A batch due while the previous write still runs keeps filling (up to ``max_bytes``) until that
+        write ends: batches arriving faster than the destination writes are merged into fewer, larger
+        writes, and the stream is read meanwhile instead of waiting.
+        """
         if self.builder.is_empty:
             return
         full = self.builder.size_bytes >= self.batch_config.max_bytes
         due = self._batch_started is not None and (
             time.monotonic() - self._batch_started >= self.batch_config.max_fill_ms / 1000
         )
-        if full or due:
+        if full or (due and not self.writer.busy):
             self.flush()
 
     def flush(self) -> None:

@@ -53,6 +53,8 @@ class BatchWriter:
         self._in_flight: Future[None] | None = None
         self._lock = threading.Lock()
         self.durable_lsn = durable_lsn
+        self.write_started: float | None = None
+        """When the write in flight began (``time.monotonic``), retries included; ``None`` between writes."""
 
     @property
     def busy(self) -> bool:
@@ -85,6 +87,13 @@ class BatchWriter:
         self._executor.shutdown(wait=True)
 
     def _write(self, batch: EventBatch) -> None:
+        self.write_started = time.monotonic()
+        try:
+            self._write_durably(batch)
+        finally:
+            self.write_started = None
+
+    def _write_durably(self, batch: EventBatch) -> None:
         delays = backoff_delays()
         failures = 0
         started = time.perf_counter()

@@ -1,26 +1,32 @@
-"""The ``bigquery`` destination: Spark stages Parquet, load jobs fill staging tables, SQL applies them.
+"""The ``bigquery`` destination: Spark stages Parquet, one load job per write fills a staging table, SQL applies it.
 
 A copy chunk is staged and appended to the target. A batch of changes is collapsed per table
 (``etl_spark.collapse``, on the driver in Arrow, or with Spark when unchanged TOAST values must be
 filled: the last change per key; a key-changing update is a delete of the old key and an upsert of
-the new one; a table without a key, ``REPLICA IDENTITY FULL``, is collapsed to
-the net number of copies of each whole-row image), staged, loaded into the table's staging table,
-and applied by one query job, a multi-statement transaction (``BEGIN TRANSACTION; ...; COMMIT
-TRANSACTION;``): the truncate if any, the changes (delete the touched keys and insert the upserts;
-without a key, delete the images losing copies and insert what remains of them and the images
-gaining copies, so identical rows keep their multiplicity) and the advance of the
-table's watermark ``(commit_lsn, tx_ordinal)`` in ``_etl_watermarks`` commit together or not at all.
-Changes at or below the watermark are dropped before anything is written, so replays after a crash
-are idempotent. Schema changes (add, drop, rename column; ``schema_change``, which matches columns by
-attribute number against the source schema recorded per table in ``_etl_columns``) run as ``ALTER
-TABLE`` before the transaction (BigQuery runs no DDL on permanent tables inside one), followed in
-the same script by the new record. See docs/destinations/bigquery.md.
+the new one; a table without a key, ``REPLICA IDENTITY FULL``, is collapsed to the net number of
+copies of each whole-row image), staged with every other table of the batch by one load job into a
+staging table of its own (``staging``), and applied per table by one query job, a multi-statement
+transaction (``BEGIN TRANSACTION; ...; COMMIT TRANSACTION;``): the truncate if any, the changes
+(delete the touched keys and insert the upserts; without a key, delete the images losing copies and
+insert what remains of them and the images gaining copies, so identical rows keep their
+multiplicity) and the advance of the table's watermark ``(commit_lsn, tx_ordinal)`` in
+``_etl_watermarks`` commit together or not at all. Changes at or below the watermark are dropped
+before anything is written, so replays after a crash are idempotent. Schema changes (add, drop,
+rename column; ``schema_change``, which matches columns by attribute number against the source
+schema recorded per table in ``_etl_columns``) run as ``ALTER TABLE`` before the transaction
+(BigQuery runs no DDL on permanent tables inside one), followed in the same script by the new
+record. Applies start at most once per ``min_apply_interval_s`` per writing thread; the engine merges
+what arrives meanwhile into the next batch. See docs/destinations/bigquery.md.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
@@ -35,8 +41,9 @@ from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLU
 from etl.schema import ColumnSchema, TableSchema
 from etl_spark.bigquery.errors import QUOTA_REASONS, RETRIED_REASONS, classify, reasons
 from etl_spark.bigquery.metrics import BigQueryMetrics
-from etl_spark.bigquery.names import STAGING_PREFIX, column_name, table_id
+from etl_spark.bigquery.names import column_name, table_id
 from etl_spark.bigquery.schema_change import alter_statements, unrecorded
+from etl_spark.bigquery.staging import groups, side_by_side, source, table_prefix
 from etl_spark.bigquery.types import bq_type, staged, table_ddl, table_options
 from etl_spark.collapse import (
     ACTION,
@@ -70,6 +77,8 @@ STORED = "_etl_stored"
 """The temporary table holding a batch's collapsed changes in target types, inside the apply transaction."""
 MISSING_TEXT = "_etl_missing_text"
 """Unchanged TOAST column names as ``,a,b,`` (staged without Parquet lists)."""
+BATCH_LABEL = "*"
+"""The ``table`` label of a streamed batch's load job, which carries every table of the batch."""
 SPARK_CONF = {"spark.sql.parquet.compression.codec": "zstd"}
 
 
@@ -91,6 +100,12 @@ class BigQueryConfig(BaseModel):
         default_factory=dict,
         description='per source table ("schema.table"), a date or timestamp column its target table is partitioned'
         " by, by day (applied when the target table is created)",
+    )
+    min_apply_interval_s: float = Field(
+        10.0,
+        ge=0,
+        description="at least this long between the starts of two applies of a writer: batches arriving faster are"
+        " merged, so each table sees at most one DML transaction and the pipeline one load job per interval",
     )
     api_retry_seconds: Integer = Field(
         120,
@@ -125,6 +140,8 @@ class BigQueryDestination:
         """Per table, its watermark as last read or committed (this destination is the table's one writer)."""
         self.metrics = BigQueryMetrics()
         """The ``etl_bigquery_*`` series; on a private registry until ``register_metrics``."""
+        self._paced = threading.local()
+        """Per writing thread, ``next``: when its next apply may start (``min_apply_interval_s``)."""
 
     @classmethod
     def from_config(cls, config: Any, context: DestinationContext) -> BigQueryDestination:
@@ -154,6 +171,7 @@ class BigQueryDestination:
                 " (table_name STRING, position INT64, column_name STRING, type_oid INT64, type_modifier INT64,"
                 " attnum INT64);"
             )
+            self._drop_leftover_staging()
         except exceptions.GoogleAPICallError as exc:
             passing = classify(exc, "opening the dataset")
             if isinstance(passing, TransientError):
@@ -213,56 +231,98 @@ class BigQueryDestination:
         target = self._prepare(schema)
         if rows.num_rows:
             frame = self.spark.createDataFrame(self._staged(schema, rows, changes=False))
-            staging = self._stage(schema, frame, rows.nbytes)
-            names = [column_name(c.name) for c in schema.columns]
-            self._dml(
-                f"INSERT INTO {target} ({', '.join(names)}) SELECT {self._converted(schema)} FROM {staging} AS S",
-                schema,
-            )
+            with self._staging([frame], rows.nbytes, str(schema.name)) as [staged]:
+                names = [column_name(c.name) for c in schema.columns]
+                self._dml(
+                    f"INSERT INTO {target} ({', '.join(names)}) SELECT {self._converted(schema)} FROM {staged} AS S",
+                    schema,
+                )
         return WriteResult.DURABLE
 
     def write_events(self, batch: EventBatch) -> WriteResult:
-        for segments in batch.changes.values():
-            for segment in segments:
-                with naming_table(segment.schema.id):
-                    self._apply(segment)
+        """Apply the batch: one load job for all its tables, then one transaction per table.
+
+        A table whose schema changed inside the batch has several segments; they are applied in rounds
+        (the first segment of every table, then the second, ...), each round with its own load.
+        """
+        rounds = max((len(segments) for segments in batch.changes.values()), default=0)
+        if rounds:
+            self._pace()
+        for k in range(rounds):
+            self._apply([segments[k] for segments in batch.changes.values() if len(segments) > k])
         return WriteResult.DURABLE
 
     def flush(self) -> None:
         """Every write is durable when it returns."""
 
     # -- change batches --------------------------------------------------------------------------
-    def _apply(self, segment: TableChanges) -> None:
+    def _pace(self) -> None:
+        """Wait until ``min_apply_interval_s`` has passed since this thread's previous apply began.
+
+        Meanwhile the engine keeps filling the next batch: changes arriving faster are merged into it.
+        """
+        wait = getattr(self._paced, "next", 0.0) - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        self._paced.next = time.monotonic() + self.config.min_apply_interval_s
+
+    def _apply(self, segments: list[TableChanges]) -> None:
+        """Collapse each table's changes, stage them all with one load, then apply them table by table."""
+        collapsed: list[_Collapsed] = []
+        for segment in segments:
+            with naming_table(segment.schema.id):
+                change = self._collapse(segment)
+            if change is not None:
+                collapsed.append(change)
+        frames = [c.frame for c in collapsed if c.frame is not None]
+        with self._staging(frames, sum(c.nbytes for c in collapsed), BATCH_LABEL) as staged:
+            sources = iter(staged)
+            for change in collapsed:
+                with naming_table(change.schema.id):
+                    self._commit(change, next(sources) if change.frame is not None else None)
+
+    def _collapse(self, segment: TableChanges) -> _Collapsed | None:
+        """The segment's changes past the table's watermark, collapsed; ``None`` when all are replays."""
         schema = segment.schema
         changes = after(segment.table, self._watermark(schema))
         position = last_position(changes)
         if position is None:
-            return  # a replay: the table may already have a later shape, leave it
-        target = self._prepare(schema)
+            return None  # a replay: the table may already have a later shape, leave it
         truncate, changes = after_last_truncate(changes)
-        statements = ["BEGIN TRANSACTION"]
-        if truncate:
-            statements.append(f"DELETE FROM {target} WHERE TRUE")
         key = [c.name for c in schema.key_columns]
         names = schema.column_names
+        frame: DataFrame | None = None
+        toast: list[str] = []
+        removes = False
         if changes.num_rows and key:
             toast = missing_columns(changes)
             table = self._staged(schema, changes, changes=True)
             if toast:
-                frame = last_change_per_key(self.spark.createDataFrame(table), names, key, toast)
-                collapsed = self._flatten(frame, key)
+                frame = self._flatten(last_change_per_key(self.spark.createDataFrame(table), names, key, toast), key)
             else:  # the common case, collapsed on the driver in Arrow: no Spark job
-                collapsed = self.spark.createDataFrame(last_change_per_key_arrow(table, names, key))
-            statements += self._upsert(schema, target, self._stage(schema, collapsed, changes.nbytes), toast)
+                frame = self.spark.createDataFrame(last_change_per_key_arrow(table, names, key))
         elif changes.num_rows:
-            frame = self.spark.createDataFrame(self._staged(schema, changes, changes=True))
-            net = net_changes_without_key(frame, names)
+            frame = net_changes_without_key(
+                self.spark.createDataFrame(self._staged(schema, changes, changes=True)), names
+            )
             removes = not pc.all(pc.equal(changes[OP_COLUMN], "I")).as_py()
-            statements += self._add_and_remove(schema, target, self._stage(schema, net, changes.nbytes), removes)
-        statements += [*self._advance(schema, position), "COMMIT TRANSACTION"]
+        return _Collapsed(schema, position, truncate, frame, changes.nbytes, toast, removes)
+
+    def _commit(self, change: _Collapsed, staged: str | None) -> None:
+        """One transaction: the table's truncate, its changes read from ``staged``, its watermark."""
+        schema = change.schema
+        target = self._prepare(schema)
+        statements = ["BEGIN TRANSACTION"]
+        if change.truncate:
+            statements.append(f"DELETE FROM {target} WHERE TRUE")
+        if staged is not None and schema.key_columns:
+            statements += self._upsert(schema, target, staged, change.toast)
+        elif staged is not None:
+            statements += self._add_and_remove(schema, target, staged, change.removes)
+        statements += [*self._advance(schema, change.position), "COMMIT TRANSACTION"]
         self._watermarks.pop(schema.id, None)  # unknown should the job fail
         self._dml(";\n".join(statements) + ";", schema)
-        self._watermarks[schema.id] = position
+        self._watermarks[schema.id] = change.position
 
     def _upsert(self, schema: TableSchema, target: str, staging: str, toast: list[str]) -> list[str]:
         """Statements applying the collapsed changes in ``staging``: the keys they touch are deleted, upserts inserted.
@@ -417,19 +477,40 @@ class BigQueryDestination:
             sf.concat(sf.lit(","), sf.array_join(sf.col("_etl_missing"), ","), sf.lit(",")).alias(MISSING_TEXT),
         )
 
-    def _stage(self, schema: TableSchema, frame: DataFrame, nbytes: int) -> str:
-        """Write ``frame`` as Parquet to the staging location, load it into the table's staging table."""
+    @contextmanager
+    def _staging(self, frames: list[DataFrame], nbytes: int, label: str) -> Iterator[list[str]]:
+        """Stage ``frames`` side by side with one load job into a new staging table (more only past BigQuery's
+        column limit); yield a subquery of each frame's rows (``staging.source``). The table is dropped
+        afterwards (a crash leaves it to the next start, ``_drop_leftover_staging``), its Parquet files as
+        soon as it is loaded.
+
+        Each load fills a table of its own: BigQuery limits modifications per table per day, and
+        writers (the apply worker, table copies) stage concurrently.
+        """
+        names: list[str] = []
+        sources: list[str] = []
+        try:
+            for run in groups(frames):
+                frame, parts = side_by_side(run)
+                names.append(table_prefix(self.pipeline_id) + uuid.uuid4().hex)
+                self._load(frame, nbytes, names[-1], label)
+                sources += [source(self._ref(names[-1]), part) for part in parts]
+            yield sources
+        finally:
+            for name in names:
+                self._drop_staging(name)
+
+    def _load(self, frame: DataFrame, nbytes: int, name: str, label: str) -> None:
+        """Write ``frame`` as Parquet to the staging location and load it into the new table ``name``."""
         from google.cloud import bigquery
 
-        run = f"{table_id(schema.name)}/{uuid.uuid4().hex}"
         local = self.config.staging_local_dir
         bucket, _, prefix = self.config.staging_uri.removeprefix("gs://").partition("/")
-        relative = f"{prefix}/{run}" if prefix else run
-        written = f"{local.rstrip('/')}/{relative}" if local else f"{self.config.staging_uri}/{run}"
+        relative = f"{prefix}/{name}" if prefix else name
+        written = f"{local.rstrip('/')}/{relative}" if local else f"{self.config.staging_uri}/{name}"
         files = max(1, nbytes // (256 * 1024 * 1024))
         frame.coalesce(files).write.mode("overwrite").parquet(written)
         staged_bytes = _parquet_bytes(self.spark, written)
-        staging = STAGING_PREFIX + table_id(schema.name)
         job_config = bigquery.LoadJobConfig(
             source_format=bigquery.SourceFormat.PARQUET,
             write_disposition=bigquery.WriteDisposition.WRITE_TRUNCATE,
@@ -439,19 +520,33 @@ class BigQueryDestination:
         try:
             try:
                 job = self.client.load_table_from_uri(
-                    f"gs://{bucket}/{relative}/*.parquet", self._path(staging), job_config=job_config, retry=self._retry
+                    f"gs://{bucket}/{relative}/*.parquet", self._path(name), job_config=job_config, retry=self._retry
                 )
                 job.result(retry=self._retry)
             except Exception as exc:
-                error = classify(exc, f"loading the staged rows of {schema.name}")
+                error = classify(exc, f"loading staged rows ({label})")
                 if error is None:
                     raise
                 raise error from None
-            self.metrics.load_jobs.labels(str(schema.name)).inc()
+            self.metrics.load_jobs.labels(label).inc()
             self.metrics.bytes_loaded.inc(staged_bytes)
         finally:
             delete_path(self.spark, written)  # loaded or failed, the staged files are not needed again
-        return self._ref(staging)
+
+    def _drop_staging(self, name: str) -> None:
+        try:
+            self.client.delete_table(self._path(name), not_found_ok=True, retry=self._retry)
+        except Exception as exc:
+            if classify(exc, "dropping a staging table") is None:
+                raise
+            log.warning("could not drop a staging table; the next start drops it", table=name, error=str(exc))
+
+    def _drop_leftover_staging(self) -> None:
+        """Drop the staging tables this pipeline left behind when it last stopped mid-write."""
+        prefix = table_prefix(self.pipeline_id)
+        for table in self.client.list_tables(f"{self.config.project}.{self.config.dataset}", retry=self._retry):
+            if table.table_id.startswith(prefix):
+                self.client.delete_table(table.reference, not_found_ok=True, retry=self._retry)
 
     def _converted(self, schema: TableSchema) -> str:
         return ", ".join(
@@ -500,6 +595,23 @@ class BigQueryDestination:
             if error is None:
                 raise
             raise error from None
+
+
+@dataclass(frozen=True)
+class _Collapsed:
+    """One table's changes of a batch segment, collapsed and ready to stage (``frame``, if any) and apply."""
+
+    schema: TableSchema
+    position: Position
+    """The last change's position: the table's watermark once applied."""
+    truncate: bool
+    """A truncate comes first (``frame`` holds only what followed the last one)."""
+    frame: DataFrame | None
+    nbytes: int
+    toast: list[str]
+    """Columns with unchanged TOAST values to fill from the stored rows (tables with a key)."""
+    removes: bool
+    """Rows lose copies (tables without a key): the stored table must be read."""
 
 
 def _classified(exc: Exception, sql: str, table: TableSchema | None) -> EtlError | None:

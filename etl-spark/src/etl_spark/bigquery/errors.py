@@ -27,9 +27,9 @@ RETRIED_REASONS: Final = frozenset({"rateLimitExceeded", "backendError", "intern
 QUOTA_REASONS: Final = frozenset({"quotaExceeded", "dailyLimitExceeded", "limitExceeded"})
 _PERMISSION: Final = re.compile(r"Permission ([\w.]+) denied")
 _QUOTA_HINT: Final = (
-    "each batch modifies each table it touches once; modify them less often: raise batch.max_fill_ms (or the"
-    " destination's min_apply_interval_s), or ask Google for a higher quota. The pipeline resumes from its"
-    " watermark"
+    "each batch runs one load job and one transaction per table it touches; run them less often: raise the"
+    " destination's min_apply_interval_s (see the Quotas section of docs/destinations/bigquery.md), or ask"
+    " Google for a higher quota. The pipeline resumes from its watermark"
 )
 
 
