@@ -38,8 +38,8 @@ class Setup:
     staging: Path
 
     def staged(self) -> set[Path]:
-        """Each staged batch gets a new directory ``<staging>/<table id>/<uuid>``, removed once it is loaded."""
-        return set(self.staging.glob("*/*"))
+        """Each staged write gets a new directory ``<staging>/<staging table>``, removed once it is loaded."""
+        return set(self.staging.glob("*"))
 
     def query(self, sql: str) -> list[dict[str, object]]:
         client = self.emulator.client()

@@ -259,6 +259,18 @@ def test_a_batch_may_end_inside_a_transaction(stream: tuple[list[pg.Message], di
     t_second = second.changes[facts["t"]][0].table
     assert t_second.column("_etl_tx_ordinal").to_pylist() == [1, 3, 0]
 
+    # Every change's commit time, by its commit LSN, in both batches (Postgres sends it at BEGIN).
+    for batch in (first, second):
+        lsns = {
+            lsn
+            for segments in batch.changes.values()
+            for s in segments
+            for lsn in s.table["_etl_commit_lsn"].to_pylist()
+        }
+        begins = {int(b.final_lsn): b.commit_ts for b in feeder.begins}
+        assert lsns and {lsn: batch.commit_timestamps[lsn] for lsn in lsns} == {lsn: begins[lsn] for lsn in lsns}
+    assert change_tx.final_lsn in first.commit_timestamps and change_tx.final_lsn in second.commit_timestamps
+
 
 def test_schema_change_starts_a_new_segment(pg_database: TestDatabase) -> None:
     def run(conn: Conn) -> None:

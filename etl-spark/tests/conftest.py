@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -270,8 +271,14 @@ class BatchBuilder:
         for schema, items in segments:
             changes.setdefault(schema.id, []).append(TableChanges(schema, _change_table(schema, items)))
         events = list(self._events)
+        stamps = {int(c["commit_lsn"]): commit_time(int(c["commit_lsn"])) for _, c in self._changes if c is not None}
         self._changes, self._events = [], []
-        return EventBatch(changes, lambda: iter(events), Lsn(self.lsn))
+        return EventBatch(changes, lambda: iter(events), Lsn(self.lsn), commit_timestamps=stamps)
+
+
+def commit_time(lsn: int) -> dt.datetime:
+    """The commit time the kit gives the transaction at ``lsn``: a second per 0x100 of LSN after 2026-01-01."""
+    return dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=lsn / 0x100)
 
 
 def _tuple(schema: TableSchema, row: dict[str, Any]) -> tuple[Any, ...]:
@@ -296,6 +303,7 @@ class Kit:
     """The helpers above, for test modules (conftest cannot be imported under --import-mode=importlib)."""
 
     BatchBuilder = BatchBuilder
+    commit_time = staticmethod(commit_time)
     rows_table = staticmethod(rows_table)
     make_destination = staticmethod(make_destination)
 

@@ -422,3 +422,60 @@ def test_applies_are_at_least_min_apply_interval_s_apart(destination: BigQueryDe
         assert [r["id"] for r in bq_rows(paced, ORDERS)] == [0, 1, 2]
     finally:
         paced.shutdown()
+
+
+def test_history_mode_appends_every_change_once(destination: BigQueryDestination, kit: Any) -> None:
+    historic = BigQueryDestination.from_config(
+        destination.config.model_copy(update={"mode": "history"}), DestinationContext(1, MemoryStore(1))
+    )
+    historic.startup()
+    try:
+        historic.write_table_rows(ORDERS, kit.rows_table(ORDERS, [order(1), order(2)]))
+        b = kit.BatchBuilder()
+        b.commit().insert(ORDERS, order(3)).update(ORDERS, order(1, qty=10))
+        b.commit().update(ORDERS, order(20, note="n2"), old={"id": 2})  # key change
+        b.delete(ORDERS, {"id": 3})
+        b.commit().truncate(ORDERS).insert(ORDERS, order(4))
+        batch = b.build()
+        historic.write_events(batch)
+        historic.write_events(batch)  # a replay adds nothing
+        b.commit().update(ORDERS, order(4, qty=40), missing=("note",))
+        historic.write_events(b.build())
+
+        ref = f"`{PROJECT}.{historic.config.dataset}.{table_id(ORDERS.name)}`"
+        rows = [
+            dict(r.items())
+            for r in historic.client.query_and_wait(
+                f"SELECT id, qty, note, _etl_op, _etl_commit_lsn, _etl_tx_ordinal, _etl_commit_ts FROM {ref}"
+                " ORDER BY _etl_commit_lsn NULLS FIRST, _etl_tx_ordinal, id"
+            )
+        ]
+        assert [(r["_etl_op"], r["id"], r["qty"]) for r in rows] == [
+            ("copy", 1, 1),
+            ("copy", 2, 2),
+            ("insert", 3, 3),
+            ("update", 1, 10),
+            ("delete", 2, None),  # the key change 2 -> 20: the old key ends, ...
+            ("update", 20, 20),  # ... the new row goes on (at the same position)
+            ("delete", 3, None),  # a delete's row: the old key
+            ("truncate", None, None),
+            ("insert", 4, 4),
+            ("update", 4, 40),
+        ]
+        assert rows[-1]["note"] is None  # an unchanged TOAST value that was not sent
+        assert all(r["_etl_commit_ts"] is None and r["_etl_commit_lsn"] is None for r in rows[:2])
+        assert all(r["_etl_commit_ts"] == kit.commit_time(r["_etl_commit_lsn"]) for r in rows[2:])
+        assert [r["_etl_tx_ordinal"] for r in rows[2:4]] == [1, 2]
+
+        # The same dataset in apply mode: the history table is not taken for a mirror.
+        applying = historic.config.model_copy(update={"mode": "apply"})
+        mirror = BigQueryDestination.from_config(applying, DestinationContext(1, MemoryStore(1)))
+        mirror.startup()
+        try:
+            with pytest.raises(TableError, match="written in history mode") as error:
+                mirror.write_events(b.commit().insert(ORDERS, order(5)).build())
+            assert error.value.table_id == ORDERS.id
+        finally:
+            mirror.shutdown()
+    finally:
+        historic.shutdown()

@@ -7,7 +7,7 @@ built until asked for.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
@@ -149,6 +149,9 @@ class EventBatch:
     """Source commit time of every transaction that commits in this batch, in order (for metrics)."""
     schema_changes: int = 0
     """Relation events (new schema versions) in the batch, for metrics."""
+    commit_timestamps: Mapping[int, datetime] = field(default_factory=dict)
+    """Source commit time by commit LSN (``_etl_commit_lsn``) of every transaction with changes in the batch,
+    also of one that began in an earlier batch or commits in a later one (Postgres sends it at BEGIN)."""
 
     def events(self) -> Iterator[Event]:
         return self._events()

@@ -236,6 +236,7 @@ class ChangeBuilder:
         # Positions are kept as plain ints: an Lsn (an int subclass) is tracked by the garbage collector,
         # and hundreds of thousands of them in a batch made its collections a large cost of the apply loop.
         self._commit_lsn = 0
+        self._commit_ts: datetime | None = None
         self._start_lsn: tuple[Lsn, int] = (Lsn.ZERO, 0)
         """The last ``start_lsn`` of a change and its int (the same for every change of a transaction)."""
         self._ordinal = 0
@@ -252,6 +253,9 @@ class ChangeBuilder:
         self._changes = 0
         self._commits = 0
         self._commit_times: list[datetime] = []
+        self._commit_stamps: dict[int, datetime] = {}
+        if self._in_transaction and self._commit_ts is not None:  # its changes go on in the next batch
+            self._commit_stamps[self._commit_lsn] = self._commit_ts
         self._size = 0
         self._relations = 0
 
@@ -281,6 +285,8 @@ class ChangeBuilder:
             raise EtlError(f"BEGIN of transaction {xid} inside another transaction: the stream is out of order")
         self._in_transaction = True
         self._commit_lsn = int(final_lsn)
+        self._commit_ts = commit_ts
+        self._commit_stamps[self._commit_lsn] = commit_ts
         self._ordinal = 0
         self._log.append(("B", int(start_lsn), self._commit_lsn, xid, commit_ts))
 
@@ -420,6 +426,7 @@ class ChangeBuilder:
         }
         log, segment_list = self._log, self._segment_list
         commit_times, relations = self._commit_times, self._relations
+        stamps = self._commit_stamps
         self._reset()
         return EventBatch(
             changes,
@@ -427,6 +434,7 @@ class ChangeBuilder:
             self._last_commit_lsn,
             commit_times,
             relations,
+            stamps,
         )
 
     # -- internals -----------------------------------------------------------------------------------------

@@ -24,10 +24,10 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,12 +39,13 @@ from etl.destination.base import DestinationContext, WriteResult
 from etl.errors import ConfigError, DestinationError, EtlError, TableError, TransientError, naming_table
 from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
 from etl.schema import ColumnSchema, TableSchema
+from etl_spark.bigquery import history
 from etl_spark.bigquery.errors import QUOTA_REASONS, RETRIED_REASONS, classify, reasons
 from etl_spark.bigquery.metrics import BigQueryMetrics
 from etl_spark.bigquery.names import column_name, table_id
 from etl_spark.bigquery.schema_change import alter_statements, unrecorded
 from etl_spark.bigquery.staging import groups, side_by_side, source, table_prefix
-from etl_spark.bigquery.types import bq_type, staged, table_ddl, table_options
+from etl_spark.bigquery.types import bq_type, check_columns, staged, table_ddl, table_options
 from etl_spark.collapse import (
     ACTION,
     NET,
@@ -62,6 +63,8 @@ from etl_spark.collapse import (
 from etl_spark.session import SparkSettings, delete_path, get_spark
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from google.cloud import bigquery
     from prometheus_client import CollectorRegistry
     from pyspark.sql import DataFrame, SparkSession
@@ -100,6 +103,11 @@ class BigQueryConfig(BaseModel):
         default_factory=dict,
         description='per source table ("schema.table"), a date or timestamp column its target table is partitioned'
         " by, by day (applied when the target table is created)",
+    )
+    mode: Literal["apply", "history"] = Field(
+        "apply",
+        description='"apply": target tables mirror the source; "history": every change is appended as a row with'
+        " _etl_op, _etl_commit_lsn, _etl_tx_ordinal and _etl_commit_ts, deletes kept",
     )
     min_apply_interval_s: float = Field(
         10.0,
@@ -233,10 +241,11 @@ class BigQueryDestination:
             frame = self.spark.createDataFrame(self._staged(schema, rows, changes=False))
             with self._staging([frame], rows.nbytes, str(schema.name)) as [staged]:
                 names = [column_name(c.name) for c in schema.columns]
-                self._dml(
-                    f"INSERT INTO {target} ({', '.join(names)}) SELECT {self._converted(schema)} FROM {staged} AS S",
-                    schema,
-                )
+                values = self._converted(schema)
+                if self.config.mode == "history":  # copied rows: no position, no commit time
+                    names += [name for name, _ in history.COLUMNS]
+                    values += f", '{history.COPY}', NULL, NULL, NULL"
+                self._dml(f"INSERT INTO {target} ({', '.join(names)}) SELECT {values} FROM {staged} AS S", schema)
         return WriteResult.DURABLE
 
     def write_events(self, batch: EventBatch) -> WriteResult:
@@ -249,7 +258,8 @@ class BigQueryDestination:
         if rounds:
             self._pace()
         for k in range(rounds):
-            self._apply([segments[k] for segments in batch.changes.values() if len(segments) > k])
+            segments = [segments[k] for segments in batch.changes.values() if len(segments) > k]
+            self._apply(segments, batch.commit_timestamps)
         return WriteResult.DURABLE
 
     def flush(self) -> None:
@@ -266,12 +276,12 @@ class BigQueryDestination:
             time.sleep(wait)
         self._paced.next = time.monotonic() + self.config.min_apply_interval_s
 
-    def _apply(self, segments: list[TableChanges]) -> None:
+    def _apply(self, segments: list[TableChanges], commit_timestamps: Mapping[int, datetime]) -> None:
         """Collapse each table's changes, stage them all with one load, then apply them table by table."""
         collapsed: list[_Collapsed] = []
         for segment in segments:
             with naming_table(segment.schema.id):
-                change = self._collapse(segment)
+                change = self._collapse(segment, commit_timestamps)
             if change is not None:
                 collapsed.append(change)
         frames = [c.frame for c in collapsed if c.frame is not None]
@@ -281,13 +291,18 @@ class BigQueryDestination:
                 with naming_table(change.schema.id):
                     self._commit(change, next(sources) if change.frame is not None else None)
 
-    def _collapse(self, segment: TableChanges) -> _Collapsed | None:
-        """The segment's changes past the table's watermark, collapsed; ``None`` when all are replays."""
+    def _collapse(self, segment: TableChanges, commit_timestamps: Mapping[int, datetime]) -> _Collapsed | None:
+        """The segment's changes past the table's watermark, collapsed (in history mode: every one of them, as
+        history rows); ``None`` when all are replays."""
         schema = segment.schema
         changes = after(segment.table, self._watermark(schema))
         position = last_position(changes)
         if position is None:
             return None  # a replay: the table may already have a later shape, leave it
+        if self.config.mode == "history":
+            changes = history.with_key_change_deletes(changes, schema)
+            rows = history.with_history(self._staged(schema, changes, changes=False), changes, commit_timestamps)
+            return _Collapsed(schema, position, False, self.spark.createDataFrame(rows), changes.nbytes, [], False)
         truncate, changes = after_last_truncate(changes)
         key = [c.name for c in schema.key_columns]
         names = schema.column_names
@@ -315,7 +330,9 @@ class BigQueryDestination:
         statements = ["BEGIN TRANSACTION"]
         if change.truncate:
             statements.append(f"DELETE FROM {target} WHERE TRUE")
-        if staged is not None and schema.key_columns:
+        if staged is not None and self.config.mode == "history":
+            statements.append(self._append_history(schema, target, staged))
+        elif staged is not None and schema.key_columns:
             statements += self._upsert(schema, target, staged, change.toast)
         elif staged is not None:
             statements += self._add_and_remove(schema, target, staged, change.removes)
@@ -354,6 +371,12 @@ class BigQueryDestination:
             f" WHERE {ACTION} = '{UPSERT}'",
             f"DROP TABLE {CHANGES}",
         ]
+
+    def _append_history(self, schema: TableSchema, target: str, staged: str) -> str:
+        """The statement appending ``staged``'s history rows (``history``) to ``target``."""
+        names = [column_name(c.name) for c in schema.columns] + [name for name, _ in history.COLUMNS]
+        extra = ", ".join(f"S.{name}" for name, _ in history.COLUMNS)
+        return f"INSERT INTO {target} ({', '.join(names)}) SELECT {self._converted(schema)}, {extra} FROM {staged} AS S"
 
     def _add_and_remove(self, schema: TableSchema, target: str, staging: str, removes: bool) -> list[str]:
         """Statements applying ``staging``'s net copies per row image (``NET``) to a table without a key.
@@ -413,19 +436,40 @@ class BigQueryDestination:
     def _prepare(self, schema: TableSchema) -> str:
         """The target table, created or altered to match ``schema``, which is then recorded as applied."""
         target = self._ref(table_id(schema.name))
-        applied = self._applied.get(schema.id) or self._recorded(schema)
+        applied = self._applied.get(schema.id)
+        if applied is None:
+            applied = self._recorded(schema)
+            if applied is not None:
+                self._check_mode(schema)
         if applied is not None and _shape(applied) == _shape(schema):
             self._applied[schema.id] = schema
             return target
+        historic = self.config.mode == "history"
         if applied is None:
             options = table_options(schema, self.config.partition_by.get(str(schema.name)))
-            self._query(f"CREATE TABLE IF NOT EXISTS {target} ({table_ddl(schema)}) {options}", schema)
+            columns = (
+                f"{table_ddl(schema, primary_key=False)}, {history.history_ddl()}" if historic else table_ddl(schema)
+            )
+            self._query(f"CREATE TABLE IF NOT EXISTS {target} ({columns}) {options}", schema)
         table = self.client.get_table(self._path(table_id(schema.name)))
-        actions = alter_statements(table, applied or unrecorded(table, schema), schema)
+        own = history.NAMES if historic else frozenset()
+        actions = alter_statements(table, applied or unrecorded(table, schema, own), schema, own)
         # BigQuery runs DDL outside transactions only: the record follows the ALTERs in the same script.
         self._query(";\n".join([*(f"ALTER TABLE {target} {a}" for a in actions), *self._record(schema)]) + ";", schema)
         self._applied[schema.id] = schema
         return target
+
+    def _check_mode(self, schema: TableSchema) -> None:
+        """A table written in the other ``mode`` errors (its rows mean something else)."""
+        table = self.client.get_table(self._path(table_id(schema.name)), retry=self._retry)
+        historic = history.is_history_table([f.name for f in table.schema])
+        if historic != (self.config.mode == "history"):
+            raise TableError(
+                f"{schema.name}: its BigQuery table was written in {'history' if historic else 'apply'} mode, and the"
+                f" destination now runs in {self.config.mode} mode",
+                hint="resync the table (etl resync) to rebuild it in this mode, or set the destination's mode back",
+                table_id=schema.id,
+            )
 
     def _recorded(self, schema: TableSchema) -> TableSchema | None:
         rows = self._query(
@@ -455,7 +499,9 @@ class BigQueryDestination:
     # -- staging ---------------------------------------------------------------------------------
     @staticmethod
     def _staged(schema: TableSchema, rows: pa.Table, *, changes: bool) -> pa.Table:
-        """Arrow rows or changes with row columns in their staging form (checked)."""
+        """Arrow rows or changes with row columns in their staging form (checked: columns BigQuery has no type
+        for, then values it cannot hold, error the table)."""
+        check_columns(schema)
         columns = {c.name: c for c in schema.columns}
         arrays: list[pa.ChunkedArray] = []
         for name in rows.column_names:

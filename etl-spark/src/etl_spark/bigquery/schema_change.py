@@ -30,18 +30,23 @@ def column_type(field: bigquery.SchemaField) -> str:
     return f"ARRAY<{base}>" if field.mode == "REPEATED" else base
 
 
-def unrecorded(table: bigquery.Table, schema: TableSchema) -> TableSchema:
-    """What is known of a table without a record: its column names (matched by name only)."""
-    return TableSchema(schema.id, schema.name, tuple(ColumnSchema(f.name, 0) for f in table.schema))
+def unrecorded(table: bigquery.Table, schema: TableSchema, own: frozenset[str] = frozenset()) -> TableSchema:
+    """What is known of a table without a record: its column names (matched by name only), but ``own``."""
+    return TableSchema(
+        schema.id, schema.name, tuple(ColumnSchema(f.name, 0) for f in table.schema if f.name not in own)
+    )
 
 
-def alter_statements(table: bigquery.Table, applied: TableSchema, schema: TableSchema) -> list[str]:
+def alter_statements(
+    table: bigquery.Table, applied: TableSchema, schema: TableSchema, own: frozenset[str] = frozenset()
+) -> list[str]:
     """``ALTER TABLE`` actions (without the ``ALTER TABLE name`` prefix): drops, renames, then adds.
 
-    ``applied`` is the source schema ``table`` was last brought in line with.
+    ``applied`` is the source schema ``table`` was last brought in line with; the table's columns in
+    ``own`` (the destination's) are left alone.
     """
     check_columns(schema)
-    current = {f.name: column_type(f) for f in table.schema}
+    current = {f.name: column_type(f) for f in table.schema if f.name not in own}
     kept: dict[str, str] = {}  # table column -> source column
     added: list[ColumnSchema] = []
     for index, column in match_columns(applied, schema):

@@ -131,12 +131,13 @@ def check_columns(schema: TableSchema) -> None:
         )
 
 
-def table_ddl(schema: TableSchema) -> str:
-    """Column definitions and primary key of the target table (all columns nullable, see the guide)."""
+def table_ddl(schema: TableSchema, *, primary_key: bool = True) -> str:
+    """Column definitions and (with ``primary_key``) the primary key of the target table (all columns
+    nullable, see the guide)."""
     check_columns(schema)
     columns = [f"{column_name(c.name)} {bq_type(c).ddl}" for c in schema.columns]
     key = [column_name(c.name) for c in schema.key_columns]
-    if key:
+    if key and primary_key:
         columns.append(f"PRIMARY KEY ({', '.join(key)}) NOT ENFORCED")
     return ", ".join(columns)
 
