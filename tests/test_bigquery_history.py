@@ -3,7 +3,9 @@
 An audit trigger at the source records every change the workload makes (a key change as a delete of the
 old key and an update of the new one, as the destination records it). Afterwards BigQuery's history table
 must hold the copied rows plus exactly those changes: the same count, the same rows, each key's changes in
-the order they committed.
+the order they committed. The kill lands while a batch is staged, before its transaction; a replay of a
+batch whose transaction committed before its answer was lost is tested in
+etl-spark/tests/test_bigquery_faults.py, a replay of a whole applied batch in test_bigquery_destination.py.
 """
 
 from __future__ import annotations

@@ -3,11 +3,12 @@
 "In the middle of a batch" is observed, not guessed: the kill comes while data files of a copy or a
 batch are in the lake but not yet registered in the catalog, and such a file is still unregistered
 after the kill; a kill during a flush of inlined rows comes while the flush's file is written and
-not yet registered. Streamed rows of the tables without array columns are inlined into the catalog.
-After each restart DuckDB must read every table equal to the source, with no duplicate row. Runs on
-a SQLite catalog and on a Postgres catalog, with Spark in one JVM (``local[2]``) and as a standalone
-cluster of two executor JVMs (``local-cluster[2,1,1024]``); the store is SQLite, so the pipeline's
-own state survives the kill too.
+not yet registered, and a kill during maintenance while a merged or rewritten file is written and
+not yet registered. Maintenance runs every second throughout. Streamed rows of the tables without
+array columns are inlined into the catalog. After each restart DuckDB must read every table equal to
+the source, with no duplicate row. Runs on a SQLite catalog and on a Postgres catalog, with Spark in
+one JVM (``local[2]``) and as a standalone cluster of two executor JVMs (``local-cluster[2,1,1024]``);
+the store is SQLite, so the pipeline's own state survives the kill too.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class Setup:
     data: Path
 
     def staged(self) -> set[str]:
-        """Data files written into the lake that its catalog does not register (yet)."""
+        """Data files written into the lake that its catalog does not register (yet), nor schedules for deletion
+        (the files that merges replaced)."""
         on_disk = {p.name for p in self.data.rglob("ducklake-*.parquet")}
         if not on_disk:
             return set()
@@ -56,6 +58,7 @@ class Setup:
                     str(path).rsplit("/", 1)[-1]
                     for (path,) in conn.exec_driver_sql(
                         "SELECT path FROM ducklake_data_file UNION ALL SELECT path FROM ducklake_delete_file"
+                        " UNION ALL SELECT path FROM ducklake_files_scheduled_for_deletion"
                     )
                 }
         finally:
@@ -63,11 +66,18 @@ class Setup:
         return on_disk - registered
 
     def staged_flushes(self) -> set[str]:
-        """Staged files of flushed inlined rows (they hold ``_ducklake_internal_row_id``)."""
+        """Staged files of flushed inlined rows: of the ledger (its rows are inlined), holding row ids."""
+        return self._staged_with_row_ids("ledger")
+
+    def staged_compactions(self) -> set[str]:
+        """Staged files of a merge or a rewrite: of items (its rows are never inlined), holding row ids."""
+        return self._staged_with_row_ids("items")
+
+    def _staged_with_row_ids(self, table: str) -> set[str]:
         found = set()
         for name in self.staged():
             try:
-                names = pq.read_schema(next(self.data.rglob(name))).names
+                names = pq.read_schema(next(self.data.rglob(f"{table}/{name}"))).names
             except (OSError, StopIteration, pa.ArrowInvalid):  # still being written, or registered and gone
                 continue
             if "_ducklake_internal_row_id" in names:
@@ -139,6 +149,15 @@ def setup(
             "data_path": f"{data}/",
             "spark": {"master": spark_master, "conf": {"spark.sql.shuffle.partitions": "2"}},
             "inline_flush_rows": 20_000,
+            "maintenance": {
+                "every_seconds": 1,
+                "merge_min_files": 4,
+                "snapshot_retention_seconds": 30,
+                # Deleted files go soon, yet not while a DuckDB read of this test (a few seconds at most) may
+                # still reach them: a cleanup with no delay fails the readers of the snapshot before it.
+                "cleanup_after_seconds": 10,
+                "orphan_after_seconds": 60,
+            },
         },
     )
     run = PipelineProcess(write_config(tmp_path / "pipeline.toml", config), log_level="info")
@@ -181,6 +200,14 @@ def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
     setup.run.start()
     db.execute("TRUNCATE ledger")
     db.execute("INSERT INTO ledger (item, delta) VALUES (1, 1)")
+    setup.wait_equal()
+
+    # During maintenance: each batch writes a file of items, and once there are four they are merged
+    # (the files with many deletes rewritten first); the merged file is written, the old ones still
+    # registered.
+    with concurrent_transactions(db, transaction, count=600, pause=0.1):
+        setup.run.kill_mid_write(setup.staged_compactions, timeout=120)
+    setup.run.start()
     setup.wait_equal()
     assert setup.duplicates() == 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -197,3 +198,43 @@ def test_batches_due_while_a_write_runs_are_merged_into_the_next_write(pg_databa
             thread.join(timeout=15)
         assert not thread.is_alive()
         assert destination.ids == [[1], [2, 3, 4, 5, 6]]  # read while the first write ran, handed over as one
+
+
+class PacedDestination(CountingDestination):
+    """Asks for at least ``min_write_interval_s`` between the starts of two writes (``Paced``)."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__()
+        self.min_write_interval_s = interval
+        self.started: list[float] = []
+
+    def write_events(self, batch: EventBatch) -> WriteResult:
+        self.started.append(time.monotonic())
+        return super().write_events(batch)
+
+
+def test_a_paced_destination_gets_merged_batches_at_its_interval_but_full_ones_at_once(
+    pg_database: TestDatabase,
+) -> None:
+    conn, protocol = streaming(pg_database, ["INSERT INTO t VALUES (1, 'a')"])
+    with conn:
+        destination = PacedDestination(1.0)
+        worker = FirstTransactions(conn, protocol, 13, BatchSection(max_fill_ms=20, max_bytes=2000), destination)
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        try:
+            for i in range(2, 12):  # ten transactions over two seconds, each due 20 ms after it
+                time.sleep(0.2)
+                pg_database.execute(f"INSERT INTO t VALUES ({i}, 'v')")
+            paced = len(destination.started)
+            # One transaction of twice max_bytes: its batches fill up and go without waiting.
+            pg_database.execute("INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(100, 140) g")
+            pg_database.execute("INSERT INTO t VALUES (999, 'last')")
+        finally:
+            thread.join(timeout=30)
+        assert not thread.is_alive()
+        gaps = [b - a for a, b in itertools.pairwise(destination.started[:paced])]
+        assert 2 <= paced <= 4 and all(gap > 0.95 for gap in gaps)  # not one write per transaction
+        full = [b - a for a, b in itertools.pairwise(destination.started[paced:])]
+        assert len(full) >= 2 and min(full) < 1.0  # full batches did not wait for the interval
+        assert len(worker.destination.rows("public.t")) == 11 + 41 + 1

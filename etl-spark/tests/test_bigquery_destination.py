@@ -406,24 +406,6 @@ def test_staging_tables_left_by_a_crash_are_dropped_at_start(destination: BigQue
         again.shutdown()
 
 
-def test_applies_are_at_least_min_apply_interval_s_apart(destination: BigQueryDestination, kit: Any) -> None:
-    import time
-
-    paced = BigQueryDestination.from_config(
-        destination.config.model_copy(update={"min_apply_interval_s": 1.5}), DestinationContext(1, MemoryStore(1))
-    )
-    paced.startup()
-    try:
-        b = kit.BatchBuilder()
-        started = time.monotonic()
-        for i in range(3):
-            paced.write_events(b.commit().insert(ORDERS, order(i)).build())
-        assert time.monotonic() - started >= 3.0  # the second and the third waited for their turn
-        assert [r["id"] for r in bq_rows(paced, ORDERS)] == [0, 1, 2]
-    finally:
-        paced.shutdown()
-
-
 def test_history_mode_appends_every_change_once(destination: BigQueryDestination, kit: Any) -> None:
     historic = BigQueryDestination.from_config(
         destination.config.model_copy(update={"mode": "history"}), DestinationContext(1, MemoryStore(1))
@@ -466,6 +448,17 @@ def test_history_mode_appends_every_change_once(destination: BigQueryDestination
         assert all(r["_etl_commit_ts"] is None and r["_etl_commit_lsn"] is None for r in rows[:2])
         assert all(r["_etl_commit_ts"] == kit.commit_time(r["_etl_commit_lsn"]) for r in rows[2:])
         assert [r["_etl_tx_ordinal"] for r in rows[2:4]] == [1, 2]
+
+        # A column dropped at the source stays, renamed: the earlier rows keep their values.
+        fewer = replace(ORDERS, columns=tuple(c for c in ORDERS.columns if c.name != "qty"))
+        historic.write_events(b.commit().insert(fewer, order(6)).build())
+        kept = sorted(
+            (r["id"], r["_etl_dropped_3_qty"])
+            for r in historic.client.query_and_wait(f"SELECT id, _etl_dropped_3_qty FROM {ref} WHERE id IN (1, 6)")
+        )
+        assert kept == [(1, 1), (1, 10), (6, None)]  # id 1's copy and update keep their qty; id 6 has none
+        columns = [f.name for f in historic.client.get_table(ref.strip("`")).schema]
+        assert "qty" not in columns and "_etl_dropped_3_qty" in columns
 
         # The same dataset in apply mode: the history table is not taken for a mirror.
         applying = historic.config.model_copy(update={"mode": "apply"})

@@ -8,7 +8,7 @@ import requests
 from google.api_core import exceptions
 
 from etl.errors import DestinationError, TransientError
-from etl_spark.bigquery.errors import classify
+from etl_spark.bigquery.errors import classify, passes
 
 
 def answer(status: int, reason: str, message: str = "") -> exceptions.GoogleAPICallError:
@@ -27,6 +27,9 @@ def answer(status: int, reason: str, message: str = "") -> exceptions.GoogleAPIC
         requests.exceptions.ConnectionError("Connection reset by peer"),
         requests.exceptions.ReadTimeout("read timed out"),
         ConnectionResetError(104, "Connection reset by peer"),
+        answer(
+            400, "invalidQuery", "Transaction is aborted due to concurrent update against table p:d._etl_watermarks"
+        ),
     ],
 )
 def test_passing_failures_are_retried(failure: BaseException) -> None:
@@ -74,3 +77,9 @@ def test_partitioning_by_a_column_that_is_no_date_errors_the_table() -> None:
         table_options(schema, "n")
     with pytest.raises(TableError):
         table_options(schema, "missing")
+
+
+def test_a_statement_rejected_for_a_passing_reason_is_not_blamed_on_its_data() -> None:
+    concurrent = answer(400, "invalidQuery", "Transaction is aborted due to concurrent update against table x")
+    assert passes(concurrent) and passes(answer(400, "quotaExceeded")) and passes(answer(400, "backendError"))
+    assert not passes(answer(400, "invalidQuery", "Bad double value: x"))

@@ -302,6 +302,7 @@ class ChangeBuilder:
             log and isinstance(log[-1], tuple) and log[-1][0] == "B"
         ):  # nothing happened in between: leave the empty transaction out
             log.pop()
+            self._commit_stamps.pop(self._commit_lsn, None)
         else:
             log.append(("C", int(start_lsn), self._commit_lsn, self._ordinal, int(end_lsn), commit_ts))
 

@@ -34,9 +34,9 @@ log = structlog.get_logger(__name__)
 STATUS_INTERVAL_S = 10.0
 TICK_INTERVAL_S = 1.0
 BURST_MESSAGES = 1000
+"""Messages handled in one turn of the read loop at most (the bookkeeping runs once a turn)."""
 BUSY_POLL_S = 0.05
 """How often a due batch looks whether the write in flight has ended."""
-"""Messages handled in one turn of the read loop at most (the bookkeeping runs once a turn)."""
 REPLAY_RUN = 512
 """Inserts of a replayed streamed transaction added to a batch at once, at most (the size check runs once a run)."""
 
@@ -211,7 +211,8 @@ class StreamWorker:
     def _read_timeout(self) -> float:
         if self._batch_started is None:
             return 1.0
-        remaining = self.batch_config.max_fill_ms / 1000 - (time.monotonic() - self._batch_started)
+        filling = self.batch_config.max_fill_ms / 1000 - (time.monotonic() - self._batch_started)
+        remaining = max(filling, self.writer.next_write_in())
         if remaining <= 0 and self.writer.busy:
             return BUSY_POLL_S  # a due batch keeps reading while it waits for the writer
         return max(0.0, min(1.0, remaining))
@@ -313,11 +314,12 @@ class StreamWorker:
 
     # -- batching ------------------------------------------------------------------------------------
     def _maybe_flush(self) -> None:
-        """Hand the batch over when it is full, or when it is due and the writer is free.
+        """Hand the batch over when it is full, or when it is due and the writer takes it.
 
-        A batch due while the previous write still runs keeps filling (up to ``max_bytes``) until that
-        write ends: batches arriving faster than the destination writes are merged into fewer, larger
-        writes, and the stream is read meanwhile instead of waiting.
+        A batch due while the previous write still runs, or before the destination's
+        ``min_write_interval_s`` since that write began, keeps filling (up to ``max_bytes``): batches
+        arriving faster than the destination writes are merged into fewer, larger writes, and the
+        stream is read meanwhile instead of waiting.
         """
         if self.builder.is_empty:
             return
@@ -325,7 +327,7 @@ class StreamWorker:
         due = self._batch_started is not None and (
             time.monotonic() - self._batch_started >= self.batch_config.max_fill_ms / 1000
         )
-        if full or (due and not self.writer.busy):
+        if full or (due and not self.writer.busy and self.writer.next_write_in() <= 0):
             self.flush()
 
     def flush(self) -> None:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import structlog
 
-from etl.destination.base import Destination, WriteResult
+from etl.destination.base import Destination, Paced, WriteResult
 from etl.errors import DestinationError, TableError, TransientError
 from etl.events import EventBatch
 from etl.lsn import Lsn
@@ -55,6 +55,8 @@ class BatchWriter:
         self.durable_lsn = durable_lsn
         self.write_started: float | None = None
         """When the write in flight began (``time.monotonic``), retries included; ``None`` between writes."""
+        self.min_interval_s = float(destination.min_write_interval_s) if isinstance(destination, Paced) else 0.0
+        self._submitted = float("-inf")
 
     @property
     def busy(self) -> bool:
@@ -62,7 +64,12 @@ class BatchWriter:
 
     def submit(self, batch: EventBatch) -> None:
         self.wait()
+        self._submitted = time.monotonic()
         self._in_flight = self._executor.submit(self._write, batch)
+
+    def next_write_in(self) -> float:
+        """Seconds until the destination's ``min_write_interval_s`` since the last write began has passed."""
+        return self._submitted + self.min_interval_s - time.monotonic()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the write in flight; re-raise its failure. False when ``timeout`` passed first."""

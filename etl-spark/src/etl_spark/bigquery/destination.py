@@ -40,7 +40,7 @@ from etl.errors import ConfigError, DestinationError, EtlError, TableError, Tran
 from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
 from etl.schema import ColumnSchema, TableSchema
 from etl_spark.bigquery import history
-from etl_spark.bigquery.errors import QUOTA_REASONS, RETRIED_REASONS, classify, reasons
+from etl_spark.bigquery.errors import classify, passes
 from etl_spark.bigquery.metrics import BigQueryMetrics
 from etl_spark.bigquery.names import column_name, table_id
 from etl_spark.bigquery.schema_change import alter_statements, unrecorded
@@ -112,8 +112,9 @@ class BigQueryConfig(BaseModel):
     min_apply_interval_s: float = Field(
         10.0,
         ge=0,
-        description="at least this long between the starts of two applies of a writer: batches arriving faster are"
-        " merged, so each table sees at most one DML transaction and the pipeline one load job per interval",
+        description="at least this long between the starts of two batch applies of a writer, unless the batch is full"
+        " (batch.max_bytes): changes arriving faster are merged into the next batch, so each table sees at most one"
+        " DML transaction and the pipeline one load job per interval",
     )
     api_retry_seconds: Integer = Field(
         120,
@@ -148,8 +149,12 @@ class BigQueryDestination:
         """Per table, its watermark as last read or committed (this destination is the table's one writer)."""
         self.metrics = BigQueryMetrics()
         """The ``etl_bigquery_*`` series; on a private registry until ``register_metrics``."""
-        self._paced = threading.local()
-        """Per writing thread, ``next``: when its next apply may start (``min_apply_interval_s``)."""
+        self.min_write_interval_s = config.min_apply_interval_s
+        """The engine hands each writer's batches over at most this often, unless full (``Paced``)."""
+        self._metadata = threading.Lock()
+        """Held by transactions that write ``_etl_watermarks`` or ``_etl_columns``: BigQuery aborts one of two
+        concurrent transactions mutating the same table, and writers (the apply worker, table copies and
+        catch-ups) run on several threads."""
 
     @classmethod
     def from_config(cls, config: Any, context: DestinationContext) -> BigQueryDestination:
@@ -229,11 +234,12 @@ class BigQueryDestination:
     def drop_table_for_copy(self, schema: TableSchema) -> None:
         self._applied.pop(schema.id, None)
         self._watermarks.pop(schema.id, None)
-        self._query(
-            f"DROP TABLE IF EXISTS {self._ref(table_id(schema.name))};\n"
-            f"DELETE FROM {self._ref(WATERMARKS)} WHERE {self._watermark_row(schema)};\n"
-            f"DELETE FROM {self._ref(COLUMNS)} WHERE {self._columns_row(schema)};"
-        )
+        with self._metadata:
+            self._query(
+                f"DROP TABLE IF EXISTS {self._ref(table_id(schema.name))};\n"
+                f"DELETE FROM {self._ref(WATERMARKS)} WHERE {self._watermark_row(schema)};\n"
+                f"DELETE FROM {self._ref(COLUMNS)} WHERE {self._columns_row(schema)};"
+            )
 
     def write_table_rows(self, schema: TableSchema, rows: pa.Table) -> WriteResult:
         target = self._prepare(schema)
@@ -255,8 +261,6 @@ class BigQueryDestination:
         (the first segment of every table, then the second, ...), each round with its own load.
         """
         rounds = max((len(segments) for segments in batch.changes.values()), default=0)
-        if rounds:
-            self._pace()
         for k in range(rounds):
             segments = [segments[k] for segments in batch.changes.values() if len(segments) > k]
             self._apply(segments, batch.commit_timestamps)
@@ -266,16 +270,6 @@ class BigQueryDestination:
         """Every write is durable when it returns."""
 
     # -- change batches --------------------------------------------------------------------------
-    def _pace(self) -> None:
-        """Wait until ``min_apply_interval_s`` has passed since this thread's previous apply began.
-
-        Meanwhile the engine keeps filling the next batch: changes arriving faster are merged into it.
-        """
-        wait = getattr(self._paced, "next", 0.0) - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)
-        self._paced.next = time.monotonic() + self.config.min_apply_interval_s
-
     def _apply(self, segments: list[TableChanges], commit_timestamps: Mapping[int, datetime]) -> None:
         """Collapse each table's changes, stage them all with one load, then apply them table by table."""
         collapsed: list[_Collapsed] = []
@@ -338,7 +332,8 @@ class BigQueryDestination:
             statements += self._add_and_remove(schema, target, staged, change.removes)
         statements += [*self._advance(schema, change.position), "COMMIT TRANSACTION"]
         self._watermarks.pop(schema.id, None)  # unknown should the job fail
-        self._dml(";\n".join(statements) + ";", schema)
+        with self._metadata:
+            self._dml(";\n".join(statements) + ";", schema)
         self._watermarks[schema.id] = change.position
 
     def _upsert(self, schema: TableSchema, target: str, staging: str, toast: list[str]) -> list[str]:
@@ -452,10 +447,13 @@ class BigQueryDestination:
             )
             self._query(f"CREATE TABLE IF NOT EXISTS {target} ({columns}) {options}", schema)
         table = self.client.get_table(self._path(table_id(schema.name)))
-        own = history.NAMES if historic else frozenset()
-        actions = alter_statements(table, applied or unrecorded(table, schema, own), schema, own)
+        own = history.own_columns([f.name for f in table.schema]) if historic else frozenset()
+        actions = alter_statements(table, applied or unrecorded(table, schema, own), schema, own, keep_dropped=historic)
         # BigQuery runs DDL outside transactions only: the record follows the ALTERs in the same script.
-        self._query(";\n".join([*(f"ALTER TABLE {target} {a}" for a in actions), *self._record(schema)]) + ";", schema)
+        with self._metadata:
+            self._query(
+                ";\n".join([*(f"ALTER TABLE {target} {a}" for a in actions), *self._record(schema)]) + ";", schema
+            )
         self._applied[schema.id] = schema
         return target
 
@@ -580,11 +578,10 @@ class BigQueryDestination:
             delete_path(self.spark, written)  # loaded or failed, the staged files are not needed again
 
     def _drop_staging(self, name: str) -> None:
+        """Drop a staging table; a failure is logged, never raised (it would hide the write's own outcome)."""
         try:
             self.client.delete_table(self._path(name), not_found_ok=True, retry=self._retry)
         except Exception as exc:
-            if classify(exc, "dropping a staging table") is None:
-                raise
             log.warning("could not drop a staging table; the next start drops it", table=name, error=str(exc))
 
     def _drop_leftover_staging(self) -> None:
@@ -626,7 +623,7 @@ class BigQueryDestination:
                 sql, location=self.config.location, retry=self._retry, job_retry=self._job_retry
             )
         except exceptions.BadRequest as exc:
-            if reasons(exc) & (RETRIED_REASONS | QUOTA_REASONS):  # a 400 that is not about the statement
+            if passes(exc):  # a 400 that is not about the statement
                 raise _classified(exc, sql, table) or exc from None
             log.warning("bigquery rejected a statement", sql=sql, error=exc.message)
             if table is not None:

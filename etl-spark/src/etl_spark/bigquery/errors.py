@@ -5,7 +5,8 @@ BigQuery reports a failure as an HTTP status and, per error, a ``reason``
 itself for a while; what still reaches the destination is classified here:
 
 - retried with backoff by the engine (``TransientError``): 429 and ``rateLimitExceeded``, 500, 502,
-  503, 504 and ``backendError`` / ``internalError``, and connections reset, refused or timed out;
+  503, 504 and ``backendError`` / ``internalError``, connections reset, refused or timed out, and a
+  transaction BigQuery aborted for a concurrent update of the same table (by another writer);
 - stopped with the quota's name and the setting that avoids it: ``quotaExceeded`` and the other daily
   limits;
 - stopped with the missing IAM permission: 401 and 403 ``accessDenied``;
@@ -26,11 +27,18 @@ RETRIED_STATUS: Final = frozenset({429, 500, 502, 503, 504})
 RETRIED_REASONS: Final = frozenset({"rateLimitExceeded", "backendError", "internalError", "jobBackendError"})
 QUOTA_REASONS: Final = frozenset({"quotaExceeded", "dailyLimitExceeded", "limitExceeded"})
 _PERMISSION: Final = re.compile(r"Permission ([\w.]+) denied")
+_CONCURRENT: Final = re.compile(r"aborted due to concurrent update", re.IGNORECASE)
 _QUOTA_HINT: Final = (
     "each batch runs one load job and one transaction per table it touches; run them less often: raise the"
     " destination's min_apply_interval_s (see the Quotas section of docs/destinations/bigquery.md), or ask"
     " Google for a higher quota. The pipeline resumes from its watermark"
 )
+
+
+def passes(exc: BaseException) -> bool:
+    """Whether a rejected statement failed for a reason that passes (not its data): a limit, a quota, a
+    transaction aborted by a concurrent one."""
+    return bool(reasons(exc) & (RETRIED_REASONS | QUOTA_REASONS)) or bool(_CONCURRENT.search(str(exc)))
 
 
 def reasons(exc: BaseException) -> set[str]:
@@ -60,7 +68,7 @@ def classify(exc: BaseException, doing: str) -> EtlError | None:
     if found & QUOTA_REASONS:
         quota = next(iter(sorted(found & QUOTA_REASONS)))
         return DestinationError(f"BigQuery quota exceeded ({quota}) while {doing}: {message}", hint=_QUOTA_HINT)
-    if status in RETRIED_STATUS or found & RETRIED_REASONS:
+    if status in RETRIED_STATUS or found & RETRIED_REASONS or _CONCURRENT.search(message or ""):
         return TransientError(f"BigQuery failed while {doing} ({status}): {message}", hint="retried with backoff")
     if status == 401:
         return DestinationError(

@@ -2,7 +2,8 @@
 
 A history table has the source's columns (the new row of an insert or update, the old row of a
 delete: the key only unless the table has ``REPLICA IDENTITY FULL``; all null for a truncate; an
-update that changes the key is also a delete of the old key) and
+update that changes the key is also a delete of the old key; a column dropped at the source stays,
+renamed ``_etl_dropped_<attnum>_<name>``, so earlier rows keep its values) and
 four more: ``_etl_op`` (``copy``, ``insert``, ``update``, ``delete``, ``truncate``),
 ``_etl_commit_lsn`` and ``_etl_tx_ordinal`` (the change's position: ordered by both, the rows are the
 table's changes in source order) and ``_etl_commit_ts`` (the transaction's commit time). Nothing is
@@ -29,7 +30,6 @@ COLUMNS: Final = (
     (COMMIT_TS, "TIMESTAMP"),
 )
 """The columns a history table has after the source's, with their BigQuery types."""
-NAMES: Final = frozenset(name for name, _ in COLUMNS)
 COPY: Final = "copy"
 """``_etl_op`` of a row of the initial copy (its position and commit time are null)."""
 _CODES: Final = pa.array(["I", "U", "D", "T"])
@@ -87,6 +87,12 @@ def with_history(rows: pa.Table, changes: pa.Table, commit_timestamps: Mapping[i
     for name, values in history_columns(changes, commit_timestamps):
         rows = rows.append_column(name, values)
     return rows
+
+
+def own_columns(columns: list[str]) -> frozenset[str]:
+    """A history table's columns that are not the source's: the history columns and the dropped source
+    columns kept under ``_etl_dropped_...`` (no source column starts with ``_etl_``)."""
+    return frozenset(c for c in columns if c.startswith("_etl_"))
 
 
 def is_history_table(columns: list[str]) -> bool:

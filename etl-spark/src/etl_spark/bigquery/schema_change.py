@@ -38,12 +38,18 @@ def unrecorded(table: bigquery.Table, schema: TableSchema, own: frozenset[str] =
 
 
 def alter_statements(
-    table: bigquery.Table, applied: TableSchema, schema: TableSchema, own: frozenset[str] = frozenset()
+    table: bigquery.Table,
+    applied: TableSchema,
+    schema: TableSchema,
+    own: frozenset[str] = frozenset(),
+    *,
+    keep_dropped: bool = False,
 ) -> list[str]:
     """``ALTER TABLE`` actions (without the ``ALTER TABLE name`` prefix): drops, renames, then adds.
 
     ``applied`` is the source schema ``table`` was last brought in line with; the table's columns in
-    ``own`` (the destination's) are left alone.
+    ``own`` (the destination's) are left alone. With ``keep_dropped`` (a history table, whose rows
+    keep every value they had) a dropped column is renamed to ``_etl_dropped_<attnum>_<name>`` instead.
     """
     check_columns(schema)
     current = {f.name: column_type(f) for f in table.schema if f.name not in own}
@@ -68,6 +74,10 @@ def alter_statements(
         renames = [(o, f"_etl_rename_{i}") for i, (o, _) in enumerate(renames)] + [
             (f"_etl_rename_{i}", n) for i, (_, n) in enumerate(renames)
         ]
+    if keep_dropped:
+        attnums = {c.name: c.attnum or 0 for c in applied.columns}
+        renames = [(o, f"_etl_dropped_{attnums.get(o, 0)}_{o}"[:300]) for o in drops] + renames
+        drops = []
     return [
         *(f"DROP COLUMN {column_name(o)}" for o in drops),
         *(f"RENAME COLUMN {column_name(o)} TO {column_name(n)}" for o, n in renames),
