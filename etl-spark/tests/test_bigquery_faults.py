@@ -122,4 +122,4 @@ def test_an_exceeded_quota_stops_with_its_name(destination: BigQueryDestination,
     proxy.add(Fault(403, "quotaExceeded", method="POST", contains="/jobs", times=100))
     with pytest.raises(DestinationError, match="quotaExceeded") as raised:
         destination.write_events(b.commit().insert(ORDERS, {"id": 2, "note": "b"}).build())
-    assert "max_fill_ms" in (raised.value.hint or "")
+    assert "min_apply_interval_s" in (raised.value.hint or "")
