@@ -137,6 +137,10 @@ def test_copy_and_mixed_workload_equal_memory_reference(destination: BigQueryDes
     destination.write_events(b.build())
     comments = {r["id"]: r["comment"] for r in bq_rows(destination, renamed)}
     assert comments == {1: "n1", 2: "n2", 5: "n5", 6: "n6", 7: "c7", 30: "n3"}  # values kept by the rename
+    scripts = [j.query for j in destination.client.list_jobs(all_users=True) if j.job_type == "query"]
+    target = f"{destination.config.dataset}.{table_id(ORDERS.name)}` AS T WHERE"
+    # The touched keys' range bounds the DELETE (blocks of a table clustered by id are skipped).
+    assert any(target + " T.`id` BETWEEN 7 AND 7 AND EXISTS" in q for q in scripts)
 
     reshaped = TableSchema(
         ORDERS.id,
