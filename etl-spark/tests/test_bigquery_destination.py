@@ -137,10 +137,6 @@ def test_copy_and_mixed_workload_equal_memory_reference(destination: BigQueryDes
     destination.write_events(b.build())
     comments = {r["id"]: r["comment"] for r in bq_rows(destination, renamed)}
     assert comments == {1: "n1", 2: "n2", 5: "n5", 6: "n6", 7: "c7", 30: "n3"}  # values kept by the rename
-    scripts = [j.query for j in destination.client.list_jobs(all_users=True) if j.job_type == "query"]
-    target = f"{destination.config.dataset}.{table_id(ORDERS.name)}` AS T WHERE"
-    # The touched keys' range bounds the DELETE (blocks of a table clustered by id are skipped).
-    assert any(target + " T.`id` BETWEEN 7 AND 7 AND EXISTS" in q for q in scripts)
 
     reshaped = TableSchema(
         ORDERS.id,
@@ -158,6 +154,21 @@ def test_copy_and_mixed_workload_equal_memory_reference(destination: BigQueryDes
     assert [(r["id"], r["extra"]) for r in bq_rows(destination, reshaped)] == [(8, "e8")]
     staged = [p for p in Path(str(destination.config.staging_local_dir)).rglob("*") if p.is_file()]
     assert staged == []  # every staged file was deleted once loaded
+
+
+def test_the_delete_of_touched_keys_is_bounded_by_their_range(destination: BigQueryDestination, kit: Any) -> None:
+    reference = MemoryDestination()
+    b = kit.BatchBuilder()
+    b.commit().update(ORDERS, order(5), old={"id": 50}).insert(ORDERS, order(3))  # 50 moves to 5
+    batch = b.build()
+    for target in (destination, reference):
+        target.write_table_rows(ORDERS, kit.rows_table(ORDERS, [order(1), order(2), order(50)]))
+        target.write_events(batch)
+    assert [r["id"] for r in bq_rows(destination, ORDERS)] == [1, 2, 3, 5]
+    assert bq_rows(destination, ORDERS) == ref_rows(reference, ORDERS)
+    scripts = [j.query for j in destination.client.list_jobs(all_users=True) if j.job_type == "query"]
+    target = f"{destination.config.dataset}.{table_id(ORDERS.name)}` AS T WHERE"
+    assert any(target + " T.`id` BETWEEN 3 AND 50 AND EXISTS" in q for q in scripts)  # the old key 50 too
 
 
 def test_wide_numeric_dates_and_bytes_round_trip(destination: BigQueryDestination, kit: Any) -> None:

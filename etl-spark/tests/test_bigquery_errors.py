@@ -30,6 +30,7 @@ def answer(status: int, reason: str, message: str = "") -> exceptions.GoogleAPIC
         answer(
             400, "invalidQuery", "Transaction is aborted due to concurrent update against table p:d._etl_watermarks"
         ),
+        answer(400, "invalidQuery", "Could not serialize access to table p:d.t due to concurrent update"),
     ],
 )
 def test_passing_failures_are_retried(failure: BaseException) -> None:

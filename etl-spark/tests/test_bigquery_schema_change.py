@@ -53,3 +53,23 @@ def test_a_changed_type_errors_the_table() -> None:
     with pytest.raises(TableError, match="column a changed type from STRING to INT64") as error:
         alter_statements(table_of(APPLIED), APPLIED, retyped)
     assert error.value.table_id == APPLIED.id
+
+
+def test_a_history_table_keeps_dropped_columns_under_free_names() -> None:
+    id_ = APPLIED.columns[0]
+    # ``a`` was dropped before (attnum 2); another ``a`` of unknown attnum went the same way since.
+    table = bigquery.Table(
+        "p.d.t",
+        schema=[
+            *table_of(APPLIED).schema,
+            bigquery.SchemaField("_etl_dropped_2_a", "STRING"),
+            bigquery.SchemaField("_etl_op", "STRING"),
+        ],
+    )
+    own = frozenset({"_etl_dropped_2_a", "_etl_op"})
+    fewer = replace(APPLIED, columns=(id_,))
+    assert alter_statements(table, APPLIED, fewer, own, keep_dropped=True) == [
+        "RENAME COLUMN `a` TO `_etl_dropped_2_a_2`",
+        "RENAME COLUMN `b` TO `_etl_dropped_3_b`",
+    ]
+    assert alter_statements(table, APPLIED, fewer, own) == ["DROP COLUMN `a`", "DROP COLUMN `b`"]

@@ -112,6 +112,7 @@ class BigQueryConfig(BaseModel):
     min_apply_interval_s: float = Field(
         10.0,
         ge=0,
+        le=3600,
         description="at least this long between the starts of two batch applies of a writer, unless the batch is full"
         " (batch.max_bytes): changes arriving faster are merged into the next batch, so each table sees at most one"
         " DML transaction and the pipeline one load job per interval",
@@ -154,7 +155,7 @@ class BigQueryDestination:
         self._metadata = threading.Lock()
         """Held by transactions that write ``_etl_watermarks`` or ``_etl_columns``: BigQuery aborts one of two
         concurrent transactions mutating the same table, and writers (the apply worker, table copies and
-        catch-ups) run on several threads."""
+        catch-ups) run on several threads. So they apply one at a time, each for its whole query job."""
 
     @classmethod
     def from_config(cls, config: Any, context: DestinationContext) -> BigQueryDestination:

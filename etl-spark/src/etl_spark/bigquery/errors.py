@@ -27,7 +27,10 @@ RETRIED_STATUS: Final = frozenset({429, 500, 502, 503, 504})
 RETRIED_REASONS: Final = frozenset({"rateLimitExceeded", "backendError", "internalError", "jobBackendError"})
 QUOTA_REASONS: Final = frozenset({"quotaExceeded", "dailyLimitExceeded", "limitExceeded"})
 _PERMISSION: Final = re.compile(r"Permission ([\w.]+) denied")
-_CONCURRENT: Final = re.compile(r"aborted due to concurrent update", re.IGNORECASE)
+_CONCURRENT: Final = re.compile(
+    r"aborted due to concurrent update|could not serialize access to table .* due to concurrent update", re.IGNORECASE
+)
+"""BigQuery's words for a transaction (or a DML statement) that lost to a concurrent one on the same table."""
 _QUOTA_HINT: Final = (
     "each batch runs one load job and one transaction per table it touches; run them less often: raise the"
     " destination's min_apply_interval_s (see the Quotas section of docs/destinations/bigquery.md), or ask"
@@ -38,7 +41,11 @@ _QUOTA_HINT: Final = (
 def passes(exc: BaseException) -> bool:
     """Whether a rejected statement failed for a reason that passes (not its data): a limit, a quota, a
     transaction aborted by a concurrent one."""
-    return bool(reasons(exc) & (RETRIED_REASONS | QUOTA_REASONS)) or bool(_CONCURRENT.search(str(exc)))
+    return bool(reasons(exc) & (RETRIED_REASONS | QUOTA_REASONS)) or _lost_to_concurrent(exc)
+
+
+def _lost_to_concurrent(exc: BaseException) -> bool:
+    return bool(_CONCURRENT.search(str(getattr(exc, "message", None) or exc)))
 
 
 def reasons(exc: BaseException) -> set[str]:
@@ -68,7 +75,7 @@ def classify(exc: BaseException, doing: str) -> EtlError | None:
     if found & QUOTA_REASONS:
         quota = next(iter(sorted(found & QUOTA_REASONS)))
         return DestinationError(f"BigQuery quota exceeded ({quota}) while {doing}: {message}", hint=_QUOTA_HINT)
-    if status in RETRIED_STATUS or found & RETRIED_REASONS or _CONCURRENT.search(message or ""):
+    if status in RETRIED_STATUS or found & RETRIED_REASONS or _lost_to_concurrent(exc):
         return TransientError(f"BigQuery failed while {doing} ({status}): {message}", hint="retried with backoff")
     if status == 401:
         return DestinationError(

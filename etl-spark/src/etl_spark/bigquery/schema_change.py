@@ -75,11 +75,25 @@ def alter_statements(
             (f"_etl_rename_{i}", n) for i, (_, n) in enumerate(renames)
         ]
     if keep_dropped:
-        attnums = {c.name: c.attnum or 0 for c in applied.columns}
-        renames = [(o, f"_etl_dropped_{attnums.get(o, 0)}_{o}"[:300]) for o in drops] + renames
+        renames = _kept_drops(drops, applied, {f.name for f in table.schema}) + renames
         drops = []
     return [
         *(f"DROP COLUMN {column_name(o)}" for o in drops),
         *(f"RENAME COLUMN {column_name(o)} TO {column_name(n)}" for o, n in renames),
         *(f"ADD COLUMN {column_name(c.name)} {bq_type(c).ddl}" for c in added),
     ]
+
+
+def _kept_drops(drops: list[str], applied: TableSchema, taken: set[str]) -> list[tuple[str, str]]:
+    """Renames that keep dropped columns as ``_etl_dropped_<attnum>_<name>``, numbered on where that name is
+    taken (an attribute number can be unknown: a column dropped twice under one name)."""
+    attnums = {c.name: c.attnum or 0 for c in applied.columns}
+    renames = []
+    for old in drops:
+        base = f"_etl_dropped_{attnums.get(old, 0)}_{old}"
+        name, n = base, 2
+        while name in taken:
+            name, n = f"{base}_{n}", n + 1
+        taken.add(name)
+        renames.append((old, name))
+    return renames
