@@ -98,6 +98,7 @@ def setup(pg_database: TestDatabase, bigquery_emulator: BigQueryEmulator, tmp_pa
         run.stop(timeout=120)
 
 
+@pytest.mark.first_major
 def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
     db = setup.db
     # During the copy: a copied table is being staged.

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from google.api_core import exceptions
 
 from etl.schema import TableName
@@ -59,6 +60,7 @@ def transaction(conn: psycopg.Connection[Any], i: int) -> None:
     conn.execute("DELETE FROM items WHERE id = %s", (i + 2000,))
 
 
+@pytest.mark.first_major
 def test_history_rows_are_the_source_changes_after_a_sigkill_mid_batch(
     pg_database: TestDatabase, bigquery_emulator: BigQueryEmulator, tmp_path: Path
 ) -> None:

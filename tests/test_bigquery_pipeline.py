@@ -325,6 +325,7 @@ def apply_jobs(emulator: BigQueryEmulator, dataset: str, oids: dict[str, int]) -
     return {table: sum(f"table_oid = {oid}" in s for s in scripts) for table, oid in oids.items()}
 
 
+@pytest.mark.first_major
 def test_ten_tables_at_one_second_batches_use_one_load_per_batch_and_pace_the_applies(
     pg_database: TestDatabase, bigquery_emulator: BigQueryEmulator, tmp_path: Path
 ) -> None:

@@ -169,6 +169,7 @@ def setup(
             db.cluster.drop_database(lake_db)
 
 
+@pytest.mark.first_major
 def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
     db = setup.db
     # During the copy: Spark tasks are writing the tables' data files.
