@@ -31,6 +31,7 @@ def answer(status: int, reason: str, message: str = "") -> exceptions.GoogleAPIC
             400, "invalidQuery", "Transaction is aborted due to concurrent update against table p:d._etl_watermarks"
         ),
         answer(400, "invalidQuery", "Could not serialize access to table p:d.t due to concurrent update"),
+        answer(409, "duplicate", "Already Exists: Job p:US.0e885a24-7f19-4477-8eb9-04623ba7bb39"),
     ],
 )
 def test_passing_failures_are_retried(failure: BaseException) -> None:
@@ -54,6 +55,11 @@ def test_a_denied_permission_is_named() -> None:
     assert "bigquery.tables.updateData" in error.message and "bigquery.tables.updateData" in error.hint
     refused = classify(answer(401, "unauthorized", "Request had invalid authentication credentials"), "starting")
     assert isinstance(refused, DestinationError) and "credentials" in refused.hint
+
+
+def test_only_a_job_already_held_is_a_passing_conflict() -> None:
+    error = classify(answer(409, "duplicate", "Already Exists: Table p:d.orders"), "creating public.orders")
+    assert isinstance(error, DestinationError) and not isinstance(error, TransientError)
 
 
 def test_a_retry_that_ran_out_is_judged_by_its_last_failure() -> None:

@@ -1,8 +1,5 @@
 """BigQuery answering with real HTTP faults (``fault_proxy`` in front of the emulator): what passes is retried
-and the table ends equal to the reference, with no duplicate; an exceeded quota stops with its name.
-
-WIP (issue 15): not yet run in CI.
-"""
+and the table ends equal to the reference, with no duplicate; an exceeded quota stops with its name."""
 
 from __future__ import annotations
 

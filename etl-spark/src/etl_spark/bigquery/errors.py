@@ -5,8 +5,10 @@ BigQuery reports a failure as an HTTP status and, per error, a ``reason``
 itself for a while; what still reaches the destination is classified here:
 
 - retried with backoff by the engine (``TransientError``): 429 and ``rateLimitExceeded``, 500, 502,
-  503, 504 and ``backendError`` / ``internalError``, connections reset, refused or timed out, and a
-  transaction BigQuery aborted for a concurrent update of the same table (by another writer);
+  503, 504 and ``backendError`` / ``internalError``, connections reset, refused or timed out, a
+  transaction BigQuery aborted for a concurrent update of the same table (by another writer), and a job
+  BigQuery already holds (409: the client resent a call whose answer was lost; the watermark decides
+  whether its work is done);
 - stopped with the quota's name and the setting that avoids it: ``quotaExceeded`` and the other daily
   limits;
 - stopped with the missing IAM permission: 401 and 403 ``accessDenied``;
@@ -31,6 +33,9 @@ _CONCURRENT: Final = re.compile(
     r"aborted due to concurrent update|could not serialize access to table .* due to concurrent update", re.IGNORECASE
 )
 """BigQuery's words for a transaction (or a DML statement) that lost to a concurrent one on the same table."""
+_JOB_EXISTS: Final = re.compile(r"Already Exists: Job\b")
+"""BigQuery's 409 for a job id (or query request id) it already holds: the client resent a call whose first
+answer was lost, so the job ran, or runs, and its outcome is not known here."""
 _QUOTA_HINT: Final = (
     "each batch runs one load job and one transaction per table it touches; run them less often: raise the"
     " destination's min_apply_interval_s (see the Quotas section of docs/destinations/bigquery.md), or ask"
@@ -77,6 +82,11 @@ def classify(exc: BaseException, doing: str) -> EtlError | None:
         return DestinationError(f"BigQuery quota exceeded ({quota}) while {doing}: {message}", hint=_QUOTA_HINT)
     if status in RETRIED_STATUS or found & RETRIED_REASONS or _lost_to_concurrent(exc):
         return TransientError(f"BigQuery failed while {doing} ({status}): {message}", hint="retried with backoff")
+    if status == 409 and _JOB_EXISTS.search(message or ""):
+        return TransientError(
+            f"BigQuery already ran the job it was sent again while {doing}, after an answer was lost: {message}",
+            hint="the batch is retried; each table's watermark skips what was applied",
+        )
     if status == 401:
         return DestinationError(
             f"BigQuery refused the credentials while {doing}: {message}",
