@@ -25,6 +25,7 @@ import pytest
 from etl.destination.memory import MemoryDestination, row_sort_key
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl_spark.ducklake import inline_flush
+from etl_spark.ducklake.plan import inline_limits
 
 NUMERIC_12_3 = ((12 << 16) | 3) + 4
 KINDS = TableSchema(
@@ -246,6 +247,41 @@ def test_a_truncate_ends_inlined_rows_and_big_batches_write_files(lake: Any, kit
     for schema in (KINDS, PAIRS):
         assert lake_rows(lake, schema) == expected(reference, schema)
     assert catalog_count(lake, "ducklake_data_file") == 1  # the 7-row batch
+    destination.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("changes", "budget", "limits"),
+    [
+        ([7], 10, [7]),
+        ([11], 10, [0]),
+        ([4, 3, 5], 8, [4, 3, 0]),  # the fewest first, each all or nothing, then the budget is spent
+        ([1800] * 20, 10_000, [1800] * 5 + [0] * 15),
+        ([0, 2], 0, [0, 0]),
+    ],
+)
+def test_a_batch_inlines_its_smallest_tables_within_the_budget(
+    changes: list[int], budget: int, limits: list[int]
+) -> None:
+    assert inline_limits(changes, budget) == limits
+
+
+def test_tables_past_the_batch_budget_write_files(lake: Any, kit: Any) -> None:
+    destination = kit.make_destination(lake, inline_row_limit=5)
+    reference = MemoryDestination()
+    b = kit.BatchBuilder()
+    b.commit()
+    for i in range(1, 5):
+        b.insert(KINDS, kind_row(i))
+    for i in range(3):
+        b.insert(PAIRS, {"a": f"p{i}", "b": i})
+    batch = b.build()  # 4 + 3 rows: more than 5 together, so only the 3 of the smaller table are inlined
+    for target in (destination, reference):
+        target.write_events(batch)
+    for schema in (KINDS, PAIRS):
+        assert lake_rows(lake, schema) == expected(reference, schema)
+    assert inlined_rows(lake) == 3
+    assert catalog_count(lake, "ducklake_data_file") == 1
     destination.shutdown()
 
 

@@ -46,7 +46,7 @@ from etl_spark.ducklake.inline_flush import FlushTimer, flush_inlined
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.maintenance import Maintenance, MaintenanceConfig
 from etl_spark.ducklake.metrics import DuckLakeMetrics
-from etl_spark.ducklake.plan import FlushFirst, TablePlan, plan_changes, plan_copy
+from etl_spark.ducklake.plan import FlushFirst, TablePlan, inline_limits, plan_changes, plan_copy
 from etl_spark.ducklake.reader import open_lake
 from etl_spark.ducklake.upkeep import UPKEEP_SECONDS, Step, Turns, Upkeep
 from etl_spark.session import SparkSettings, get_spark
@@ -80,8 +80,8 @@ class DuckLakeConfig(BaseModel):
     inline_row_limit: Integer = Field(
         10_000,
         ge=0,
-        description="a batch's rows for a table are inlined into the catalog, not written as files, up to this many"
-        " (0: never)",
+        description="a batch inlines up to this many rows into the catalog, over all its tables, the tables with"
+        " the fewest changes first; the others' rows are written as files (0: never inline)",
     )
     inline_flush_rows: Integer = Field(
         100_000, ge=1, description="a table's inlined rows are flushed to a data file once it holds this many"
@@ -226,7 +226,6 @@ class DuckLakeDestination:
             self.storage,
             lambda: self.spark,
             self.config.target_file_size_bytes,
-            self.config.inline_row_limit,
         )
 
     # -- writes ----------------------------------------------------------------------------------
@@ -308,9 +307,13 @@ class DuckLakeDestination:
 
     def _plan_all(self, segments: list[TableChanges]) -> list[TablePlan | None]:
         """Plan each table's changes on a thread of its own; when one fails, the files of the others are removed."""
+        limits = inline_limits([s.table.num_rows for s in segments], self.config.inline_row_limit)
         if len(segments) == 1:
-            return [self._plan_changes(segments[0])]
-        futures = [self.planner.submit(self._plan_changes, segment) for segment in segments]
+            return [self._plan_changes(segments[0], limits[0])]
+        futures = [
+            self.planner.submit(self._plan_changes, segment, limit)
+            for segment, limit in zip(segments, limits, strict=True)
+        ]
         wait(futures)
         failed = [error for f in futures if (error := f.exception()) is not None]
         plans = [f.result() for f in futures if f.exception() is None]
@@ -322,9 +325,9 @@ class DuckLakeDestination:
             raise failed[0] if len(firsts) < len(failed) else FlushFirst(*(t for e in firsts for t in e.tables))
         return plans
 
-    def _plan_changes(self, segment: TableChanges) -> TablePlan | None:
+    def _plan_changes(self, segment: TableChanges, inline_limit: int) -> TablePlan | None:
         with naming_table(segment.schema.id):
-            plan = plan_changes(self.lake, segment)
+            plan = plan_changes(self.lake, segment, inline_limit)
         if plan is not None:
             log.debug(
                 "ducklake table planned",

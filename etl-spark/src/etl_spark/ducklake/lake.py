@@ -26,8 +26,6 @@ class Lake:
     """The Spark session, started on first use (a batch that needs no Spark work starts none)."""
     target_file_size_bytes: int
     """Data files are closed at about this size."""
-    inline_row_limit: int = 0
-    """A batch's upserts for a table are inlined into the catalog when there are at most this many."""
 
     @property
     def spark(self) -> SparkSession:

@@ -5,8 +5,8 @@ into the catalog, the positions to delete per data file, the inlined rows to end
 watermark. ``apply`` registers it all inside the commit; delete files are written there because
 their rows record the snapshot id, known only then.
 
-A batch's upserts for a table are inlined (``catalog.inlined``) when there are at most
-``Lake.inline_row_limit`` of them and the table's columns can be: no Spark job, no file. A plan never
+A batch's upserts for a table are inlined (``catalog.inlined``) when they fit in the table's share of the
+batch's inlining budget (``inline_limits``) and the table's columns can be: no Spark job, no file. A plan never
 changes the columns of a table with inlined rows: it raises ``FlushFirst``, and the caller
 flushes them (``inline_flush``) and plans again.
 """
@@ -251,8 +251,26 @@ def _spec(lake: Lake, plan: TablePlan, columns: list[LakeColumn]) -> DataFileSpe
     return lake.storage.spec(plan.directory, columns, lake.target_file_size_bytes)
 
 
-def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
-    """The plan for one table's changes, or ``None`` when all of them were applied before."""
+def inline_limits(changes: Sequence[int], budget: int) -> list[int]:
+    """For each table of a batch (by its number of changes), the most upserts it may inline.
+
+    Inlining costs per row (each goes through the catalog's driver, about 6 µs), a data file per table, so
+    a batch inlines at most ``budget`` rows over all its tables: those with the fewest changes first, as
+    long as all of their changes fit. A batch with many tables and many rows writes the larger tables'
+    rows as files, which is cheaper at that size, and still keeps its smallest tables out of tiny files.
+    """
+    limits = [0] * len(changes)
+    for index in sorted(range(len(changes)), key=changes.__getitem__):
+        if changes[index] > budget:
+            break
+        limits[index] = changes[index]
+        budget -= changes[index]
+    return limits
+
+
+def plan_changes(lake: Lake, segment: TableChanges, inline_limit: int) -> TablePlan | None:
+    """The plan for one table's changes, or ``None`` when all of them were applied before; at most
+    ``inline_limit`` of its upserts are inlined (more go to a data file)."""
     schema = segment.schema
     handle = _handle(lake, schema)
     changes = segment.table
@@ -311,7 +329,7 @@ def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
             stored = lake.catalog.inlined_rows(inlined_tables, needed, Form.SPARK, keys=wanted)
             plan.ended_inlined = _inlined_of_keys(stored, collapsed.select(key), columns)
         upserts = collapsed.filter(pc.equal(collapsed[ACTION], UPSERT)).select(names)
-        if upserts.num_rows and inline and upserts.num_rows <= lake.inline_row_limit:
+        if upserts.num_rows and inline and upserts.num_rows <= inline_limit:
             plan.inline = upserts
         elif upserts.num_rows:
             plan.files = lake.storage.write_rows(_spec(lake, plan, columns), upserts)
@@ -341,7 +359,7 @@ def plan_changes(lake: Lake, segment: TableChanges) -> TablePlan | None:
             )
         rows = _copies(collapsed, names)
     try:
-        if inline and changes.num_rows <= lake.inline_row_limit:  # no more rows than changes
+        if inline and changes.num_rows <= inline_limit:  # no more rows than changes
             inlined_upserts = rows.toArrow()
             plan.inline = inlined_upserts if inlined_upserts.num_rows else None
         else:
