@@ -83,6 +83,11 @@ class DuckLakeConfig(BaseModel):
         description="a batch inlines up to this many rows into the catalog, over all its tables, the tables with"
         " the fewest changes first; the others' rows are written as files (0: never inline)",
     )
+    key_cache_bytes: Integer = Field(
+        128 * 1024 * 1024,
+        ge=0,
+        description="data files' key columns kept in memory for finding the stored rows of a batch's keys (0: none)",
+    )
     inline_flush_rows: Integer = Field(
         100_000, ge=1, description="a table's inlined rows are flushed to a data file once it holds this many"
     )
@@ -155,7 +160,7 @@ class DuckLakeDestination:
         if self._upkeep is not None:
             return
         self.catalog.open()
-        self._storage = LakeStorage(self.catalog.data_path, self.metrics)
+        self._storage = LakeStorage(self.catalog.data_path, self.metrics, self.config.key_cache_bytes)
         for table_id in self.catalog.tables_with_inlined_rows():
             self._flush_timer.inlined(table_id)
         self._planner = ThreadPoolExecutor(self.config.planning_threads, thread_name_prefix=_PLANNER)

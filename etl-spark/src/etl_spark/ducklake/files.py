@@ -32,6 +32,7 @@ from etl_spark.ducklake.datafiles import (
     metadata_batch,
     write_data_files,
 )
+from etl_spark.ducklake.key_cache import KeyColumns
 from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.types import FIELD_ID
 
@@ -47,13 +48,14 @@ DELETE_FIELD_IDS: Final = {"file_path": 2147483646, "pos": 2147483645, SNAPSHOT.
 class LakeStorage:
     """File operations under a lake's data path (any file system pyarrow reaches: local, s3, gcs, ...)."""
 
-    def __init__(self, data_path: str, metrics: DuckLakeMetrics | None = None) -> None:
+    def __init__(self, data_path: str, metrics: DuckLakeMetrics | None = None, key_cache_bytes: int = 0) -> None:
         self.data_path = data_path
         self.metrics = metrics if metrics is not None else DuckLakeMetrics()
         """Counts the files written (``etl_ducklake_files_written_total``, ``..._bytes_written_total``)."""
         self.fs, root = pafs.FileSystem.from_uri(data_path)
         self._root = root.rstrip("/") + "/"
         self._field_types = functools.lru_cache(maxsize=4096)(self._read_field_types)
+        self.key_columns = KeyColumns(key_cache_bytes)
 
     def _local(self, path: str) -> str:
         return local_path(self._root, self.data_path, path)
@@ -158,12 +160,9 @@ class LakeStorage:
         before the column was widened holds narrower values: they are widened to the keys' type."""
         found = []
         for path in paths:
-            with self.fs.open_input_file(self._local(path)) as handle:
-                parquet = pq.ParquetFile(handle)
-                name = _name_of_field(parquet.schema_arrow, column.column_id)
-                if name is None:  # a file from before the column existed: its rows hold NULL there
-                    continue
-                values = parquet.read(columns=[name]).column(0)
+            values = self.key_columns.get(path, column.column_id, functools.partial(self._column, path, column))
+            if values is None:  # a file from before the column existed: its rows hold NULL there
+                continue
             hits = pc.indices_nonzero(pc.is_in(pc.cast(values, keys.type), value_set=keys))
             if len(hits):
                 file = pa.array([path.rsplit("/", 1)[-1]] * len(hits), pa.string())
@@ -171,6 +170,13 @@ class LakeStorage:
         if not found:
             return pa.table({"_etl_file": pa.array([], pa.string()), "_etl_pos": pa.array([], pa.int64())})
         return pa.concat_tables(found)
+
+    def _column(self, path: str, column: LakeColumn) -> pa.ChunkedArray | None:
+        """A data file's values of a column found by field id; ``None`` when the file does not hold it."""
+        with self.fs.open_input_file(self._local(path)) as handle:
+            parquet = pq.ParquetFile(handle)
+            name = _name_of_field(parquet.schema_arrow, column.column_id)
+            return None if name is None else parquet.read(columns=[name]).column(0)
 
     # -- footers ---------------------------------------------------------------------------------
     def native_columns(self, path: str, columns: Sequence[LakeColumn]) -> frozenset[int]:

@@ -1,0 +1,94 @@
+"""Data files' key columns are read once and kept (``key_cache.KeyColumns``), within a bound of bytes; the
+batches that use them end equal to the memory destination, DuckDB reading the lake."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from etl.destination.memory import MemoryDestination
+from etl.schema import ColumnSchema, TableName, TableSchema
+from etl_spark.ducklake.files import LakeStorage
+from etl_spark.ducklake.key_cache import KeyColumns
+
+ACCOUNTS = TableSchema(
+    16950,
+    TableName("public", "accounts"),
+    (ColumnSchema("id", 20, nullable=False, primary_key=True, attnum=1), ColumnSchema("note", 25, attnum=2)),
+)
+
+
+def column(values: list[int]) -> pa.ChunkedArray:
+    return pa.chunked_array([pa.array(values, pa.int64())])
+
+
+def test_a_cached_column_is_not_read_again() -> None:
+    cache, reads = KeyColumns(1 << 20), Counter[str]()
+
+    def read(path: str) -> Any:
+        reads[path] += 1
+        return column([1, 2, 3]) if path != "old.parquet" else None  # a file from before the column existed
+
+    for _ in range(3):
+        assert cache.get("a.parquet", 1, lambda: read("a.parquet")) == column([1, 2, 3])
+        assert cache.get("old.parquet", 1, lambda: read("old.parquet")) is None
+    assert reads == {"a.parquet": 1, "old.parquet": 1}
+    assert cache.get("a.parquet", 2, lambda: read("a.parquet")) is not None  # another column: another entry
+    assert reads["a.parquet"] == 2
+
+
+def test_the_least_recently_used_columns_go_first_past_the_bound() -> None:
+    one = column(list(range(1000)))  # 8,000 bytes
+    cache = KeyColumns(20_000)
+    cache.get("a", 1, lambda: one)
+    cache.get("b", 1, lambda: one)
+    cache.get("a", 1, lambda: pytest.fail("a was cached"))  # a is now the most recently used
+    cache.get("c", 1, lambda: one)  # 3 x 8,000 bytes: b goes
+    assert cache.nbytes <= 20_000
+    cache.get("a", 1, lambda: pytest.fail("a was cached"))
+    cache.get("c", 1, lambda: pytest.fail("c was cached"))
+    read_again: list[str] = []
+    cache.get("b", 1, lambda: read_again.append("b") or one)
+    assert read_again == ["b"]
+
+
+def test_no_bytes_keep_nothing() -> None:
+    cache, reads = KeyColumns(0), Counter[str]()
+    for _ in range(2):
+        cache.get("a", 1, lambda: reads.update(["a"]) or column([1]))
+    assert reads == {"a": 2} and cache.nbytes == 0
+
+
+@pytest.mark.parametrize(("cache_bytes", "reads_per_file"), [(1 << 20, 1), (0, 3)], ids=["cached", "off"])
+def test_batches_read_each_data_file_once(
+    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch, cache_bytes: int, reads_per_file: int
+) -> None:
+    destination = kit.make_destination(lake, key_cache_bytes=cache_bytes, inline_row_limit=0)
+    reference = MemoryDestination()
+    copied = kit.rows_table(ACCOUNTS, [{"id": i, "note": f"n{i}"} for i in range(1, 101)])
+    for target in (destination, reference):
+        target.write_table_rows(ACCOUNTS, copied)
+    reads = Counter[str]()
+    real_column = LakeStorage._column
+
+    def counted(storage: LakeStorage, path: str, key: Any) -> Any:
+        reads[path.rsplit("/", 1)[-1]] += 1
+        return real_column(storage, path, key)
+
+    monkeypatch.setattr(LakeStorage, "_column", counted)
+    b = kit.BatchBuilder()
+    batches = [  # each updates a copied row: the copied file is a candidate every time
+        b.commit().update(ACCOUNTS, {"id": 1, "note": "x"}).insert(ACCOUNTS, {"id": 500, "note": "a"}).build(),
+        b.commit().update(ACCOUNTS, {"id": 2, "note": "y"}).delete(ACCOUNTS, {"id": 3}).build(),
+        b.commit().update(ACCOUNTS, {"id": 1, "note": "z"}).delete(ACCOUNTS, {"id": 500}).build(),
+    ]
+    for batch in batches:
+        for target in (destination, reference):
+            target.write_events(batch)
+    assert max(reads.values()) == reads_per_file  # the copied file, a candidate of every batch
+    names = ", ".join(ACCOUNTS.column_names)
+    stored = sorted(lake.query(f"SELECT {names} FROM lake.public.accounts"))
+    assert stored == sorted((r["id"], r["note"]) for r in reference.rows(ACCOUNTS.name))
