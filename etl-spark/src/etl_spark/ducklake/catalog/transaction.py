@@ -35,7 +35,7 @@ from etl_spark.ducklake.catalog.model import (
     SourceColumn,
 )
 from etl_spark.ducklake.stats import ColumnStats, arrow_stats, stats_kind, widen
-from etl_spark.ducklake.types import LIST, Form, LakeType, Stats, convert
+from etl_spark.ducklake.types import LIST, Form, LakeType, convert
 
 if TYPE_CHECKING:
     from etl_spark.ducklake.catalog.reads import Catalog
@@ -551,13 +551,45 @@ class Transaction:
         return start
 
     def _widen_all(self, table: LakeTable, stats: Sequence[ColumnStats], rows: int) -> None:
-        """Widen the table bounds to cover new rows, of which ``stats`` are the statistics."""
+        """Widen the table bounds to cover new rows, of which ``stats`` are the statistics: one read of the
+        table's bounds, one update of those that changed. No row means unknown bounds, and stays so; a row
+        without bounds, that the column held no value yet."""
         kinds = {c.column_id: stats_kind(c.type) for top in table.columns for c in top.with_elements()}
-        for s in stats:
-            self._widen(table.table_id, s, kinds.get(s.column_id))
-        unknown = kinds.keys() - {s.column_id for s in stats}
-        if unknown and rows:  # rows whose values the table bounds do not cover
-            self._forget_bounds(table.table_id, unknown)
+        stored = {
+            int(row.column_id): row
+            for row in self._run(
+                "SELECT column_id, contains_null, min_value, max_value FROM ducklake_table_column_stats"
+                " WHERE table_id = :t",
+                {"t": table.table_id},
+            )
+        }
+        forget = kinds.keys() - {s.column_id for s in stats} if rows else set()  # values the bounds do not cover
+        updates = []
+        for file in stats:
+            row = stored.get(file.column_id)
+            if row is None:
+                continue
+            kind = kinds.get(file.column_id)
+            contains_null = bool(row.contains_null) or file.null_count > 0
+            low, high = row.min_value, row.max_value
+            if file.value_count:
+                if kind is None or file.min_value is None or file.max_value is None:
+                    forget.add(file.column_id)
+                    continue
+                if low is None or high is None:
+                    low, high = file.min_value, file.max_value
+                else:
+                    low, high = widen(kind, low, high, file.min_value, file.max_value)
+            if (contains_null, low, high) != (bool(row.contains_null), row.min_value, row.max_value):
+                updates.append({"t": table.table_id, "c": file.column_id, "n": contains_null, "lo": low, "hi": high})
+        if updates:
+            self._run(
+                "UPDATE ducklake_table_column_stats SET contains_null = :n, min_value = :lo, max_value = :hi"
+                " WHERE table_id = :t AND column_id = :c",
+                updates,
+            )
+        if forget:
+            self._forget_bounds(table.table_id, forget)
 
     # -- inlined rows ----------------------------------------------------------------------------
     def inline_rows(self, table: LakeTable, rows: pa.Table) -> None:
@@ -645,32 +677,6 @@ class Transaction:
             version = self.catalog.schema_version(table.table_id, self.conn)
         existing = inlined.registered(self.conn, table.table_id).get(version)
         return existing if existing is not None else inlined.create(self.conn, table.table_id, version, table.columns)
-
-    def _widen(self, table_id: int, file: ColumnStats, kind: Stats | None) -> None:
-        """Widen the table bounds to cover a new file. No row means unknown bounds, and stays so; a row without
-        bounds, that the column held no value yet."""
-        row = self._run(
-            "SELECT contains_null, min_value, max_value FROM ducklake_table_column_stats"
-            " WHERE table_id = :t AND column_id = :c",
-            {"t": table_id, "c": file.column_id},
-        ).one_or_none()
-        if row is None:
-            return
-        contains_null = bool(row.contains_null) or file.null_count > 0
-        low, high = row.min_value, row.max_value
-        if file.value_count:
-            if kind is None or file.min_value is None or file.max_value is None:
-                self._forget_bounds(table_id, {file.column_id})
-                return
-            if low is None or high is None:
-                low, high = file.min_value, file.max_value
-            else:
-                low, high = widen(kind, low, high, file.min_value, file.max_value)
-        self._run(
-            "UPDATE ducklake_table_column_stats SET contains_null = :n, min_value = :lo, max_value = :hi"
-            " WHERE table_id = :t AND column_id = :c",
-            {"t": table_id, "c": file.column_id, "n": contains_null, "lo": low, "hi": high},
-        )
 
     def _forget_bounds(self, table_id: int, column_ids: Set[int]) -> None:
         """Make the table statistics of these columns unknown: no row (DuckDB then keeps none either)."""
