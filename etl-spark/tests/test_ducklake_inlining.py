@@ -253,10 +253,10 @@ def test_a_truncate_ends_inlined_rows_and_big_batches_write_files(lake: Any, kit
 @pytest.mark.parametrize(
     ("changes", "budget", "limits"),
     [
-        ([7], 10, [7]),
-        ([11], 10, [0]),
-        ([4, 3, 5], 8, [4, 3, 0]),  # the fewest first, each all or nothing, then the budget is spent
-        ([1800] * 20, 10_000, [1800] * 5 + [0] * 15),
+        ([7], 10, [10]),
+        ([11], 10, [10]),  # 11 changes may collapse to 10 rows or fewer
+        ([4, 3, 5], 8, [5, 8, 1]),  # the fewest changes first, each leaving the budget less its changes
+        ([1800] * 20, 10_000, [10_000, 8200, 6400, 4600, 2800, 1000] + [0] * 14),
         ([0, 2], 0, [0, 0]),
     ],
 )

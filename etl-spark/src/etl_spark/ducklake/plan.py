@@ -255,16 +255,15 @@ def inline_limits(changes: Sequence[int], budget: int) -> list[int]:
     """For each table of a batch (by its number of changes), the most upserts it may inline.
 
     Inlining costs per row (each goes through the catalog's driver, about 6 µs), a data file per table, so
-    a batch inlines at most ``budget`` rows over all its tables: those with the fewest changes first, as
-    long as all of their changes fit. A batch with many tables and many rows writes the larger tables'
-    rows as files, which is cheaper at that size, and still keeps its smallest tables out of tiny files.
+    a batch inlines at most ``budget`` rows over all its tables. The tables with the fewest changes come
+    first: each may inline what the ones before it left of the budget, counted by their changes (which
+    bound their upserts). A batch with many tables and many rows writes the larger tables' rows as files,
+    which is cheaper at that size, and still keeps its smallest tables out of tiny files.
     """
     limits = [0] * len(changes)
     for index in sorted(range(len(changes)), key=changes.__getitem__):
-        if changes[index] > budget:
-            break
-        limits[index] = changes[index]
-        budget -= changes[index]
+        limits[index] = budget
+        budget = max(0, budget - changes[index])
     return limits
 
 
