@@ -158,9 +158,9 @@ def test_files_whose_key_bounds_hold_no_touched_key_are_not_scanned(
 
     real_lookup = LakeStorage.positions_of_keys
 
-    def spy_driver(storage: Any, column: Any, paths: list[str], keys: Any) -> Any:
-        scanned.extend(paths)
-        return real_lookup(storage, column, paths, keys)
+    def spy_driver(storage: Any, column: Any, candidates: list[Any], keys: Any) -> Any:
+        scanned.extend(f.path for f in candidates)
+        return real_lookup(storage, column, candidates, keys)
 
     if lookup == "spark":
         monkeypatch.setattr(plan_module, "DRIVER_LOOKUP_ROWS", 0)

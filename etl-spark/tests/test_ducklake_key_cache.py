@@ -11,6 +11,7 @@ import pytest
 
 from etl.destination.memory import MemoryDestination
 from etl.schema import ColumnSchema, TableName, TableSchema
+from etl_spark.ducklake.catalog import DataFile, LakeColumn
 from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.key_cache import KeyColumns
 
@@ -33,33 +34,51 @@ def test_a_cached_column_is_not_read_again() -> None:
         return column([1, 2, 3]) if path != "old.parquet" else None  # a file from before the column existed
 
     for _ in range(3):
-        assert cache.get("a.parquet", 1, lambda: read("a.parquet")) == column([1, 2, 3])
-        assert cache.get("old.parquet", 1, lambda: read("old.parquet")) is None
+        assert cache.get(("a.parquet", 1), lambda: read("a.parquet")) == column([1, 2, 3])
+        assert cache.get(("old.parquet", 1), lambda: read("old.parquet")) is None
     assert reads == {"a.parquet": 1, "old.parquet": 1}
-    assert cache.get("a.parquet", 2, lambda: read("a.parquet")) is not None  # another column: another entry
+    assert cache.get(("a.parquet", 2), lambda: read("a.parquet")) is not None  # another column: another entry
     assert reads["a.parquet"] == 2
 
 
 def test_the_least_recently_used_columns_go_first_past_the_bound() -> None:
     one = column(list(range(1000)))  # 8,000 bytes
     cache = KeyColumns(20_000)
-    cache.get("a", 1, lambda: one)
-    cache.get("b", 1, lambda: one)
-    cache.get("a", 1, lambda: pytest.fail("a was cached"))  # a is now the most recently used
-    cache.get("c", 1, lambda: one)  # 3 x 8,000 bytes: b goes
+    cache.get(("a", 1), lambda: one)
+    cache.get(("b", 1), lambda: one)
+    cache.get(("a", 1), lambda: pytest.fail("a was cached"))  # a is now the most recently used
+    cache.get(("c", 1), lambda: one)  # 3 x 8,000 bytes: b goes
     assert cache.nbytes <= 20_000
-    cache.get("a", 1, lambda: pytest.fail("a was cached"))
-    cache.get("c", 1, lambda: pytest.fail("c was cached"))
+    cache.get(("a", 1), lambda: pytest.fail("a was cached"))
+    cache.get(("c", 1), lambda: pytest.fail("c was cached"))
     read_again: list[str] = []
-    cache.get("b", 1, lambda: read_again.append("b") or one)
+    cache.get(("b", 1), lambda: read_again.append("b") or one)
     assert read_again == ["b"]
 
 
 def test_no_bytes_keep_nothing() -> None:
     cache, reads = KeyColumns(0), Counter[str]()
     for _ in range(2):
-        cache.get("a", 1, lambda: reads.update(["a"]) or column([1]))
+        cache.get(("a", 1), lambda: reads.update(["a"]) or column([1]))
     assert reads == {"a": 2} and cache.nbytes == 0
+
+
+def test_a_path_registered_again_is_read_again(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file removed, rewritten and registered under its old path (``ducklake_add_data_files``) has a new id."""
+    storage = LakeStorage(f"{tmp_path}/", key_cache_bytes=1 << 20)
+    contents = {"first": column([1, 2, 3]), "second": column([3, 4])}
+    on_disk = ["first"]
+    monkeypatch.setattr(LakeStorage, "_column", lambda self, path, key: contents[on_disk[0]])
+    key = LakeColumn(1, "id", "int64", False)
+
+    def positions(data_file_id: int) -> list[int]:
+        file = DataFile(data_file_id, "t/f.parquet", 3, None, 100, 1, 0)
+        return storage.positions_of_keys(key, [file], pa.array([3], pa.int64())).column("_etl_pos").to_pylist()
+
+    assert positions(7) == [2]
+    on_disk[0] = "second"
+    assert positions(7) == [2]  # the same registration: its column is the one read before
+    assert positions(8) == [0]  # registered again: read again
 
 
 @pytest.mark.parametrize(("cache_bytes", "reads_per_file"), [(1 << 20, 1), (0, 3)], ids=["cached", "off"])

@@ -84,7 +84,7 @@ def classify(exc: BaseException, doing: str) -> EtlError | None:
         return TransientError(f"BigQuery failed while {doing} ({status}): {message}", hint="retried with backoff")
     if status == 409 and _JOB_EXISTS.search(message or ""):
         return TransientError(
-            f"BigQuery already ran the job it was sent again while {doing}, after an answer was lost: {message}",
+            f"BigQuery already holds the job it was sent again while {doing}, after an answer was lost: {message}",
             hint="the batch is retried; each table's watermark skips what was applied",
         )
     if status == 401:

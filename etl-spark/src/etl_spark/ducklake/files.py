@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from etl_spark.ducklake.catalog import Composed, LakeColumn, LakeTable, NewFile
+from etl_spark.ducklake.catalog import Composed, DataFile, LakeColumn, LakeTable, NewFile
 from etl_spark.ducklake.datafiles import (
     METADATA_SCHEMA,
     SNAPSHOT,
@@ -154,13 +154,15 @@ class LakeStorage:
         return table.select(["pos", SNAPSHOT.name])
 
     # -- key lookups -----------------------------------------------------------------------------
-    def positions_of_keys(self, column: LakeColumn, paths: Sequence[str], keys: pa.Array) -> pa.Table:
+    def positions_of_keys(self, column: LakeColumn, files: Sequence[DataFile], keys: pa.Array) -> pa.Table:
         """``_etl_file`` (file name) and ``_etl_pos`` of the rows of data files whose value of ``column`` (an
         integer or text column, found by field id) is one of ``keys``; deleted rows included. A file written
         before the column was widened holds narrower values: they are widened to the keys' type."""
         found = []
-        for path in paths:
-            values = self.key_columns.get(path, column.column_id, functools.partial(self._column, path, column))
+        for data_file in files:
+            path = data_file.path
+            cached = (data_file.data_file_id, path, column.column_id)
+            values = self.key_columns.get(cached, functools.partial(self._column, path, column))
             if values is None:  # a file from before the column existed: its rows hold NULL there
                 continue
             hits = pc.indices_nonzero(pc.is_in(pc.cast(values, keys.type), value_set=keys))

@@ -2,22 +2,24 @@
 
 A streamed batch's updates and deletes are found by reading the key column of every candidate data
 file. When a workload's keys do not grow with time (updates of old rows), each new file's key bounds
-span the table, so every batch reads every file of the table again. Data files never change (a delete
-is a file of its own; a merge writes a new file under a new name), so a key column read once stays
-true: this cache keeps the most recently used ones, up to a number of bytes.
+span the table, so every batch reads every file of the table again. A registered data file never
+changes (a delete is a file of its own; a merge registers a new file), so a key column read once stays
+true: this cache keeps the most recently used ones, up to a number of bytes. Entries are keyed by the
+file's catalog id with its path: a path registered again (``ducklake_add_data_files`` of a rewritten
+file, say) gets a new id.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import pyarrow as pa
 
 
 class KeyColumns:
-    """A least-recently-used cache of key columns by (file path, column id), bounded by their bytes.
+    """A least-recently-used cache of key columns by (data file id, path, column id), bounded by their bytes.
 
     Thread-safe: the tables of a batch are planned on several threads. Two threads missing the same
     entry both read it; the second's copy replaces the first's.
@@ -25,13 +27,12 @@ class KeyColumns:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[str, int], pa.ChunkedArray | None] = OrderedDict()
+        self._entries: OrderedDict[Hashable, pa.ChunkedArray | None] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, path: str, column_id: int, read: Callable[[], pa.ChunkedArray | None]) -> pa.ChunkedArray | None:
-        """The file's values of the column (``None``: the file does not hold it), read on a miss."""
-        key = (path, column_id)
+    def get(self, key: Hashable, read: Callable[[], pa.ChunkedArray | None]) -> pa.ChunkedArray | None:
+        """The values cached under ``key`` (``None``: the file does not hold the column), read on a miss."""
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)

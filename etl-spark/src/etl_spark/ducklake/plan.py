@@ -254,8 +254,8 @@ def _spec(lake: Lake, plan: TablePlan, columns: list[LakeColumn]) -> DataFileSpe
 def inline_limits(changes: Sequence[int], budget: int) -> list[int]:
     """For each table of a batch (by its number of changes), the most upserts it may inline.
 
-    Inlining costs per row (each goes through the catalog's driver, about 6 µs), a data file per table, so
-    a batch inlines at most ``budget`` rows over all its tables. The tables with the fewest changes come
+    Inlining costs per row (each goes through the catalog's driver, about 6 µs) where a data file costs per
+    table, so a batch at most ``budget`` rows over all its tables. The tables with the fewest changes come
     first: each may inline what the ones before it left of the budget, counted by their changes (which
     bound their upserts). A batch with many tables and many rows writes the larger tables' rows as files,
     which is cheaper at that size, and still keeps its smallest tables out of tiny files.
@@ -268,8 +268,9 @@ def inline_limits(changes: Sequence[int], budget: int) -> list[int]:
 
 
 def plan_changes(lake: Lake, segment: TableChanges, inline_limit: int) -> TablePlan | None:
-    """The plan for one table's changes, or ``None`` when all of them were applied before; at most
-    ``inline_limit`` of its upserts are inlined (more go to a data file)."""
+    """The plan for one table's changes, or ``None`` when all of them were applied before. Its upserts are
+    inlined when there are at most ``inline_limit`` of them (when Spark collapses them: at most that many
+    changes), else all of them go to data files."""
     schema = segment.schema
     handle = _handle(lake, schema)
     changes = segment.table
@@ -313,9 +314,7 @@ def plan_changes(lake: Lake, segment: TableChanges, inline_limit: int) -> TableP
         candidates = data_files if scan else []
         lookup = _driver_lookup(columns, key, candidates)
         if lookup is not None:
-            found = lake.storage.positions_of_keys(
-                lookup, [f.path for f in candidates], collapsed[key[0]].combine_chunks()
-            )
+            found = lake.storage.positions_of_keys(lookup, candidates, collapsed[key[0]].combine_chunks())
             plan.deletes = _file_positions(found, candidates, lake.storage)
         elif candidates:
             touched = sf.broadcast(lake.to_spark(collapsed.select(key), columns))

@@ -564,7 +564,7 @@ class Transaction:
             )
         }
         forget = kinds.keys() - {s.column_id for s in stats} if rows else set()  # values the bounds do not cover
-        updates = []
+        updates: list[dict[str, Any]] = []
         for file in stats:
             row = stored.get(file.column_id)
             if row is None:
