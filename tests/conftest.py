@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
+from etl.testing.pytest_plugin import first_major_only
 from etl_spark.bigquery.emulator import BigQueryEmulator, running_emulator
 
 
@@ -21,12 +21,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Tests marked ``first_major`` run with the first Postgres major only: what they test lies on the
     destination's side (crash recovery of its writes, its quota use), while the engine's own crash and
     streaming tests run on every major."""
-
-    def major(item: pytest.Item) -> Any:
-        return dict(getattr(getattr(item, "callspec", None), "params", {})).get("pg_major")
-
-    first = min((m for m in map(major, items) if m is not None), default=None)
-    drop = [i for i in items if i.get_closest_marker("first_major") and major(i) not in (None, first)]
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = [i for i in items if i not in drop]
+    first_major_only(config, items, lambda item, _: item.get_closest_marker("first_major") is not None)

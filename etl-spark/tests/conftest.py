@@ -33,6 +33,7 @@ from etl.events import (
 from etl.lsn import Lsn
 from etl.schema import ColumnSchema, TableSchema
 from etl.store.memory import MemoryStore
+from etl.testing.pytest_plugin import first_major_only
 from etl_spark.ducklake.destination import SPARK_CONF, DuckLakeConfig, DuckLakeDestination
 from etl_spark.ducklake.reader import connect_duckdb
 from etl_spark.ducklake.types import numeric_precision_scale
@@ -82,19 +83,7 @@ def spark(_spark_session: None) -> Any:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A SQLite-catalog case does not depend on the Postgres major: run it with the first major only."""
-
-    def params(item: pytest.Item) -> dict[str, Any]:
-        return dict(getattr(getattr(item, "callspec", None), "params", {}))
-
-    first = min((params(i)["pg_major"] for i in items if "pg_major" in params(i)), default=None)
-    keep, drop = [], []
-    for item in items:
-        p = params(item)
-        repeated = p.get("lake") == "sqlite" and p.get("pg_major", first) != first
-        (drop if repeated else keep).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
+    first_major_only(config, items, lambda _, params: params.get("lake") == "sqlite")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

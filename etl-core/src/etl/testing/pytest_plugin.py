@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,28 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "pg_major" in metafunc.fixturenames:
         majors = _majors(metafunc.config)
         metafunc.parametrize("pg_major", majors, scope="session", ids=[f"pg{m}" for m in majors])
+
+
+def first_major_only(
+    config: pytest.Config, items: list[pytest.Item], repeats: Callable[[pytest.Item, dict[str, Any]], bool]
+) -> None:
+    """Deselect the items for which ``repeats(item, params)`` holds that run with a later Postgres major than
+    the first one collected: for tests whose outcome does not depend on the major. Call it from a
+    ``pytest_collection_modifyitems`` hook."""
+
+    def params(item: pytest.Item) -> dict[str, Any]:
+        return dict(getattr(getattr(item, "callspec", None), "params", {}))
+
+    first = min((params(i)["pg_major"] for i in items if "pg_major" in params(i)), default=None)
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        p = params(item)
+        later = p.get("pg_major", first) != first
+        (drop if later and repeats(item, p) else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")

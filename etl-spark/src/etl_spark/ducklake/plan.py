@@ -255,7 +255,7 @@ def inline_limits(changes: Sequence[int], budget: int) -> list[int]:
     """For each table of a batch (by its number of changes), the most upserts it may inline.
 
     Inlining costs per row (each goes through the catalog's driver, about 6 µs) where a data file costs per
-    table, so a batch at most ``budget`` rows over all its tables. The tables with the fewest changes come
+    table, so a batch inlines at most ``budget`` rows over all its tables. The tables with the fewest changes come
     first: each may inline what the ones before it left of the budget, counted by their changes (which
     bound their upserts). A batch with many tables and many rows writes the larger tables' rows as files,
     which is cheaper at that size, and still keeps its smallest tables out of tiny files.
