@@ -25,6 +25,7 @@ import pytest
 from etl.destination.memory import MemoryDestination, row_sort_key
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl_spark.ducklake import inline_flush
+from etl_spark.ducklake.catalog import inlined
 from etl_spark.ducklake.plan import inline_limits
 
 NUMERIC_12_3 = ((12 << 16) | 3) + 4
@@ -349,6 +350,64 @@ def test_a_flush_that_finds_its_rows_changed_starts_over_and_loses_nothing(
     listed = lake.query("SELECT data_file FROM ducklake_list_files('lake', 'kinds', schema => 'public')")
     on_disk = {p.name for p in Path(lake.data_path).rglob("kinds/ducklake-*.parquet") if "delete" not in p.name}
     assert {Path(p).name for (p,) in listed} == on_disk  # the first attempt's file was removed
+
+
+def test_a_flushs_rows_go_from_the_catalog_to_the_file_in_a_spark_task(
+    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver reads only the rows' ids and snapshots; the task reads their values from the catalog."""
+    destination = kit.make_destination(lake)
+    reference = MemoryDestination()
+    b = kit.BatchBuilder()
+    batch = b.commit().insert(KINDS, kind_row(1)).insert(KINDS, kind_row(2)).delete(KINDS, {"id": 1}).build()
+    for target in (destination, reference):
+        target.write_events(batch)
+    real_read = inlined.read
+    read_on_driver: list[list[str]] = []
+
+    def recorded(conn: Any, name: str, columns: Any, *args: Any, **kwargs: Any) -> Any:
+        read_on_driver.append([c.name for c in columns])
+        return real_read(conn, name, columns, *args, **kwargs)
+
+    monkeypatch.setattr(inlined, "read", recorded)
+    jobs = destination.lake.spark.sparkContext.statusTracker()
+    before = len(jobs.getJobIdsForGroup())
+    destination.flush_inlined(destination.catalog.handle(KINDS.id).table)
+    assert read_on_driver == [[]]  # row ids and snapshots only
+    assert len(jobs.getJobIdsForGroup()) == before + 1  # one Spark job
+    assert inlined_rows(lake, live=False) == 0
+    assert lake_rows(lake, KINDS) == expected(reference, KINDS)
+
+
+def test_rows_gone_before_the_flush_task_read_them_start_the_flush_over(
+    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DuckDB flushes the rows after the driver read their ids, before the task reads them: the task writes
+    fewer rows than the driver read (none), so the flush starts over, and finds none left to flush."""
+    destination = kit.make_destination(lake)
+    reference = MemoryDestination()
+    b = kit.BatchBuilder()
+    batch = b.commit().insert(KINDS, kind_row(1)).insert(KINDS, kind_row(2)).insert(KINDS, kind_row(3)).build()
+    for target in (destination, reference):
+        target.write_events(batch)
+    real_write = inline_flush.write_indexed
+    tasks = []
+
+    def duckdb_flushes_first(*args: Any) -> Any:
+        tasks.append(args)
+        con = lake.duckdb()
+        con.execute("CALL ducklake_flush_inlined_data('lake')")
+        con.close()
+        return real_write(*args)
+
+    monkeypatch.setattr(inline_flush, "write_indexed", duckdb_flushes_first)
+    destination.flush_inlined(destination.catalog.handle(KINDS.id).table)
+    assert len(tasks) == 1  # the second attempt found no inlined rows left
+    assert inlined_rows(lake, live=False) == 0
+    assert lake_rows(lake, KINDS) == expected(reference, KINDS)
+    listed = lake.query("SELECT data_file FROM ducklake_list_files('lake', 'kinds', schema => 'public')")
+    on_disk = {p.name for p in Path(lake.data_path).rglob("kinds/ducklake-*.parquet")}
+    assert {Path(p).name for (p,) in listed} == on_disk  # DuckDB's file only
 
 
 def test_unchanged_toast_values_and_keyless_deletes_find_rows_in_files_and_inlined_alike(lake: Any, kit: Any) -> None:

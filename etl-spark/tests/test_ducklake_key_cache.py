@@ -1,4 +1,5 @@
-"""Data files' key columns are read once and kept (``key_cache.KeyColumns``), within a bound of bytes; the
+"""What the key lookup reads (data files' key columns, delete files' positions) is read once and kept
+(``key_cache.LookupCache``), within a bound of bytes; files the writer wrote itself are never read back. The
 batches that use them end equal to the memory destination, DuckDB reading the lake."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from etl.destination.memory import MemoryDestination
 from etl.schema import ColumnSchema, TableName, TableSchema
 from etl_spark.ducklake.catalog import DataFile, LakeColumn
 from etl_spark.ducklake.files import LakeStorage
-from etl_spark.ducklake.key_cache import KeyColumns
+from etl_spark.ducklake.key_cache import LookupCache
 
 ACCOUNTS = TableSchema(
     16950,
@@ -27,7 +28,7 @@ def column(values: list[int]) -> pa.ChunkedArray:
 
 
 def test_a_cached_column_is_not_read_again() -> None:
-    cache, reads = KeyColumns(1 << 20), Counter[str]()
+    cache, reads = LookupCache(1 << 20), Counter[str]()
 
     def read(path: str) -> Any:
         reads[path] += 1
@@ -43,7 +44,7 @@ def test_a_cached_column_is_not_read_again() -> None:
 
 def test_the_least_recently_used_columns_go_first_past_the_bound() -> None:
     one = column(list(range(1000)))  # 8,000 bytes
-    cache = KeyColumns(20_000)
+    cache = LookupCache(20_000)
     cache.get(("a", 1), lambda: one)
     cache.get(("b", 1), lambda: one)
     cache.get(("a", 1), lambda: pytest.fail("a was cached"))  # a is now the most recently used
@@ -57,7 +58,7 @@ def test_the_least_recently_used_columns_go_first_past_the_bound() -> None:
 
 
 def test_no_bytes_keep_nothing() -> None:
-    cache, reads = KeyColumns(0), Counter[str]()
+    cache, reads = LookupCache(0), Counter[str]()
     for _ in range(2):
         cache.get(("a", 1), lambda: reads.update(["a"]) or column([1]))
     assert reads == {"a": 2} and cache.nbytes == 0
@@ -81,25 +82,33 @@ def test_a_path_registered_again_is_read_again(tmp_path: Any, monkeypatch: pytes
     assert positions(8) == [0]  # registered again: read again
 
 
-@pytest.mark.parametrize(("cache_bytes", "reads_per_file"), [(1 << 20, 1), (0, 3)], ids=["cached", "off"])
-def test_batches_read_each_data_file_once(
-    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch, cache_bytes: int, reads_per_file: int
+@pytest.mark.parametrize("cache_bytes", [1 << 20, 0], ids=["cached", "off"])
+def test_batches_read_only_the_copied_file_once(
+    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch, cache_bytes: int
 ) -> None:
+    """Files streamed batches wrote (data and delete files) are kept as written; the copied file, written by a
+    Spark task, is read once. Without the cache each batch reads its candidates again."""
     destination = kit.make_destination(lake, key_cache_bytes=cache_bytes, inline_row_limit=0)
     reference = MemoryDestination()
     copied = kit.rows_table(ACCOUNTS, [{"id": i, "note": f"n{i}"} for i in range(1, 101)])
     for target in (destination, reference):
         target.write_table_rows(ACCOUNTS, copied)
-    reads = Counter[str]()
-    real_column = LakeStorage._column
+    (copied_file,) = (f.path.rsplit("/", 1)[-1] for f in destination.catalog.data_files(_table(destination)))
+    columns, deletes = Counter[str](), Counter[str]()
+    real_column, real_delete = LakeStorage._column, LakeStorage.read_delete
 
-    def counted(storage: LakeStorage, path: str, key: Any) -> Any:
-        reads[path.rsplit("/", 1)[-1]] += 1
+    def counted_column(storage: LakeStorage, path: str, key: Any) -> Any:
+        columns[path.rsplit("/", 1)[-1]] += 1
         return real_column(storage, path, key)
 
-    monkeypatch.setattr(LakeStorage, "_column", counted)
+    def counted_delete(storage: LakeStorage, path: str, begin_snapshot: int) -> Any:
+        deletes[path.rsplit("/", 1)[-1]] += 1
+        return real_delete(storage, path, begin_snapshot)
+
+    monkeypatch.setattr(LakeStorage, "_column", counted_column)
+    monkeypatch.setattr(LakeStorage, "read_delete", counted_delete)
     b = kit.BatchBuilder()
-    batches = [  # each updates a copied row: the copied file is a candidate every time
+    batches = [  # each updates a copied row: the copied file is a candidate every time, with a delete file after
         b.commit().update(ACCOUNTS, {"id": 1, "note": "x"}).insert(ACCOUNTS, {"id": 500, "note": "a"}).build(),
         b.commit().update(ACCOUNTS, {"id": 2, "note": "y"}).delete(ACCOUNTS, {"id": 3}).build(),
         b.commit().update(ACCOUNTS, {"id": 1, "note": "z"}).delete(ACCOUNTS, {"id": 500}).build(),
@@ -107,7 +116,18 @@ def test_batches_read_each_data_file_once(
     for batch in batches:
         for target in (destination, reference):
             target.write_events(batch)
-    assert max(reads.values()) == reads_per_file  # the copied file, a candidate of every batch
+    if cache_bytes:
+        assert columns == {copied_file: 1} and not deletes
+    else:
+        assert columns[copied_file] == 3 and len(columns) > 1  # the streamed files too
+        # the copied file's delete file: batch 2 reads it to plan and to apply; batch 3 to plan (id 1 is gone)
+        assert sum(deletes.values()) == 3
     names = ", ".join(ACCOUNTS.column_names)
     stored = sorted(lake.query(f"SELECT {names} FROM lake.public.accounts"))
     assert stored == sorted((r["id"], r["note"]) for r in reference.rows(ACCOUNTS.name))
+
+
+def _table(destination: Any) -> Any:
+    handle = destination.catalog.handle(ACCOUNTS.id)
+    assert handle is not None
+    return handle.table

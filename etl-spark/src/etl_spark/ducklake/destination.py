@@ -86,7 +86,8 @@ class DuckLakeConfig(BaseModel):
     key_cache_bytes: Integer = Field(
         128 * 1024 * 1024,
         ge=0,
-        description="data files' key columns kept in memory for finding the stored rows of a batch's keys (0: none)",
+        description="data files' key columns and delete files' positions kept in memory for finding the stored"
+        " rows of a batch's keys (0: none)",
     )
     inline_flush_rows: Integer = Field(
         100_000, ge=1, description="a table's inlined rows are flushed to a data file once it holds this many"
@@ -383,6 +384,8 @@ class DuckLakeDestination:
                     base_snapshot=base,
                     tables=[p.handle.table.table_id for p in plans if p.handle is not None],
                 )
+                for plan in plans:
+                    plan.remember_keys(self.storage)
                 return plans
             except FlushFirst as first:  # not an attempt: the plans are made again once the rows are flushed
                 for plan in plans:

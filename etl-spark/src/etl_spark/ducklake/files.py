@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from etl_spark.ducklake.catalog import Composed, DataFile, LakeColumn, LakeTable, NewFile
+from etl_spark.ducklake.catalog import Composed, DataFile, DeleteFile, LakeColumn, LakeTable, NewFile
 from etl_spark.ducklake.datafiles import (
     METADATA_SCHEMA,
     SNAPSHOT,
@@ -32,7 +32,7 @@ from etl_spark.ducklake.datafiles import (
     metadata_batch,
     write_data_files,
 )
-from etl_spark.ducklake.key_cache import KeyColumns
+from etl_spark.ducklake.key_cache import LookupCache
 from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.types import FIELD_ID
 
@@ -55,7 +55,8 @@ class LakeStorage:
         self.fs, root = pafs.FileSystem.from_uri(data_path)
         self._root = root.rstrip("/") + "/"
         self._field_types = functools.lru_cache(maxsize=4096)(self._read_field_types)
-        self.key_columns = KeyColumns(key_cache_bytes)
+        self.lookups = LookupCache(key_cache_bytes)
+        """Key columns of data files and positions of delete files, kept for the key lookup."""
 
     def _local(self, path: str) -> str:
         return local_path(self._root, self.data_path, path)
@@ -148,10 +149,18 @@ class LakeStorage:
 
     def read_delete(self, path: str, begin_snapshot: int) -> pa.Table:
         """A delete file's positions with the snapshot that deleted each (``begin_snapshot`` when not recorded)."""
-        table = pq.read_table(self._local(path), filesystem=self.fs)
-        if SNAPSHOT.name not in table.column_names:
-            table = table.append_column(SNAPSHOT.name, pa.array([begin_snapshot] * table.num_rows, pa.int64()))
-        return table.select(["pos", SNAPSHOT.name])
+        return _stamped(pq.read_table(self._local(path), filesystem=self.fs), begin_snapshot)
+
+    def deleted(self, delete: DeleteFile) -> pa.Table:
+        """``read_delete`` of a registered delete file, kept in ``lookups``."""
+        read = functools.partial(self.read_delete, delete.path, delete.begin_snapshot)
+        table = self.lookups.get(_delete_positions(delete), read)
+        assert isinstance(table, pa.Table)
+        return table
+
+    def remember_deleted(self, delete: DeleteFile, positions: pa.Table) -> None:
+        """Keep the positions of a delete file this writer registered (as ``write_delete`` got them)."""
+        self.lookups.put(_delete_positions(delete), _stamped(positions, delete.begin_snapshot))
 
     # -- key lookups -----------------------------------------------------------------------------
     def positions_of_keys(self, column: LakeColumn, files: Sequence[DataFile], keys: pa.Array) -> pa.Table:
@@ -161,8 +170,8 @@ class LakeStorage:
         found = []
         for data_file in files:
             path = data_file.path
-            cached = (data_file.data_file_id, path, column.column_id)
-            values = self.key_columns.get(cached, functools.partial(self._column, path, column))
+            cached = _key_column(data_file.data_file_id, path, column.column_id)
+            values = self.lookups.get(cached, functools.partial(self._column, path, column))
             if values is None:  # a file from before the column existed: its rows hold NULL there
                 continue
             hits = pc.indices_nonzero(pc.is_in(pc.cast(values, keys.type), value_set=keys))
@@ -172,6 +181,10 @@ class LakeStorage:
         if not found:
             return pa.table({"_etl_file": pa.array([], pa.string()), "_etl_pos": pa.array([], pa.int64())})
         return pa.concat_tables(found)
+
+    def remember_keys(self, data_file_id: int, path: str, column_id: int, values: pa.ChunkedArray) -> None:
+        """Keep the key column of a data file this writer registered (its values in file order)."""
+        self.lookups.put(_key_column(data_file_id, path, column_id), values)
 
     def _column(self, path: str, column: LakeColumn) -> pa.ChunkedArray | None:
         """A data file's values of a column found by field id; ``None`` when the file does not hold it."""
@@ -262,3 +275,19 @@ def _use_task_cpus() -> None:
     context = TaskContext.get()
     if context is not None:
         pa.set_cpu_count(max(1, context.cpus()))
+
+
+def _key_column(data_file_id: int, path: str, column_id: int) -> tuple[str, int, str, int]:
+    return ("key", data_file_id, path, column_id)
+
+
+def _delete_positions(delete: DeleteFile) -> tuple[str, int, str]:
+    return ("delete", delete.delete_file_id, delete.path)
+
+
+def _stamped(positions: pa.Table, begin_snapshot: int) -> pa.Table:
+    """``pos`` and the snapshot that deleted each position (``begin_snapshot`` when the file records none)."""
+    if SNAPSHOT.name not in positions.column_names:
+        snapshots = pa.array([begin_snapshot] * positions.num_rows, pa.int64())
+        positions = positions.append_column(SNAPSHOT.name, snapshots)
+    return positions.select(["pos", SNAPSHOT.name])

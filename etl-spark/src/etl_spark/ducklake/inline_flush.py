@@ -7,14 +7,16 @@ The ended rows are deleted by a delete file that records the snapshot that ended
 to any earlier snapshot reads what it read before, and the change feed stays whole. The catalog rows
 go in the same snapshot (``inline_flush:<table id>``).
 
-The rows come out of the catalog through the driver, so the driver writes the file: a Spark task would
-only receive them from it.
+The file is written by one Spark task, which reads the rows from the catalog itself (``FlushRows``): they
+never pass through the driver, which reads only their ids and snapshots, for the delete file and the
+commit's check that the rows are still as they were read.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, field
 from functools import partial
 
 import pyarrow as pa
@@ -26,11 +28,15 @@ from etl_spark.ducklake.catalog import (
     CommitConflict,
     Composed,
     InlinedFlush,
+    LakeColumn,
     LakeTable,
     Placed,
     Transaction,
+    inlined,
 )
+from etl_spark.ducklake.catalog.engine import engine_for
 from etl_spark.ducklake.datafiles import ONE_FILE, ROW_ID, SNAPSHOT, own_stats
+from etl_spark.ducklake.files import write_indexed
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.types import Form
 
@@ -39,17 +45,25 @@ log = structlog.get_logger(__name__)
 
 def write_flush(lake: Lake, table: LakeTable, name: str) -> InlinedFlush | None:
     """Write the rows of inlined data table ``name`` to a data file (and a delete file for the ended ones);
-    ``None`` when it holds none."""
-    rows = lake.catalog.inlined_rows([name], table.columns, Form.FILE, live=False)
+    ``None`` when it holds none. ``CommitConflict`` when the task found other rows than the driver read."""
+    rows = lake.catalog.inlined_rows([name], [], Form.FILE, live=False)  # ids and snapshots only
     if rows.num_rows == 0:
         return None
     ended = rows["end_snapshot"].is_valid()
     shape = (rows.num_rows, int(pc.sum(ended).as_py() or 0))
-    values = rows.select([c.name for c in table.columns])
-    values = values.append_column(ROW_ID.name, rows["row_id"]).append_column(SNAPSHOT.name, rows["begin_snapshot"])
+    last_row_id = rows["row_id"][-1].as_py()
     spec = lake.storage.spec(table.directory, [*table.columns, ROW_ID, SNAPSHOT], ONE_FILE)
-    (file,) = lake.storage.write_rows(spec, values)
-    file = own_stats(table.columns, file)
+    task = FlushRows(lake.catalog.task_url, name, tuple(table.columns), last_row_id)
+    spark = lake.spark
+    spark.sparkContext.setJobDescription(f"flush inlined rows of {table.schema_name}.{table.name}")
+    try:
+        files = lake.storage.written(spec, lambda: write_indexed(spark, 1, spec, task))
+    finally:
+        spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
+    if [f.record_count for f in files] != [shape[0]]:  # removed meanwhile (DuckDB flushed them, say)
+        lake.storage.remove(table.directory, files)
+        raise CommitConflict(f"inlined rows of DuckLake table {table.table_id} changed while the task read them")
+    file = own_stats(table.columns, files[0])
     begins = pc.min_max(rows["begin_snapshot"])
     placed = Placed(rows["row_id"][0].as_py(), begins["min"].as_py(), begins["max"].as_py())
     deletes, deletes_begin = None, 0
@@ -66,7 +80,28 @@ def write_flush(lake: Lake, table: LakeTable, name: str) -> InlinedFlush | None:
             lake.storage.remove(table.directory, [file])
             raise
         deletes_begin = pc.min(positions[SNAPSHOT.name]).as_py()
-    return InlinedFlush(shape, rows["row_id"][-1].as_py(), Composed(file, placed, deletes, deletes_begin))
+    return InlinedFlush(shape, last_row_id, Composed(file, placed, deletes, deletes_begin))
+
+
+@dataclass(frozen=True)
+class FlushRows:
+    """A flush task's rows: those of an inlined data table up to a row id, read from the catalog in the task,
+    with their ids and the snapshots that inserted them. Pickled into the task."""
+
+    catalog_url: str = field(repr=False)
+    name: str
+    columns: tuple[LakeColumn, ...]
+    last_row_id: int
+
+    def __call__(self, _index: int) -> list[pa.Table]:
+        engine = engine_for(self.catalog_url)
+        try:
+            with engine.connect() as conn:
+                rows = inlined.read(conn, self.name, self.columns, Form.FILE, live=False, up_to=self.last_row_id)
+        finally:
+            engine.dispose()
+        values = rows.select([c.name for c in self.columns])
+        return [values.append_column(ROW_ID.name, rows["row_id"]).append_column(SNAPSHOT.name, rows["begin_snapshot"])]
 
 
 def flush_inlined(lake: Lake, table: LakeTable, attempts: int) -> int:
@@ -84,10 +119,11 @@ def flush_inlined_table(lake: Lake, table: LakeTable, name: str, attempts: int) 
     for _ in range(attempts):
         started = time.perf_counter()
         base = lake.catalog.latest_snapshot()
-        flush = write_flush(lake, table, name)
-        if flush is None:
-            return 0
+        flush = None
         try:
+            flush = write_flush(lake, table, name)
+            if flush is None:
+                return 0
             lake.catalog.commit(
                 partial(_apply, table=table, name=name, flush=flush), base_snapshot=base, tables=[table.table_id]
             )
@@ -117,8 +153,9 @@ def _apply(txn: Transaction, *, table: LakeTable, name: str, flush: InlinedFlush
     txn.flush_inlined_rows(txn.table(table.table_id), name, flush)
 
 
-def _discard(lake: Lake, table: LakeTable, flush: InlinedFlush) -> None:
-    lake.storage.discard(table.directory, flush.written)
+def _discard(lake: Lake, table: LakeTable, flush: InlinedFlush | None) -> None:
+    if flush is not None:
+        lake.storage.discard(table.directory, flush.written)
 
 
 class FlushTimer:

@@ -1,12 +1,14 @@
-"""Data files' key columns kept in memory, for finding the stored rows of a batch's keys.
+"""What finding the stored rows of a batch's keys reads, kept in memory: data files' key columns and
+delete files' positions.
 
 A streamed batch's updates and deletes are found by reading the key column of every candidate data
-file. When a workload's keys do not grow with time (updates of old rows), each new file's key bounds
-span the table, so every batch reads every file of the table again. A registered data file never
-changes (a delete is a file of its own; a merge registers a new file), so a key column read once stays
-true: this cache keeps the most recently used ones, up to a number of bytes. Entries are keyed by the
-file's catalog id with its path: a path registered again (``ducklake_add_data_files`` of a rewritten
-file, say) gets a new id.
+file, and dropping the positions its delete file already holds. When a workload's keys do not grow with
+time (updates of old rows), each new file's key bounds span the table, so every batch reads every file
+of the table again. A registered file never changes (a delete adds a new delete file; a merge registers
+a new data file), so what was read once stays true: this cache keeps the most recently used entries,
+up to a number of bytes. Entries are keyed by the file's catalog id with its path: a path registered
+again (``ducklake_add_data_files`` of a rewritten file, say) gets a new id. Files this writer wrote
+itself are put in when their commit succeeds, so they are never read back.
 """
 
 from __future__ import annotations
@@ -14,12 +16,17 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from typing import TypeAlias
 
 import pyarrow as pa
 
+Values: TypeAlias = pa.ChunkedArray | pa.Array | pa.Table | None
+"""An entry: a column, a table, or ``None`` (a data file without the column)."""
 
-class KeyColumns:
-    """A least-recently-used cache of key columns by (data file id, path, column id), bounded by their bytes.
+
+class LookupCache:
+    """A least-recently-used cache of Arrow values by a key naming a file (its catalog id and path), bounded by
+    their bytes.
 
     Thread-safe: the tables of a batch are planned on several threads. Two threads missing the same
     entry both read it; the second's copy replaces the first's.
@@ -27,20 +34,25 @@ class KeyColumns:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[Hashable, pa.ChunkedArray | None] = OrderedDict()
+        self._entries: OrderedDict[Hashable, Values] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: Hashable, read: Callable[[], pa.ChunkedArray | None]) -> pa.ChunkedArray | None:
-        """The values cached under ``key`` (``None``: the file does not hold the column), read on a miss."""
+    def get(self, key: Hashable, read: Callable[[], Values]) -> Values:
+        """The values cached under ``key``, read on a miss."""
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
                 return self._entries[key]
         values = read()
+        self.put(key, values)
+        return values
+
+    def put(self, key: Hashable, values: Values) -> None:
+        """Keep ``values`` under ``key`` (those larger than the whole bound are not kept)."""
         size = _size(values)
         if size > self.max_bytes:
-            return values
+            return
         with self._lock:
             if key in self._entries:
                 self._bytes -= _size(self._entries.pop(key))
@@ -49,7 +61,6 @@ class KeyColumns:
             while self._bytes > self.max_bytes:
                 _, evicted = self._entries.popitem(last=False)
                 self._bytes -= _size(evicted)
-        return values
 
     @property
     def nbytes(self) -> int:
@@ -57,7 +68,7 @@ class KeyColumns:
             return self._bytes
 
 
-def _size(values: pa.ChunkedArray | None) -> int:
+def _size(values: Values) -> int:
     """An entry's bytes: its values', and a little for the entry itself (so that entries of files without the
     column are bounded too)."""
     return 64 + (0 if values is None else values.nbytes)

@@ -42,6 +42,7 @@ from etl_spark.collapse import (
 from etl_spark.ducklake.catalog import (
     ColumnIds,
     DataFile,
+    DeleteFile,
     Handle,
     LakeColumn,
     LakeTable,
@@ -62,6 +63,7 @@ from etl_spark.ducklake.types import Form, LakeType, convert, lake_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from sqlalchemy.engine import Connection
 
 INLINED = "_etl_inlined"
 """The ``_etl_file`` of inlined rows in a live-rows frame, whose ``_etl_pos`` is their row id."""
@@ -87,16 +89,21 @@ class TablePlan:
     ended_inlined: list[int] = field(default_factory=list)
     """Row ids of inlined rows that were deleted or replaced."""
     watermark: Position | None = None
+    written_keys: tuple[int, pa.ChunkedArray] | None = None
+    """The key column's id and its values in ``files``, in file order (a one-column key)."""
     applied: LakeTable | None = None
     """The lake table as the plan's commit left it (set by ``apply``)."""
+    registered: list[tuple[int, str, int]] = field(default_factory=list)
+    """Each file's data file id, path and row count, as the plan's commit registered them (set by ``apply``)."""
 
     def apply(self, txn: Transaction, storage: LakeStorage) -> None:
         table = self.applied = self._table(txn)
         self._record_sources(txn, table)
         if self.truncate:
             txn.end_data_files(table)
-        for file in self.files:
-            txn.add_data_file(table, file)
+        self.registered = [
+            (txn.add_data_file(table, file), table.directory + file.name, file.record_count) for file in self.files
+        ]
         if self.ended_inlined:  # first: it may find them changed, before any delete file is written
             txn.end_inlined_rows(table, self.ended_inlined)
         for data_file, positions in self.deletes.values():
@@ -141,19 +148,31 @@ class TablePlan:
         if data_file.delete is None:
             rows, begin, partial = new.sort_by("pos"), txn.snapshot_id, False
         else:
-            old = storage.read_delete(data_file.delete.path, data_file.delete.begin_snapshot)
+            old = storage.deleted(data_file.delete)
             stamped = new.append_column(SNAPSHOT.name, pa.array([txn.snapshot_id] * new.num_rows, pa.int64()))
             rows = pa.concat_tables([old, stamped]).sort_by("pos")
             begin, partial = data_file.delete.begin_snapshot, True
         written = storage.write_delete(table, data_file.path, rows)
+        delete = DeleteFile(txn.new_delete_file_id(), table.directory + written.name, begin, partial, rows.num_rows)
         txn.replace_delete_file(
             table,
             data_file=data_file,
-            delete_file_id=txn.new_delete_file_id(),
+            delete_file_id=delete.delete_file_id,
             file=written,
             begin_snapshot=begin,
             partial=partial,
         )
+        storage.remember_deleted(delete, rows)  # under an id and path no registered file has if the commit fails
+
+    def remember_keys(self, storage: LakeStorage) -> None:
+        """Once committed: keep the key columns of the files written (``written_keys``) for later lookups."""
+        if self.written_keys is None:
+            return
+        column_id, values = self.written_keys
+        start = 0
+        for data_file_id, path, rows in self.registered:
+            storage.remember_keys(data_file_id, path, column_id, values.slice(start, rows))
+            start += rows
 
     def discard(self, storage: LakeStorage) -> None:
         """Remove the data files of a plan that was not committed."""
@@ -170,7 +189,7 @@ class FlushFirst(Exception):
 
 
 def _target_columns(
-    lake: Lake, schema: TableSchema, handle: Handle | None
+    lake: Lake, schema: TableSchema, handle: Handle | None, conn: Connection | None = None
 ) -> tuple[SchemaDiff, list[int], list[LakeColumn]]:
     """The schema change to make and the lake columns (ids, and the source columns) the new files carry."""
     if handle is None:
@@ -181,7 +200,7 @@ def _target_columns(
         columns = [_new_column(c, t, i) for c, t, i in zip(schema.columns, types, numbered, strict=True)]
         return SchemaDiff(), [], columns
     change = diff(handle.table.columns, schema)
-    added = assign_column_ids(change.adds, lake.catalog.max_column_id(handle.table.table_id) + 1)
+    added = assign_column_ids(change.adds, lake.catalog.max_column_id(handle.table.table_id, conn) + 1)
     renamed = {old.column_id: name for old, name in change.renames}
     retyped = {old.column_id: new_type for old, new_type in change.retypes}
     dropped = {c.column_id for c in change.drops}
@@ -221,16 +240,16 @@ def _sources(columns: Sequence[LakeColumn]) -> dict[int, SourceColumn]:
     return {c.column_id: (c.attnum, *c.source_type) for c in columns if c.source_type is not None}
 
 
-def _directory(lake: Lake, schema: TableSchema, handle: Handle | None) -> str:
+def _directory(lake: Lake, schema: TableSchema, handle: Handle | None, conn: Connection | None = None) -> str:
     if handle is not None:
         return handle.table.directory
-    return lake.catalog.table_directory(schema.name.schema, schema.name.name)
+    return lake.catalog.table_directory(schema.name.schema, schema.name.name, conn)
 
 
-def _handle(lake: Lake, schema: TableSchema) -> Handle | None:
+def _handle(lake: Lake, schema: TableSchema, conn: Connection | None = None) -> Handle | None:
     """The table's place in the lake, ``None`` before its first write; a lake table that is gone errors."""
-    handle = lake.catalog.handle(schema.id)
-    if handle is None and lake.catalog.tracked(schema.id):
+    handle = lake.catalog.handle(schema.id, conn)
+    if handle is None and lake.catalog.tracked(schema.id, conn):
         raise TableError(
             f"{schema.name}: its DuckLake table is gone (dropped in the lake by DuckDB or another writer)",
             hint="resync the table (etl resync --table ...) to copy it again",
@@ -272,31 +291,55 @@ def plan_changes(lake: Lake, segment: TableChanges, inline_limit: int) -> TableP
     inlined when there are at most ``inline_limit`` of them (when Spark collapses them: at most that many
     changes), else all of them go to data files."""
     schema = segment.schema
-    handle = _handle(lake, schema)
-    changes = segment.table
-    inlined_tables: list[str] = []
-    if handle is not None:
-        changes = after(changes, handle.watermark)
-        inlined_tables = lake.catalog.inlined_tables(handle.table)
-    watermark = last_position(changes)
-    if watermark is None:
-        return _plan_schema(lake, schema, handle, inlined_tables) if segment.table.num_rows == 0 else None
-    change, new_ids, columns = _target_columns(lake, schema, handle)
-    if handle is not None and change:
-        _check_not_inlined(handle.table, inlined_tables)
-    plan = TablePlan(
-        schema, handle, _directory(lake, schema, handle), change, new_ids, _sources(columns), watermark=watermark
+    with lake.catalog.engine.connect() as conn:  # the catalog's state of the table, read in one go
+        handle = _handle(lake, schema, conn)
+        changes = segment.table
+        inlined_tables: list[str] = []
+        if handle is not None:
+            changes = after(changes, handle.watermark)
+            inlined_tables = lake.catalog.inlined_tables(handle.table, conn)
+        watermark = last_position(changes)
+        if watermark is None:
+            return _plan_schema(lake, schema, handle, inlined_tables) if segment.table.num_rows == 0 else None
+        change, new_ids, columns = _target_columns(lake, schema, handle, conn)
+        if handle is not None and change:
+            _check_not_inlined(handle.table, inlined_tables)
+        directory = _directory(lake, schema, handle, conn)
+        plan = TablePlan(schema, handle, directory, change, new_ids, _sources(columns), watermark=watermark)
+        plan.truncate, changes = after_last_truncate(changes)
+        if changes.num_rows == 0:
+            return plan
+        data_files = [] if handle is None or plan.truncate else lake.catalog.data_files(handle.table, conn)
+    inlined_tables = [] if plan.truncate else inlined_tables
+    _plan_rows(
+        lake,
+        plan,
+        changes,
+        columns=columns,
+        inlined_tables=inlined_tables,
+        data_files=data_files,
+        inline_limit=inline_limit,
     )
-    plan.truncate, changes = after_last_truncate(changes)
-    if changes.num_rows == 0:
-        return plan
+    return plan
+
+
+def _plan_rows(
+    lake: Lake,
+    plan: TablePlan,
+    changes: pa.Table,
+    *,
+    columns: list[LakeColumn],
+    inlined_tables: list[str],
+    data_files: list[DataFile],
+    inline_limit: int,
+) -> None:
+    """Plan the rows of ``changes`` (after the watermark and the last truncate): find the stored rows they
+    replace or delete, and write or inline the rows they leave."""
     from pyspark.sql import functions as sf
 
+    schema, handle = plan.schema, plan.handle
     names = schema.column_names
     key = [c.name for c in schema.key_columns]
-    data_files = [] if handle is None or plan.truncate else lake.catalog.data_files(handle.table)
-    if plan.truncate:
-        inlined_tables = []
     only_inserts = bool(pc.all(pc.equal(changes[OP_COLUMN], "I")).as_py())
     toast = missing_columns(changes)
     needed = [c for c in columns if c.name in [*key, *toast]] if key else columns
@@ -331,7 +374,10 @@ def plan_changes(lake: Lake, segment: TableChanges, inline_limit: int) -> TableP
             plan.inline = upserts
         elif upserts.num_rows:
             plan.files = lake.storage.write_rows(_spec(lake, plan, columns), upserts)
-        return plan
+            key_column = next(c for c in columns if c.name == key[0])
+            if len(key) == 1 and _searchable(key_column):
+                plan.written_keys = (key_column.column_id, upserts[key[0]])
+        return
     # Unchanged TOAST values to fill, or no key: collapsed in Spark, kept in memory for its two uses.
     inlined_rows = None
     if inlined_tables and not only_inserts:
@@ -364,7 +410,6 @@ def plan_changes(lake: Lake, segment: TableChanges, inline_limit: int) -> TableP
             plan.files = lake.storage.write_frame(rows, _spec(lake, plan, columns))
     finally:
         collapsed.unpersist()
-    return plan
 
 
 DRIVER_LOOKUP_ROWS = 20_000_000
@@ -378,7 +423,12 @@ def _driver_lookup(columns: Sequence[LakeColumn], key: list[str], candidates: li
     if len(key) != 1 or not candidates or sum(f.record_count for f in candidates) > DRIVER_LOOKUP_ROWS:
         return None
     column = next(c for c in columns if c.name == key[0])
-    return column if column.type.startswith("int") or column.type == "varchar" else None
+    return column if _searchable(column) else None
+
+
+def _searchable(column: LakeColumn) -> bool:
+    """Whether files are searched for values of this key column on the driver: integers and text."""
+    return column.type.startswith("int") or column.type == "varchar"
 
 
 def _check_not_inlined(table: LakeTable, inlined_tables: list[str]) -> None:
@@ -539,7 +589,7 @@ def _file_positions(
         data_file = by_name[name]
         wanted = pc.unique(positions.values)
         if data_file.delete is not None:
-            deleted = storage.read_delete(data_file.delete.path, data_file.delete.begin_snapshot)["pos"]
+            deleted = storage.deleted(data_file.delete)["pos"]
             wanted = wanted.filter(pc.invert(pc.is_in(wanted, deleted)))
         if len(wanted):
             result[data_file.data_file_id] = (data_file, wanted)

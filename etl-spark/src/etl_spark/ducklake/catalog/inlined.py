@@ -183,6 +183,11 @@ def column_names(conn: Connection, name: str) -> list[str]:
     return [str(c["name"]) for c in sa.inspect(conn).get_columns(name)][3:]
 
 
+def holds_rows(conn: Connection, name: str) -> bool:
+    """Whether an inlined data table holds any row, live or ended (without counting them)."""
+    return conn.execute(sa.text(f"SELECT 1 FROM {quote(name)} LIMIT 1")).first() is not None
+
+
 def shape(conn: Connection, name: str, last_row_id: int | None = None) -> tuple[int, int]:
     """Rows, and ended rows (of row ids up to ``last_row_id``)."""
     where = "" if last_row_id is None else " WHERE row_id <= :last"
@@ -200,21 +205,26 @@ def read(
     *,
     live: bool,
     keys: tuple[str, Sequence[int]] | None = None,
+    up_to: int | None = None,
 ) -> pa.Table:
     """Rows with ``row_id``, ``begin_snapshot``, ``end_snapshot`` and ``columns`` (values in ``form``), by row id;
-    only the live ones with ``live``, and with ``keys`` (an integer column's name and values) those holding one
-    of the values there."""
+    only the live ones with ``live``, with ``keys`` (an integer column's name and values) those holding one
+    of the values there, and with ``up_to`` those of row ids up to it."""
     postgres = _postgres(conn)
     slots = _slots(columns)
     selected = ", ".join(_select(c, s, postgres) for c, s in zip(columns, slots, strict=True))
     conditions = ["end_snapshot IS NULL"] if live else []
     if keys is not None:
         conditions.append(f"{quote(keys[0])} IN :keys")
+    if up_to is not None:
+        conditions.append("row_id <= :up_to")
     statement = sa.text(
         f"SELECT row_id, begin_snapshot, end_snapshot{', ' if selected else ''}{selected} FROM {quote(name)}"
         + (" WHERE " + " AND ".join(conditions) if conditions else "")
         + " ORDER BY row_id"
     )
+    if up_to is not None:
+        statement = statement.bindparams(up_to=up_to)
     if keys is None:
         rows = conn.execute(statement).all()
     else:

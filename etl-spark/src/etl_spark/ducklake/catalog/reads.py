@@ -64,6 +64,15 @@ class Catalog:
         return f"Catalog({redacted(self._url)!r}, data_path={self.data_path!r})"
 
     @property
+    def task_url(self) -> str:
+        """The catalog's URL for Spark tasks that read it themselves, credentials included (never log it). A
+        SQLite catalog's path is made absolute: executors do not run in the driver's directory."""
+        url = self.engine.url
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            url = url.set(database=str(Path(url.database).resolve()))
+        return url.render_as_string(hide_password=False)
+
+    @property
     def engine(self) -> Engine:
         if self._engine is None:
             raise DestinationError("the DuckLake catalog is not open", hint="call startup() first")
@@ -133,11 +142,11 @@ class Catalog:
             return None
         return Handle(table, (int(state.commit_lsn), int(state.tx_ordinal)))
 
-    def tracked(self, source_table_id: int) -> bool:
+    def tracked(self, source_table_id: int, conn: Connection | None = None) -> bool:
         """Whether this pipeline recorded a lake table for the source table (which may since have been dropped),
         and did not mark it for replacement."""
-        with self.engine.connect() as conn:
-            found = conn.execute(
+        with self._reading(conn) as c:
+            found = c.execute(
                 sa.text(
                     f"SELECT 1 FROM {STATE_TABLE} WHERE pipeline_id = :p AND source_table_id = :s AND NOT replaced"
                 ),
@@ -203,10 +212,10 @@ class Catalog:
                 ).scalar_one()
             )
 
-    def table_directory(self, schema_name: str, table_name: str) -> str:
+    def table_directory(self, schema_name: str, table_name: str, conn: Connection | None = None) -> str:
         """Where a new table's files go: under its schema's path (an existing schema's, or ``<schema>/``)."""
-        with self.engine.connect() as conn:
-            row = conn.execute(
+        with self._reading(conn) as c:
+            row = c.execute(
                 sa.text(
                     "SELECT path, path_is_relative FROM ducklake_schema WHERE schema_name = :n AND end_snapshot IS NULL"
                 ),
@@ -217,10 +226,10 @@ class Catalog:
         )
         return schema_dir + table_name + "/"
 
-    def data_files(self, table: LakeTable) -> list[DataFile]:
+    def data_files(self, table: LakeTable, conn: Connection | None = None) -> list[DataFile]:
         """The table's active data files, each with its active delete file, oldest first."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(
+        with self._reading(conn) as c:
+            rows = c.execute(
                 sa.text(
                     "SELECT d.data_file_id, d.path, d.path_is_relative, d.record_count, d.file_size_bytes,"
                     " d.begin_snapshot, d.row_id_start, x.delete_file_id, x.path AS xpath,"
@@ -309,7 +318,7 @@ class Catalog:
             if not tables:
                 return []
             version = self.schema_version(table.table_id, c)
-            held = [(v, name) for v, name in tables.items() if inlined.shape(c, name)[0]]
+            held = [(v, name) for v, name in tables.items() if inlined.holds_rows(c, name)]
             current = [col.name for col in table.columns]
             for other, name in held:
                 if other != version and inlined.column_names(c, name) != current:
@@ -359,7 +368,7 @@ class Catalog:
                 ),
                 {"p": self.pipeline_id},
             ).all()
-            return sorted({int(t) for t, name in rows if inlined.shape(conn, name)[0]})
+            return sorted({int(t) for t, name in rows if inlined.holds_rows(conn, name)})
 
     # -- retention -------------------------------------------------------------------------------
     def expire_snapshots(self, before: datetime) -> int:
