@@ -200,7 +200,14 @@ def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
         setup.run.kill_mid_write(setup.staged_flushes, timeout=120)
     setup.run.start()
     db.execute("TRUNCATE ledger")
-    db.execute("INSERT INTO ledger (item, delta) VALUES (1, 1)")
+    db.execute("INSERT INTO ledger (item, delta) SELECT g, g FROM generate_series(1, 3000) g")
+    setup.wait_equal()
+
+    # During the flush that comes before a change of columns: the ledger's rows are inlined, and the batch
+    # that adds a column flushes them first (their file written, the catalog still holding them inlined).
+    db.execute("ALTER TABLE ledger ADD COLUMN note text; UPDATE ledger SET note = 'n' || id WHERE id % 2 = 0")
+    setup.run.kill_mid_write(setup.staged_flushes, timeout=120)
+    setup.run.start()
     setup.wait_equal()
 
     # During maintenance: each batch writes a file of items, and once there are four they are merged
