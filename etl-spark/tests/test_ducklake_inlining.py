@@ -318,15 +318,21 @@ def test_inlined_rows_are_flushed_on_the_timer_also_after_a_restart(lake: Any, k
     assert lake.query("SELECT a, b FROM lake.public.pairs") == [("x", 1)]
 
 
-def test_a_flush_that_finds_its_rows_changed_starts_over_and_loses_nothing(
-    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def three_kinds_inlined(lake: Any, kit: Any) -> tuple[Any, MemoryDestination]:
+    """A destination whose kinds table holds three inlined rows, and the memory destination fed the same."""
     destination = kit.make_destination(lake)
     reference = MemoryDestination()
     b = kit.BatchBuilder()
     batch = b.commit().insert(KINDS, kind_row(1)).insert(KINDS, kind_row(2)).insert(KINDS, kind_row(3)).build()
     for target in (destination, reference):
         target.write_events(batch)
+    return destination, reference
+
+
+def test_a_flush_that_finds_its_rows_changed_starts_over_and_loses_nothing(
+    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    destination, reference = three_kinds_inlined(lake, kit)
     real_write = inline_flush.write_flush
     writes = []
 
@@ -384,12 +390,7 @@ def test_rows_gone_before_the_flush_task_read_them_start_the_flush_over(
 ) -> None:
     """DuckDB flushes the rows after the driver read their ids, before the task reads them: the task writes
     fewer rows than the driver read (none), so the flush starts over, and finds none left to flush."""
-    destination = kit.make_destination(lake)
-    reference = MemoryDestination()
-    b = kit.BatchBuilder()
-    batch = b.commit().insert(KINDS, kind_row(1)).insert(KINDS, kind_row(2)).insert(KINDS, kind_row(3)).build()
-    for target in (destination, reference):
-        target.write_events(batch)
+    destination, reference = three_kinds_inlined(lake, kit)
     real_write = inline_flush.write_indexed
     tasks = []
 
