@@ -26,6 +26,7 @@ from etl.destination.memory import MemoryDestination, row_sort_key
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl_spark.ducklake import inline_flush
 from etl_spark.ducklake.catalog import inlined
+from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.plan import inline_limits
 
 NUMERIC_12_3 = ((12 << 16) | 3) + 4
@@ -376,11 +377,15 @@ def test_a_flushs_rows_go_from_the_catalog_to_the_file_in_a_spark_task(
         return real_read(conn, name, columns, *args, **kwargs)
 
     monkeypatch.setattr(inlined, "read", recorded)
-    jobs = destination.lake.spark.sparkContext.statusTracker()
-    before = len(jobs.getJobIdsForGroup())
-    destination.flush_inlined(destination.catalog.handle(KINDS.id).table)
+    context = destination.lake.spark.sparkContext
+    group = f"flush-{uuid.uuid4()}"
+    context.setJobGroup(group, "the flush under test")
+    try:
+        destination.flush_inlined(destination.catalog.handle(KINDS.id).table)
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
     assert read_on_driver == [[]]  # row ids and snapshots only
-    assert len(jobs.getJobIdsForGroup()) == before + 1  # one Spark job
+    assert len(context.statusTracker().getJobIdsForGroup(group)) == 1  # one Spark job
     assert inlined_rows(lake, live=False) == 0
     assert lake_rows(lake, KINDS) == expected(reference, KINDS)
 
@@ -391,17 +396,17 @@ def test_rows_gone_before_the_flush_task_read_them_start_the_flush_over(
     """DuckDB flushes the rows after the driver read their ids, before the task reads them: the task writes
     fewer rows than the driver read (none), so the flush starts over, and finds none left to flush."""
     destination, reference = three_kinds_inlined(lake, kit)
-    real_write = inline_flush.write_indexed
+    real_job = LakeStorage.write_job
     tasks = []
 
-    def duckdb_flushes_first(*args: Any) -> Any:
+    def duckdb_flushes_first(storage: LakeStorage, *args: Any) -> Any:
         tasks.append(args)
         con = lake.duckdb()
         con.execute("CALL ducklake_flush_inlined_data('lake')")
         con.close()
-        return real_write(*args)
+        return real_job(storage, *args)
 
-    monkeypatch.setattr(inline_flush, "write_indexed", duckdb_flushes_first)
+    monkeypatch.setattr(LakeStorage, "write_job", duckdb_flushes_first)
     destination.flush_inlined(destination.catalog.handle(KINDS.id).table)
     assert len(tasks) == 1  # the second attempt found no inlined rows left
     assert inlined_rows(lake, live=False) == 0

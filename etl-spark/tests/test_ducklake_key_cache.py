@@ -1,6 +1,6 @@
 """What the key lookup reads (data files' key columns, delete files' positions) is read once and kept
-(``key_cache.LookupCache``), within a bound of bytes; files the writer wrote itself are never read back. The
-batches that use them end equal to the memory destination, DuckDB reading the lake."""
+(``key_cache.LookupCache``), within a bound of bytes; files a batch wrote on the driver are not read back.
+The batches that use them end equal to the memory destination, DuckDB reading the lake."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from etl.schema import ColumnSchema, TableName, TableSchema
 from etl_spark.ducklake.catalog import DataFile, LakeColumn
 from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.key_cache import LookupCache
+from etl_spark.ducklake.plan import TablePlan
 
 ACCOUNTS = TableSchema(
     16950,
@@ -131,3 +132,18 @@ def _table(destination: Any) -> Any:
     handle = destination.catalog.handle(ACCOUNTS.id)
     assert handle is not None
     return handle.table
+
+
+def test_a_failure_after_the_commit_removes_none_of_the_files_it_registered(
+    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    destination = kit.make_destination(lake, inline_row_limit=0)
+    batch = kit.BatchBuilder().commit().insert(ACCOUNTS, {"id": 1, "note": "a"}).build()
+
+    def fails(plan: TablePlan, storage: LakeStorage) -> None:
+        raise RuntimeError("after the commit")
+
+    monkeypatch.setattr(TablePlan, "remember_files", fails)
+    with pytest.raises(RuntimeError, match="after the commit"):
+        destination.write_events(batch)
+    assert lake.query("SELECT id, note FROM lake.public.accounts") == [(1, "a")]  # its data file is still there

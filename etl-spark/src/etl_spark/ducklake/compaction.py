@@ -46,7 +46,7 @@ from etl_spark.ducklake.datafiles import (
     local_path,
     own_stats,
 )
-from etl_spark.ducklake.files import NATIVE_TYPES, write_indexed
+from etl_spark.ducklake.files import NATIVE_TYPES
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.types import FIELD_ID
 
@@ -150,14 +150,7 @@ def _groups(files: Sequence[DataFile], target_bytes: int) -> list[list[DataFile]
 
 def _run(lake: Lake, spec: DataFileSpec, sources: list[list[Source]], description: str) -> list[NewFile]:
     """One Spark job: task ``i`` writes the rows of ``sources[i]`` as one file."""
-    spark = lake.spark
-    spark.sparkContext.setJobDescription(description)
-    try:
-        files = lake.storage.written(
-            spec, lambda: write_indexed(spark, len(sources), spec, partial(_rows, spec, sources))
-        )
-    finally:
-        spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
+    files = lake.storage.write_job(lake.spark, spec, len(sources), partial(_rows, spec, sources), description)
     if len(files) != len(sources):  # each task writes exactly one file
         lake.storage.remove(spec.directory, files)
         raise RuntimeError(f"{description}: {len(files)} files written for {len(sources)} tasks")

@@ -384,9 +384,6 @@ class DuckLakeDestination:
                     base_snapshot=base,
                     tables=[p.handle.table.table_id for p in plans if p.handle is not None],
                 )
-                for plan in plans:
-                    plan.remember_keys(self.storage)
-                return plans
             except FlushFirst as first:  # not an attempt: the plans are made again once the rows are flushed
                 for plan in plans:
                     plan.discard(self.storage)
@@ -409,6 +406,10 @@ class DuckLakeDestination:
                 for plan in plans:
                     plan.discard(self.storage)
                 raise
+            else:  # committed: its files are the lake's now, never discarded
+                for plan in plans:
+                    plan.remember_files(self.storage)
+                return plans
         raise DestinationError(
             f"DuckLake commit kept conflicting with other writers ({self.config.commit_attempts} attempts)",
             hint="pause maintenance jobs on the lake while the pipeline runs, or raise commit_attempts",

@@ -75,6 +75,22 @@ class LakeStorage:
         which writes the files and returns their metadata."""
         return self.written(spec, lambda: run_file_tasks(frame.coalesce(1), spec, write_partition(spec)))
 
+    def write_job(
+        self,
+        spark: SparkSession,
+        spec: DataFileSpec,
+        count: int,
+        rows_of: Callable[[int], Iterable[pa.RecordBatch | pa.Table]],
+        description: str,
+    ) -> list[NewFile]:
+        """One Spark job named ``description``, of ``count`` tasks, task ``i`` writing the rows of ``rows_of(i)``
+        (``write_indexed``); the files, in task order (``written``)."""
+        spark.sparkContext.setJobDescription(description)
+        try:
+            return self.written(spec, lambda: write_indexed(spark, count, spec, rows_of))
+        finally:
+            spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
+
     def written(self, spec: DataFileSpec, write: Callable[[], list[NewFile]]) -> list[NewFile]:
         """Run a write job: on success keep the files it reports (and count them), on failure remove them all."""
         try:

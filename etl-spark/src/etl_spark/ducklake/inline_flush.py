@@ -36,7 +36,6 @@ from etl_spark.ducklake.catalog import (
 )
 from etl_spark.ducklake.catalog.engine import engine_for
 from etl_spark.ducklake.datafiles import ONE_FILE, ROW_ID, SNAPSHOT, own_stats
-from etl_spark.ducklake.files import write_indexed
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.types import Form
 
@@ -54,12 +53,8 @@ def write_flush(lake: Lake, table: LakeTable, name: str) -> InlinedFlush | None:
     last_row_id = rows["row_id"][-1].as_py()
     spec = lake.storage.spec(table.directory, [*table.columns, ROW_ID, SNAPSHOT], ONE_FILE)
     task = FlushRows(lake.catalog.task_url, name, tuple(table.columns), last_row_id)
-    spark = lake.spark
-    spark.sparkContext.setJobDescription(f"flush inlined rows of {table.schema_name}.{table.name}")
-    try:
-        files = lake.storage.written(spec, lambda: write_indexed(spark, 1, spec, task))
-    finally:
-        spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
+    description = f"flush inlined rows of {table.schema_name}.{table.name}"
+    files = lake.storage.write_job(lake.spark, spec, 1, task, description)
     if [f.record_count for f in files] != [shape[0]]:  # removed meanwhile (DuckDB flushed them, say)
         lake.storage.remove(table.directory, files)
         raise CommitConflict(f"inlined rows of DuckLake table {table.table_id} changed while the task read them")

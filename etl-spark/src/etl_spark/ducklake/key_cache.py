@@ -7,8 +7,8 @@ time (updates of old rows), each new file's key bounds span the table, so every 
 of the table again. A registered file never changes (a delete adds a new delete file; a merge registers
 a new data file), so what was read once stays true: this cache keeps the most recently used entries,
 up to a number of bytes. Entries are keyed by the file's catalog id with its path: a path registered
-again (``ducklake_add_data_files`` of a rewritten file, say) gets a new id. Files this writer wrote
-itself are put in when their commit succeeds, so they are never read back.
+again (``ducklake_add_data_files`` of a rewritten file, say) gets a new id. The files a batch writes on
+the driver are put in as written once their commit lands, so they are not read back.
 """
 
 from __future__ import annotations

@@ -90,13 +90,17 @@ class TablePlan:
     """Row ids of inlined rows that were deleted or replaced."""
     watermark: Position | None = None
     written_keys: tuple[int, pa.ChunkedArray] | None = None
-    """The key column's id and its values in ``files``, in file order (a one-column key)."""
+    """The key column's id and its values in ``files``, in file order (a one-column integer or text key, rows
+    written on the driver)."""
     applied: LakeTable | None = None
     """The lake table as the plan's commit left it (set by ``apply``)."""
     registered: list[tuple[int, str, int]] = field(default_factory=list)
     """Each file's data file id, path and row count, as the plan's commit registered them (set by ``apply``)."""
+    registered_deletes: list[tuple[DeleteFile, pa.Table]] = field(default_factory=list)
+    """The delete files the plan's commit registered, with their positions (set by ``apply``)."""
 
     def apply(self, txn: Transaction, storage: LakeStorage) -> None:
+        self.registered_deletes = []
         table = self.applied = self._table(txn)
         self._record_sources(txn, table)
         if self.truncate:
@@ -162,10 +166,13 @@ class TablePlan:
             begin_snapshot=begin,
             partial=partial,
         )
-        storage.remember_deleted(delete, rows)  # under an id and path no registered file has if the commit fails
+        self.registered_deletes.append((delete, rows))
 
-    def remember_keys(self, storage: LakeStorage) -> None:
-        """Once committed: keep the key columns of the files written (``written_keys``) for later lookups."""
+    def remember_files(self, storage: LakeStorage) -> None:
+        """Once committed: keep what later key lookups would read of the files written, as written: the delete
+        files' positions, and the data files' key column (``written_keys``)."""
+        for delete, positions in self.registered_deletes:
+            storage.remember_deleted(delete, positions)
         if self.written_keys is None:
             return
         column_id, values = self.written_keys
@@ -300,7 +307,7 @@ def plan_changes(lake: Lake, segment: TableChanges, inline_limit: int) -> TableP
             inlined_tables = lake.catalog.inlined_tables(handle.table, conn)
         watermark = last_position(changes)
         if watermark is None:
-            return _plan_schema(lake, schema, handle, inlined_tables) if segment.table.num_rows == 0 else None
+            return _plan_schema(lake, schema, handle, inlined_tables, conn) if segment.table.num_rows == 0 else None
         change, new_ids, columns = _target_columns(lake, schema, handle, conn)
         if handle is not None and change:
             _check_not_inlined(handle.table, inlined_tables)
@@ -454,7 +461,9 @@ def _inlined_of_keys(inlined_rows: pa.Table, keys: pa.Table, columns: Sequence[L
     return sorted(set(matched["row_id"].to_pylist()))
 
 
-def _plan_schema(lake: Lake, schema: TableSchema, handle: Handle | None, inlined_tables: list[str]) -> TablePlan | None:
+def _plan_schema(
+    lake: Lake, schema: TableSchema, handle: Handle | None, inlined_tables: list[str], conn: Connection
+) -> TablePlan | None:
     """A schema version with no change of its own in the batch (the DDL trigger reports it at the DDL).
 
     It is applied when it is newer than every change the table holds (its commit LSN is past the
@@ -465,7 +474,7 @@ def _plan_schema(lake: Lake, schema: TableSchema, handle: Handle | None, inlined
     lsn = int(schema.snapshot_lsn)
     if handle is None or lsn <= handle.watermark[0]:
         return None
-    change, new_ids, columns = _target_columns(lake, schema, handle)
+    change, new_ids, columns = _target_columns(lake, schema, handle, conn)
     if not change and not _renamed(handle.table, schema):
         return None
     if change:
