@@ -36,6 +36,22 @@ def test_watermark_and_truncate_cuts(kit: Any) -> None:
     assert missing_columns(table) == []
 
 
+def test_after_keeps_exactly_the_changes_past_any_watermark(kit: Any) -> None:
+    b = kit.BatchBuilder()
+    b.commit().insert(ITEMS, {"id": 1, "label": "a"}).insert(ITEMS, {"id": 2, "label": "b"})
+    b.commit().update(ITEMS, {"id": 1, "label": "a2"})
+    b.commit().delete(ITEMS, {"id": 2}).insert(ITEMS, {"id": 3, "label": "c"}).insert(ITEMS, {"id": 4, "label": "d"})
+    table = b.build().changes[ITEMS.id][0].table
+    positions = list(zip(table["_etl_commit_lsn"].to_pylist(), table["_etl_tx_ordinal"].to_pylist(), strict=True))
+    lsns = sorted({lsn for lsn, _ in positions})
+    watermarks = {(0, 0), (lsns[-1] + 1, 0), *positions}
+    watermarks |= {(lsn, -1) for lsn in lsns} | {(lsn - 1, 10**9) for lsn in lsns} | {(lsn, 10**9) for lsn in lsns}
+    for watermark in sorted(watermarks):
+        expected = [i for i, position in enumerate(positions) if position > watermark]
+        kept = after(table, watermark)
+        assert kept.to_pylist() == table.take(pa.array(expected, pa.int64())).to_pylist(), watermark
+
+
 def test_last_change_per_key_with_key_change(kit: Any, spark: Any) -> None:
     b = kit.BatchBuilder()
     b.commit().insert(ITEMS, {"id": 1, "label": "a"}).update(ITEMS, {"id": 1, "label": "a2"})

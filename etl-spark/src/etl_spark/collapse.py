@@ -54,12 +54,18 @@ def last_position(changes: pa.Table) -> Position | None:
 
 
 def after(changes: pa.Table, watermark: Position) -> pa.Table:
-    """The changes strictly after ``watermark`` (replays of applied changes are dropped exactly)."""
-    lsn, ordinal = changes[COMMIT_LSN_COLUMN], changes[TX_ORDINAL_COLUMN]
-    later = pc.or_(
-        pc.greater(lsn, watermark[0]), pc.and_(pc.equal(lsn, watermark[0]), pc.greater(ordinal, watermark[1]))
-    )
-    return changes.filter(later)
+    """The changes strictly after ``watermark`` (replays of applied changes are dropped exactly).
+
+    ``changes`` are in stream order, so their positions ascend and the ones after the watermark are a tail:
+    found by binary search and sliced, with no copy (a filter would copy every column of the batch).
+    """
+    lsns = changes[COMMIT_LSN_COLUMN].to_numpy()
+    first = int(np.searchsorted(lsns, watermark[0], side="left"))
+    end = int(np.searchsorted(lsns, watermark[0], side="right"))
+    if first < end:  # changes at the watermark's commit: those of later ordinals are after it
+        ordinals = changes[TX_ORDINAL_COLUMN].slice(first, end - first).to_numpy()
+        first += int(np.searchsorted(ordinals, watermark[1], side="right"))
+    return changes.slice(first)
 
 
 def after_last_truncate(changes: pa.Table) -> tuple[bool, pa.Table]:

@@ -15,6 +15,7 @@ not lists, not intervals (``inlinable``). Values go in from, and come back out i
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -29,10 +30,6 @@ from etl_spark.ducklake.catalog.model import LakeColumn
 from etl_spark.ducklake.types import LIST, Form, convert
 
 REGISTRY: Final = "ducklake_inlined_data_tables"
-_CHUNK: Final = 1000
-_KEYS_CHUNK: Final = 10_000
-"""Key values bound in one query (below SQLite's and Postgres's limits on parameters)."""
-"""Row ids per ``IN (...)`` list."""
 
 
 @dataclass(frozen=True)
@@ -162,13 +159,19 @@ def _encode(values: pa.ChunkedArray | pa.Array, slot: _Slot, postgres: bool) -> 
 
 def end(conn: Connection, name: str, row_ids: Sequence[int], snapshot: int) -> int:
     """End the live rows of these row ids in ``snapshot``; how many it ended."""
-    statement = sa.text(
-        f"UPDATE {quote(name)} SET end_snapshot = :s WHERE end_snapshot IS NULL AND row_id IN :ids"
-    ).bindparams(sa.bindparam("ids", expanding=True))
-    ended = 0
-    for start in range(0, len(row_ids), _CHUNK):
-        ended += conn.execute(statement, {"s": snapshot, "ids": list(row_ids[start : start + _CHUNK])}).rowcount
-    return ended
+    member, ids = _one_of(conn, "row_id", "ids", row_ids)
+    statement = sa.text(f"UPDATE {quote(name)} SET end_snapshot = :s WHERE end_snapshot IS NULL AND {member}")
+    return conn.execute(statement, {"s": snapshot, "ids": ids}).rowcount
+
+
+def _one_of(conn: Connection, column: str, parameter: str, values: Sequence[int]) -> tuple[str, Any]:
+    """A condition that ``column`` holds one of the integers ``values``, bound as the one parameter ``parameter``
+    (a JSON array in SQLite, an array in Postgres), and that parameter's value. One parameter, not one per value:
+    SQLAlchemy's expanding ``IN`` renders a name per value, which costs more than the query for thousands."""
+    ints = [int(v) for v in values]
+    if _postgres(conn):
+        return f"{quote(column)} = ANY(CAST(:{parameter} AS bigint[]))", ints
+    return f"{quote(column)} IN (SELECT value FROM json_each(:{parameter}))", json.dumps(ints)
 
 
 def end_all(conn: Connection, name: str, snapshot: int) -> int:
@@ -214,28 +217,19 @@ def read(
     slots = _slots(columns)
     selected = ", ".join(_select(c, s, postgres) for c, s in zip(columns, slots, strict=True))
     conditions = ["end_snapshot IS NULL"] if live else []
+    parameters: dict[str, Any] = {}
     if keys is not None:
-        conditions.append(f"{quote(keys[0])} IN :keys")
+        member, parameters["keys"] = _one_of(conn, keys[0], "keys", keys[1])
+        conditions.append(member)
     if up_to is not None:
         conditions.append("row_id <= :up_to")
+        parameters["up_to"] = up_to
     statement = sa.text(
         f"SELECT row_id, begin_snapshot, end_snapshot{', ' if selected else ''}{selected} FROM {quote(name)}"
         + (" WHERE " + " AND ".join(conditions) if conditions else "")
         + " ORDER BY row_id"
     )
-    if up_to is not None:
-        statement = statement.bindparams(up_to=up_to)
-    if keys is None:
-        rows = conn.execute(statement).all()
-    else:
-        statement = statement.bindparams(sa.bindparam("keys", expanding=True))
-        values = list(keys[1])
-        rows = [
-            row
-            for start in range(0, len(values), _KEYS_CHUNK)
-            for row in conn.execute(statement, {"keys": values[start : start + _KEYS_CHUNK]}).all()
-        ]
-        rows.sort(key=lambda row: row[0])
+    rows = conn.execute(statement, parameters).all()
     stored = list(zip(*rows, strict=True)) if rows else [()] * (3 + len(columns))
     arrays = [pa.array(stored[i], pa.int64()) for i in range(3)]
     arrays += [_decode(list(v), c, s, form) for v, c, s in zip(stored[3:], columns, slots, strict=True)]
