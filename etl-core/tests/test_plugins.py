@@ -75,3 +75,51 @@ def test_version_flag() -> None:
     result = run_etl("--version")
     assert result.returncode == 0
     assert result.stdout.startswith("etl 0.")
+
+
+MISSPELT_PLUGIN = """
+from etl.plugins import hookimpl
+from etl.destination.memory import MemoryDestination
+
+class EchoDestination(MemoryDestination):
+    name = "echo"
+
+@hookimpl
+def etl_destination():
+    return [EchoDestination]
+"""
+
+
+def test_a_misspelt_hook_makes_its_plugin_broken_naming_the_hook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_distribution(tmp_path, "misspelt-plugin", "misspelt_etl_plugin", MISSPELT_PLUGIN, "misspelt")
+    make_distribution(tmp_path, "echo-plugin", "echo_etl_plugin", GOOD_PLUGIN, "echo")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = load_registry()
+    [broken] = registry.broken
+    assert broken.distribution == "misspelt-plugin"
+    assert "unknown hook etl_destination" in broken.error and "etl_destinations" in broken.error
+    assert "echo" in registry.destinations and "memory" in registry.stores
+
+
+def test_a_module_implementing_no_hook_is_a_broken_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    unmarked = GOOD_PLUGIN.replace("@hookimpl\n", "")
+    make_distribution(tmp_path, "unmarked-plugin", "unmarked_etl_plugin", unmarked, "unmarked")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = load_registry()
+    [broken] = registry.broken
+    assert broken.distribution == "unmarked-plugin" and "implements none of etl's hooks" in broken.error
+    assert "echo" not in registry.destinations
+
+
+def test_a_failing_hook_is_its_own_plugins_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    failing = GOOD_PLUGIN.replace("return [EchoDestination]", "raise RuntimeError('no destinations today')")
+    make_distribution(tmp_path, "failing-plugin", "failing_etl_plugin", failing, "failing")
+    other = GOOD_PLUGIN.replace('name = "echo"', 'name = "echo2"')
+    make_distribution(tmp_path, "echo2-plugin", "echo2_etl_plugin", other, "echo2")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = load_registry()
+    [broken] = registry.broken
+    assert broken.distribution == "failing-plugin" and "no destinations today" in broken.error
+    assert "echo2" in registry.destinations

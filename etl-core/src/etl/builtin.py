@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from etl.plugins import hookimpl
 
+if TYPE_CHECKING:
+    from etl.destination.base import DestinationFactory
+    from etl.store.base import StoreFactory
+
 
 @hookimpl
-def etl_destinations() -> Iterable[type[Any]]:
+def etl_destinations() -> Iterable[type[DestinationFactory]]:
     from etl.destination.memory import MemoryDestination
     from etl.destination.null import NullDestination
 
@@ -17,7 +21,7 @@ def etl_destinations() -> Iterable[type[Any]]:
 
 
 @hookimpl
-def etl_stores() -> Iterable[type[Any]]:
+def etl_stores() -> Iterable[type[StoreFactory]]:
     from etl.store.memory import MemoryStore
 
     return [MemoryStore]

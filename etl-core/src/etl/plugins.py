@@ -1,6 +1,6 @@
 """Plugin discovery: destinations and stores found through the ``etl`` entry-point group.
 
-A plugin module implements one or both hooks below and is named by an entry point::
+A plugin module implements one or both hooks of ``etl.hookspecs`` and is named by an entry point::
 
     [project.entry-points.etl]
     my_plugin = "my_package.plugin"
@@ -19,13 +19,12 @@ from typing import Any, Literal
 import pluggy
 import structlog
 
+from etl import hookspecs
 from etl.errors import ConfigError, PluginError
 
-PROJECT = "etl"
 ENTRY_POINT_GROUP = "etl"
 
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(hookspecs.PROJECT)
 
 Kind = Literal["destination", "store"]
 
@@ -43,14 +42,8 @@ BUILTIN_PROVIDERS: dict[tuple[Kind, str], str] = {
 log = structlog.get_logger(__name__)
 
 
-class Hooks:
-    @hookspec
-    def etl_destinations(self) -> Iterable[type[Any]]:  # type: ignore[empty-body]
-        """Return destination classes (each with ``name``, ``Config`` and ``from_config``)."""
-
-    @hookspec
-    def etl_stores(self) -> Iterable[type[Any]]:  # type: ignore[empty-body]
-        """Return store classes (each with ``name``, ``Config`` and ``from_config``)."""
+_HOOKS: dict[str, Kind] = {"etl_destinations": "destination", "etl_stores": "store"}
+"""Each hook of ``etl.hookspecs``, and the kind of plugin class it returns."""
 
 
 @dataclass(frozen=True)
@@ -102,21 +95,26 @@ class Registry:
 def load_registry(entry_points: Iterable[md.EntryPoint] | None = None) -> Registry:
     """Load every plugin of the ``etl`` entry-point group into a registry.
 
-    Raises ``PluginError`` when two plugins claim one name. A plugin that fails to import or whose
-    hook fails is recorded in ``Registry.broken`` and logged, and does not stop the others.
+    Raises ``PluginError`` when two plugins claim one name. A plugin that fails to import, whose hook fails,
+    that implements no hook, or one ``etl.hookspecs`` does not have (``check_pending``), is recorded in
+    ``Registry.broken`` and logged, and does not stop the others.
     """
-    manager = pluggy.PluginManager(PROJECT)
-    manager.add_hookspecs(Hooks)
+    manager = pluggy.PluginManager(hookspecs.PROJECT)
+    manager.add_hookspecs(hookspecs)
     registry = Registry()
     eps = entry_points if entry_points is not None else md.entry_points(group=ENTRY_POINT_GROUP)
     for ep in sorted(eps, key=lambda e: e.name):
         dist_name, version = _distribution(ep)
+        module: object = None
         try:
             module = ep.load()
             manager.register(module, name=f"{dist_name}:{ep.name}")
             found = _classes_of(manager, module)
         except Exception as exc:  # a broken plugin must not hide the others
-            broken = BrokenPlugin(ep.value, dist_name, f"{type(exc).__name__}: {exc}")
+            if module is not None and manager.is_registered(module):
+                manager.unregister(module)
+            error = str(exc) if isinstance(exc, _NotAPlugin) else f"{type(exc).__name__}: {exc}"
+            broken = BrokenPlugin(ep.value, dist_name, error)
             registry.broken.append(broken)
             log.warning("plugin failed to load", entry_point=ep.value, distribution=dist_name, error=broken.error)
             continue
@@ -138,18 +136,31 @@ def load_registry(entry_points: Iterable[md.EntryPoint] | None = None) -> Regist
     return registry
 
 
+class _NotAPlugin(Exception):
+    """The module implements no hook of ``etl.hookspecs``, or one that is not there."""
+
+
 def _classes_of(manager: pluggy.PluginManager, module: object) -> list[tuple[Kind, Any]]:
-    """Call only this plugin's hook implementations, so its failure stays its own."""
+    """Check the plugin's hooks against ``etl.hookspecs`` and call them, through pluggy, leaving out every other
+    plugin, so that a failure stays this plugin's own."""
+    try:
+        manager.check_pending()
+    except pluggy.PluginValidationError:
+        unknown = sorted(caller.name for caller in manager.get_hookcallers(module) or [] if not caller.has_spec())
+        raise _NotAPlugin(
+            f"unknown hook {', '.join(unknown)}: etl's hooks are {', '.join(_HOOKS)} (etl.hookspecs)"
+        ) from None
+    others = [plugin for plugin in manager.get_plugins() if plugin is not module]
     found: list[tuple[Kind, Any]] = []
-    hooks: tuple[tuple[Any, Kind], ...] = (
-        (manager.hook.etl_destinations, "destination"),
-        (manager.hook.etl_stores, "store"),
-    )
-    for hook, kind in hooks:
-        for impl in hook.get_hookimpls():
-            if impl.plugin is module:
-                classes: Iterable[Any] = impl.function()
-                found += [(kind, cls) for cls in classes]
+    implemented = 0
+    for name, kind in _HOOKS.items():
+        if not any(impl.plugin is module for impl in getattr(manager.hook, name).get_hookimpls()):
+            continue
+        implemented += 1
+        for classes in manager.subset_hook_caller(name, remove_plugins=others)():
+            found += [(kind, cls) for cls in classes]
+    if not implemented:
+        raise _NotAPlugin(f"implements none of etl's hooks ({', '.join(_HOOKS)}), each marked with @hookimpl")
     return found
 
 

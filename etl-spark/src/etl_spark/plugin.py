@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from etl.plugins import hookimpl
 
+if TYPE_CHECKING:
+    from etl.destination.base import DestinationFactory
+
 
 @hookimpl
-def etl_destinations() -> Iterable[type[Any]]:
+def etl_destinations() -> Iterable[type[DestinationFactory]]:
     from etl_spark.bigquery.destination import BigQueryDestination
     from etl_spark.ducklake.destination import DuckLakeDestination
 

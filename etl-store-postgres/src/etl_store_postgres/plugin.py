@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from etl.plugins import hookimpl
 from etl_store_postgres.store import PostgresStore
 
+if TYPE_CHECKING:
+    from etl.store.base import StoreFactory
+
 
 @hookimpl
-def etl_stores() -> Iterable[type[Any]]:
+def etl_stores() -> Iterable[type[StoreFactory]]:
     return [PostgresStore]

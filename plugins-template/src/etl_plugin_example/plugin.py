@@ -7,20 +7,24 @@ as this plugin's failure without hiding other plugins.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from etl.plugins import hookimpl
 
+if TYPE_CHECKING:
+    from etl.destination.base import DestinationFactory
+    from etl.store.base import StoreFactory
+
 
 @hookimpl
-def etl_destinations() -> Iterable[type[Any]]:
+def etl_destinations() -> Iterable[type[DestinationFactory]]:
     from etl_plugin_example.sqlite_mirror import SqliteMirrorDestination
 
     return [SqliteMirrorDestination]
 
 
 @hookimpl
-def etl_stores() -> Iterable[type[Any]]:
+def etl_stores() -> Iterable[type[StoreFactory]]:
     from etl_plugin_example.json_file_store import JsonFileStore
 
     return [JsonFileStore]

@@ -140,7 +140,11 @@ class DestinationFactory(Protocol):
     """What a destination plugin registers: a class with a name, a config model and a constructor."""
 
     name: ClassVar[str]
-    Config: ClassVar[type[BaseModel]]
+
+    @property
+    def Config(self) -> type[BaseModel]:  # noqa: N802 - the class attribute plugins define
+        """The model of the section's options: read-only here, so a nested ``class Config(BaseModel)`` and a
+        ``ClassVar`` holding a subclass both satisfy it (a plain protocol attribute is invariant)."""
 
     @classmethod
     def from_config(cls, config: Any, context: DestinationContext) -> Destination: ...
