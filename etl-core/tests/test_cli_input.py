@@ -91,6 +91,16 @@ def test_config_file_unreadable(tmp_path: Path) -> None:
     assert_clean_failure(result, f"{path}: permission denied reading the config file", "make the file readable")
 
 
+def test_etl_config_names_the_file_when_c_is_not_given(tmp_path: Path) -> None:
+    path = pipeline_file(tmp_path)
+    assert_clean_failure(etl("check", env={"ETL_CONFIG": str(path)}), f"{path}: environment variable PGPASSWORD")
+    other = tmp_path / "missing.toml"
+    given = etl("check", "-c", str(other), env={"ETL_CONFIG": str(path)})  # -c wins
+    assert_clean_failure(given, f"{other}: no such config file", "ETL_CONFIG")
+    neither = etl("check", env={"ETL_CONFIG": ""})
+    assert neither.returncode == 2 and "-c/--config" in neither.stderr, neither.stderr
+
+
 # -- values ---------------------------------------------------------------------------------------------
 
 

@@ -35,6 +35,10 @@ def echo(text: str = "") -> None:
     sys.stdout.flush()
 
 
+CONFIG_VARIABLE = "ETL_CONFIG"
+"""The environment variable naming the pipeline file when ``-c`` is not given."""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="etl", description="Change data capture from PostgreSQL.")
     parser.add_argument("--version", action="version", version=f"etl {__version__}")
@@ -44,7 +48,15 @@ def _parser() -> argparse.ArgumentParser:
 
     def with_config(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("-c", "--config", required=True, metavar="FILE", help="pipeline file (TOML)")
+        default = os.environ.get(CONFIG_VARIABLE) or None
+        sub.add_argument(
+            "-c",
+            "--config",
+            required=default is None,
+            default=default,
+            metavar="FILE",
+            help=f"pipeline file (TOML); default: ${CONFIG_VARIABLE}",
+        )
         return sub
 
     with_config("run", "run a pipeline until interrupted (SIGINT/SIGTERM drain and stop it)")

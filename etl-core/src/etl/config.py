@@ -177,7 +177,9 @@ def _read_text(path: Path) -> str:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file", hint="check the path given to -c/--config") from None
+        raise ConfigError(
+            f"{path}: no such config file", hint="check the path given to -c/--config (or in $ETL_CONFIG)"
+        ) from None
     except IsADirectoryError:
         raise ConfigError(
             f"{path}: is a directory, not a config file", hint="give the path of the pipeline's TOML file"
