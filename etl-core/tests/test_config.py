@@ -9,10 +9,13 @@ from pathlib import Path
 import pytest
 import structlog
 
-from etl.config import load_config
+from etl.config import PipelineConfig, load_config
+from etl.destination.memory import MemoryDestination
 from etl.errors import ConfigError
 from etl.factory import validate_plugins
 from etl.log import configure_logging, redact_text
+from etl.pipeline import Pipeline
+from etl.store.memory import MemoryStore
 
 GOOD = """
 [pipeline]
@@ -233,3 +236,29 @@ def test_logs_leave_out_keys_without_a_value(capsys: pytest.CaptureFixture[str],
     configure_logging("console", "info")
     structlog.get_logger("t").error("no such table", hint=None)
     assert "hint" not in capsys.readouterr().err
+
+
+def embedded_pipeline() -> Pipeline:
+    config = PipelineConfig.model_validate(
+        {"pipeline": {"id": 1, "publication": "pub"}, "source": {"host": "127.0.0.1", "password": "hunter2"}}
+    )
+    return Pipeline(config, MemoryStore(1), MemoryDestination())
+
+
+def test_an_embedded_pipeline_logs_through_stdlib_logging_with_secrets_masked(
+    caplog: pytest.LogCaptureFixture, restore_logging: None
+) -> None:
+    structlog.reset_defaults()  # a program that never configured structlog
+    embedded_pipeline()
+    with caplog.at_level(logging.INFO, logger="etl"):
+        structlog.get_logger("etl.embedded").info("connecting", password="hunter2", dsn="postgresql://u:hunter2@h/db")
+    [record] = [r for r in caplog.records if r.name == "etl.embedded"]
+    assert record.getMessage() == "event=connecting password=********** dsn=postgresql://u:**********@h/db"
+
+
+def test_an_embedding_programs_own_structlog_configuration_is_kept(restore_logging: None) -> None:
+    structlog.reset_defaults()
+    mine = [structlog.processors.KeyValueRenderer()]
+    structlog.configure(processors=mine)
+    embedded_pipeline()
+    assert structlog.get_config()["processors"] == mine

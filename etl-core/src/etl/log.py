@@ -42,10 +42,44 @@ def _drop_none(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMappi
     return event
 
 
-def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+def redact_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """The structlog processor that masks secrets in an event's values; a program that configures structlog
+    itself puts it in its processors."""
     for key, value in list(event.items()):
         event[key] = redact_value(key, value)
     return event
+
+
+_SHARED: list[Any] = [
+    structlog.contextvars.merge_contextvars,
+    structlog.processors.add_log_level,
+    structlog.processors.TimeStamper(fmt="iso", utc=True),
+    _drop_none,
+    redact_secrets,
+]
+"""What every event goes through, whatever renders it: context, level, time, and secrets masked."""
+
+
+def route_to_stdlib() -> None:
+    """For a program that embeds a ``Pipeline`` and has not configured structlog: send etl's events, secrets
+    masked, to stdlib logging (loggers ``etl.*``, the fields in the message), where the program's own handlers
+    and levels take them.
+    A structlog configuration already made (by ``configure_logging``, or by the program) is kept as it is."""
+    if structlog.is_configured():
+        return
+    structlog.configure(  # stdlib records carry the level and time; the message carries every field, as logfmt
+        processors=[
+            structlog.stdlib.filter_by_level,  # first: an event below the logger's level costs nothing more
+            structlog.contextvars.merge_contextvars,
+            _drop_none,
+            redact_secrets,
+            structlog.processors.format_exc_info,
+            structlog.processors.LogfmtRenderer(key_order=["event"]),
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
 
 
 def configure_logging(fmt: LogFormat = "console", level: str = "info") -> None:
@@ -56,15 +90,8 @@ def configure_logging(fmt: LogFormat = "console", level: str = "info") -> None:
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
-    shared: list[Any] = [
-        structlog.contextvars.merge_contextvars,
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-        _drop_none,
-        _redact,
-    ]
     structlog.configure(
-        processors=[*shared, structlog.processors.format_exc_info, renderer],
+        processors=[*_SHARED, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
@@ -72,7 +99,7 @@ def configure_logging(fmt: LogFormat = "console", level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=shared, processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer]
+            foreign_pre_chain=_SHARED, processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer]
         )
     )
     root = logging.getLogger()

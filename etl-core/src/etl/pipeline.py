@@ -12,6 +12,7 @@ import structlog
 from etl.config import MetricsSection, PipelineConfig
 from etl.destination.base import Destination
 from etl.errors import SourceError, TransientError
+from etl.log import route_to_stdlib
 from etl.lsn import Lsn
 from etl.metrics import PipelineMetrics
 from etl.observe import MetricsServer, Sampler
@@ -64,6 +65,7 @@ class Pipeline:
     """An attempt (connect and stream) that lasted this long resets the reconnect backoff."""
 
     def __init__(self, config: PipelineConfig, store: Store, destination: Destination) -> None:
+        route_to_stdlib()
         self.config = config
         self.store = store
         self.destination = destination
