@@ -94,7 +94,7 @@ def test_a_misspelt_hook_makes_its_plugin_broken_naming_the_hook(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     make_distribution(tmp_path, "misspelt-plugin", "misspelt_etl_plugin", MISSPELT_PLUGIN, "misspelt")
-    make_distribution(tmp_path, "echo-plugin", "echo_etl_plugin", GOOD_PLUGIN, "echo")
+    make_distribution(tmp_path, "echo-plugin", "echo_etl_plugin", GOOD_PLUGIN, "zz_echo")  # loads after it
     monkeypatch.syspath_prepend(str(tmp_path))
     registry = load_registry()
     [broken] = registry.broken
@@ -117,9 +117,20 @@ def test_a_failing_hook_is_its_own_plugins_failure(tmp_path: Path, monkeypatch: 
     failing = GOOD_PLUGIN.replace("return [EchoDestination]", "raise RuntimeError('no destinations today')")
     make_distribution(tmp_path, "failing-plugin", "failing_etl_plugin", failing, "failing")
     other = GOOD_PLUGIN.replace('name = "echo"', 'name = "echo2"')
-    make_distribution(tmp_path, "echo2-plugin", "echo2_etl_plugin", other, "echo2")
+    make_distribution(tmp_path, "echo2-plugin", "echo2_etl_plugin", other, "zz_echo2")  # loads after it
     monkeypatch.syspath_prepend(str(tmp_path))
     registry = load_registry()
     [broken] = registry.broken
     assert broken.distribution == "failing-plugin" and "no destinations today" in broken.error
     assert "echo2" in registry.destinations
+
+
+@pytest.mark.parametrize("body", ["return None", "pass"])
+def test_a_hook_returning_nothing_is_a_broken_plugin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str
+) -> None:
+    module = f"silent_{body.replace(' ', '_').lower()}_etl_plugin"
+    make_distribution(tmp_path, "silent-plugin", module, GOOD_PLUGIN.replace("return [EchoDestination]", body), "s")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    [broken] = load_registry().broken
+    assert broken.distribution == "silent-plugin" and "etl_destinations hook returned nothing" in broken.error

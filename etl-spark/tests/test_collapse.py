@@ -8,6 +8,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from etl.events import COMMIT_LSN_COLUMN, TX_ORDINAL_COLUMN
 from etl.schema import ColumnSchema, TableName, TableSchema
 from etl_spark.collapse import (
     ACTION,
@@ -50,6 +51,19 @@ def test_after_keeps_exactly_the_changes_past_any_watermark(kit: Any) -> None:
         expected = [i for i, position in enumerate(positions) if position > watermark]
         kept = after(table, watermark)
         assert kept.to_pylist() == table.take(pa.array(expected, pa.int64())).to_pylist(), watermark
+
+
+def test_after_is_exact_for_lsns_past_the_precision_of_a_float() -> None:
+    high = 2**62  # LSNs this large differ by less than a float64 can tell apart
+    changes = pa.table(
+        {
+            COMMIT_LSN_COLUMN: pa.array([high + 3, high + 3, high + 5], pa.uint64()),
+            TX_ORDINAL_COLUMN: pa.array([0, 1, 0], pa.int64()),
+        }
+    )
+    assert after(changes, (high + 3, 0)).to_pylist() == changes.slice(1).to_pylist()
+    assert after(changes, (high + 4, 0)).to_pylist() == changes.slice(2).to_pylist()
+    assert after(changes, (high + 5, -1)).to_pylist() == changes.slice(2).to_pylist()
 
 
 def test_last_change_per_key_with_key_change(kit: Any, spark: Any) -> None:

@@ -61,9 +61,9 @@ _SHARED: list[Any] = [
 
 
 def route_to_stdlib() -> None:
-    """For a program that embeds a ``Pipeline`` and has not configured structlog: send etl's events, secrets
-    masked, to stdlib logging (loggers ``etl.*``, the fields in the message), where the program's own handlers
-    and levels take them.
+    """For a program that embeds a ``Pipeline`` and has not configured structlog: send structlog's events
+    (process-wide: etl's and any other), secrets masked, to stdlib logging (loggers named for the modules, the
+    fields in the message), where the program's own handlers and levels take them.
     A structlog configuration already made (by ``configure_logging``, or by the program) is kept as it is."""
     if structlog.is_configured():
         return

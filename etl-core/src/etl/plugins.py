@@ -21,6 +21,7 @@ import structlog
 
 from etl import hookspecs
 from etl.errors import ConfigError, PluginError
+from etl.log import route_to_stdlib
 
 ENTRY_POINT_GROUP = "etl"
 
@@ -99,6 +100,7 @@ def load_registry(entry_points: Iterable[md.EntryPoint] | None = None) -> Regist
     that implements no hook, or one ``etl.hookspecs`` does not have (``check_pending``), is recorded in
     ``Registry.broken`` and logged, and does not stop the others.
     """
+    route_to_stdlib()  # what embedding code calls first; the CLI has configured logging by now
     manager = pluggy.PluginManager(hookspecs.PROJECT)
     manager.add_hookspecs(hookspecs)
     registry = Registry()
@@ -157,7 +159,10 @@ def _classes_of(manager: pluggy.PluginManager, module: object) -> list[tuple[Kin
         if not any(impl.plugin is module for impl in getattr(manager.hook, name).get_hookimpls()):
             continue
         implemented += 1
-        for classes in manager.subset_hook_caller(name, remove_plugins=others)():
+        results = manager.subset_hook_caller(name, remove_plugins=others)()
+        if not results:  # pluggy leaves out a None: the hook returned nothing
+            raise _NotAPlugin(f"its {name} hook returned nothing; it must return a list of classes")
+        for classes in results:
             found += [(kind, cls) for cls in classes]
     if not implemented:
         raise _NotAPlugin(f"implements none of etl's hooks ({', '.join(_HOOKS)}), each marked with @hookimpl")

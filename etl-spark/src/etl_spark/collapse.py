@@ -60,11 +60,12 @@ def after(changes: pa.Table, watermark: Position) -> pa.Table:
     found by binary search and sliced, with no copy (a filter would copy every column of the batch).
     """
     lsns = changes[COMMIT_LSN_COLUMN].to_numpy()
-    first = int(np.searchsorted(lsns, watermark[0], side="left"))
-    end = int(np.searchsorted(lsns, watermark[0], side="right"))
+    lsn = lsns.dtype.type(watermark[0])  # of the column's type: a Python int would compare as a float64
+    first = int(np.searchsorted(lsns, lsn, side="left"))
+    end = int(np.searchsorted(lsns, lsn, side="right"))
     if first < end:  # changes at the watermark's commit: those of later ordinals are after it
         ordinals = changes[TX_ORDINAL_COLUMN].slice(first, end - first).to_numpy()
-        first += int(np.searchsorted(ordinals, watermark[1], side="right"))
+        first += int(np.searchsorted(ordinals, ordinals.dtype.type(watermark[1]), side="right"))
     return changes.slice(first)
 
 
