@@ -62,6 +62,11 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def quote_literal(text: str) -> str:
+    """A SQL string literal (standard_conforming_strings is on in every supported Postgres)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 _PLAIN_IDENT = re.compile(r"[a-z_][a-z0-9_]*")
 
 

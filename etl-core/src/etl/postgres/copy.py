@@ -38,7 +38,7 @@ from etl.errors import EtlError, SourceError, TableError, TransientError
 from etl.postgres.catalog import CtidRange, PublishedTable, ctid_ranges
 from etl.postgres.codecs import arrow_field, decode_text_column
 from etl.postgres.connection import connect, connection_error, conninfo_string
-from etl.schema import TableName, TableSchema, quote_ident
+from etl.schema import TableName, TableSchema, quote_ident, quote_literal
 
 log = structlog.get_logger(__name__)
 
@@ -317,7 +317,7 @@ class _CopySession:
             self._selector.register(self.pgconn.socket, selectors.EVENT_READ)
             self._command("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "start the copy")
             if snapshot is not None:
-                self._command(f"SET TRANSACTION SNAPSHOT {_literal(snapshot)}", "start the copy")
+                self._command(import_snapshot(snapshot), "start the copy")
         except psycopg.Error as exc:
             self.close()
             if exc.sqlstate in ("22023", "42704"):  # invalid parameter value / undefined object (18+)
@@ -503,8 +503,9 @@ def _silent_server(config: PostgresConnection, read_timeout: float) -> Transient
     )
 
 
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
+def import_snapshot(name: str) -> str:
+    """The statement that makes a repeatable-read transaction see the exported snapshot ``name`` (its first)."""
+    return f"SET TRANSACTION SNAPSHOT {quote_literal(name)}"
 
 
 def _libpq_message(pgconn: PGconn) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any, Final, Literal, TypeVar, cast, overload
 
 import numpy as np
@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from etl.errors import SourceError
 from etl.lsn import Lsn
+from etl.postgres.pgtime import PG_EPOCH, pg_timestamp
 from etl.schema import ReplicaIdentity
 
 
@@ -124,13 +125,6 @@ class TupleData(Sequence[Value]):
 
 OldKind = Literal["K", "O"]
 """``K``: the old row holds the replica identity key columns only; ``O``: every column (REPLICA IDENTITY FULL)."""
-
-PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
-
-
-def pg_timestamp(microseconds: int) -> datetime:
-    """A pgoutput timestamp (microseconds since 2000-01-01 UTC) as an aware datetime."""
-    return PG_EPOCH + timedelta(microseconds=microseconds)
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ import struct
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Final, Literal, NamedTuple
 
@@ -32,12 +32,11 @@ from etl.config import PostgresConnection
 from etl.errors import ConfigError, EtlError, SourceError, TransientError
 from etl.lsn import Lsn
 from etl.postgres.connection import connection_error, conninfo_params
-from etl.schema import quote_ident
+from etl.postgres.pgtime import now_pg_us, pg_timestamp
+from etl.schema import quote_ident, quote_literal
 
 log = structlog.get_logger(__name__)
 
-_PG_EPOCH: Final = datetime(2000, 1, 1, tzinfo=UTC)
-_UNIX_TO_PG_US: Final = 946_684_800_000_000
 _XLOG_HEADER: Final = struct.Struct(">QQq")  # after the b"w" tag: wal start, wal end, server time
 _new_tuple: Final = tuple.__new__
 """``tuple.__new__(XLogData, fields)``: a named tuple without the cost of its ``__new__`` (argument binding)."""
@@ -47,15 +46,6 @@ _XLOG_TAG: Final = ord("w")
 _KEEPALIVE_TAG: Final = ord("k")
 _SLOT_NAME: Final = re.compile(r"^[a-z0-9_]{1,63}$")
 _SEND_TIMEOUT: Final = 30.0  # seconds a status update may wait for room in the socket buffer
-
-
-def pg_time_to_datetime(microseconds: int) -> datetime:
-    """A Postgres protocol timestamp (microseconds since 2000-01-01 UTC) as an aware datetime."""
-    return _PG_EPOCH + timedelta(microseconds=microseconds)
-
-
-def _now_pg_us() -> int:
-    return time.time_ns() // 1000 - _UNIX_TO_PG_US
 
 
 class XLogData(NamedTuple):
@@ -69,7 +59,7 @@ class XLogData(NamedTuple):
 
     @property
     def server_datetime(self) -> datetime:
-        return pg_time_to_datetime(self.server_time)
+        return pg_timestamp(self.server_time)
 
 
 class Keepalive(NamedTuple):
@@ -82,7 +72,7 @@ class Keepalive(NamedTuple):
 
     @property
     def server_datetime(self) -> datetime:
-        return pg_time_to_datetime(self.server_time)
+        return pg_timestamp(self.server_time)
 
 
 @dataclass(frozen=True)
@@ -341,7 +331,7 @@ class ReplicationConnection:
             )
         self._check_publications(publications)
         names = ",".join(quote_ident(p) for p in publications)
-        options = [f"proto_version '{protocol_version}'", f"publication_names {_literal(names)}"]
+        options = [f"proto_version '{protocol_version}'", f"publication_names {quote_literal(names)}"]
         if streaming:
             options.append("streaming 'on'")
         if messages:
@@ -353,7 +343,7 @@ class ReplicationConnection:
 
     def _check_publications(self, publications: Sequence[str]) -> None:
         # Postgres 18 merely warns about a missing publication and streams nothing; fail clearly instead
-        wanted = ", ".join(_literal(p) for p in publications)
+        wanted = ", ".join(quote_literal(p) for p in publications)
         found = {
             row[0] for row in self.execute(f"SELECT pubname FROM pg_catalog.pg_publication WHERE pubname IN ({wanted})")
         }
@@ -432,7 +422,7 @@ class ReplicationConnection:
 
         Sending never blocks for long: what the socket does not take now goes out during ``read``.
         """
-        message = _STATUS.pack(b"r", write, flush, apply, _now_pg_us(), reply)
+        message = _STATUS.pack(b"r", write, flush, apply, now_pg_us(), reply)
         pgconn = self._pgconn
         deadline = time.monotonic() + _SEND_TIMEOUT
         try:
@@ -555,11 +545,6 @@ def replication_error(error: psycopg.Error, target: str, doing: str) -> EtlError
     if sqlstate.startswith(("08", "57")):
         return TransientError(message, hint="the server is restarting or unreachable; it is retried")
     return SourceError(message)
-
-
-def _literal(text: str) -> str:
-    """A SQL string literal (standard_conforming_strings is on in every supported Postgres)."""
-    return "'" + text.replace("'", "''") + "'"
 
 
 def _log_notice(result: PGresult) -> str:

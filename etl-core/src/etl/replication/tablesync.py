@@ -19,7 +19,7 @@ from etl.lsn import Lsn
 from etl.postgres.catalog import PublishedTable, estimated_rows, table_schema
 from etl.postgres.codecs import arrow_field
 from etl.postgres.connection import connect
-from etl.postgres.copy import copy_parts, copy_table, plan_copy
+from etl.postgres.copy import copy_parts, copy_table, import_snapshot, plan_copy
 from etl.postgres.replication import (
     ReplicationConnection,
     SlotLostError,
@@ -115,7 +115,7 @@ class TableSyncWorker:
             # The exported snapshot lives until rconn runs its next command: keep it idle until done.
             with connect(source) as conn, conn.transaction():
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                conn.execute(f"SET TRANSACTION SNAPSHOT '{slot.snapshot_name}'")
+                conn.execute(import_snapshot(slot.snapshot_name))
                 schema = table_schema(conn, table_id, self.table.column_list).with_snapshot(slot.consistent_point)
                 estimate = estimated_rows(conn, self.table.sources)
             ctx.store.store_table_schema(schema)
