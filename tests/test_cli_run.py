@@ -1,4 +1,5 @@
-"""`etl run`, `etl status` and `etl resync` as processes: signals, the pipeline lock, status output."""
+"""`etl run`, `etl status` and `etl resync` as processes: signals, the pipeline lock, status output; and the
+resync request as embedding code makes it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from etl.errors import EtlError
+from etl.factory import build_store
+from etl.pipeline import request_resync
+from etl.schema import TableName
 from etl.testing.pipelines import pipeline_config
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
@@ -99,6 +104,21 @@ def test_resync_reaches_the_running_pipeline_through_the_store(source: TestDatab
             time.sleep(0.2)
         assert "why=requested" in run.output()
         wait_for_status(config, "ready")
+
+
+def test_embedding_code_requests_a_resync_without_the_cli(source: TestDatabase, tmp_path: Path) -> None:
+    config = pipeline_config(source, store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")})
+    store = build_store(config, "test")
+    try:
+        table_id = request_resync(config, store, TableName("public", "t"))
+        assert table_id == source.execute("SELECT 'public.t'::regclass::oid")[0][0]
+        assert store.take_resync_requests() == {table_id}
+        with pytest.raises(EtlError, match="not in publication 'pub'") as outside:
+            request_resync(config, store, TableName("public", "nope"))
+        assert "public.t" in (outside.value.hint or "")
+        assert store.take_resync_requests() == set()
+    finally:
+        store.close()
 
 
 def test_resync_refuses_the_memory_store(source: TestDatabase, tmp_path: Path) -> None:

@@ -314,14 +314,9 @@ def cmd_status(
 
 
 def cmd_resync(config: PipelineConfig, path: str, table: str) -> int:
-    """Ask the pipeline, through its store, to copy one table again.
-
-    Only whoever can write the store can ask; the running pipeline takes the request within seconds, a
-    stopped one when it next starts. (Nothing in the source's WAL is trusted for this: any role may write there.)
-    """
+    """Ask the pipeline, through its store, to copy one table again (``pipeline.request_resync``)."""
     from etl.factory import build_store
-    from etl.postgres.catalog import publication_tables
-    from etl.postgres.connection import connect
+    from etl.pipeline import request_resync
     from etl.schema import TableName
 
     if config.store.type == "memory":
@@ -331,16 +326,9 @@ def cmd_resync(config: PipelineConfig, path: str, table: str) -> int:
             ' ([store] type = "sqlite" or "postgres")',
         )
     wanted = TableName.parse(table)
-    with connect(config.source) as conn:
-        published = {t.name: t for t in publication_tables(conn, config.pipeline.publication)}
-    if wanted not in published:
-        raise EtlError(
-            f"table {wanted} is not in publication '{config.pipeline.publication}'",
-            hint="published tables: " + ", ".join(sorted(str(n) for n in published)),
-        )
     store = build_store(config, path)
     try:
-        store.request_resync(published[wanted].id)
+        request_resync(config, store, wanted)
     finally:
         store.close()
     echo(

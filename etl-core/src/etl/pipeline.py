@@ -11,12 +11,12 @@ import structlog
 
 from etl.config import MetricsSection, PipelineConfig
 from etl.destination.base import Destination
-from etl.errors import SourceError, TransientError
+from etl.errors import EtlError, SourceError, TransientError
 from etl.log import route_to_stdlib
 from etl.lsn import Lsn
 from etl.metrics import PipelineMetrics
 from etl.observe import MetricsServer, Sampler
-from etl.postgres.catalog import publication_exists
+from etl.postgres.catalog import publication_exists, publication_tables
 from etl.postgres.connection import connect
 from etl.postgres.ddl import install_ddl_trigger
 from etl.postgres.replication import (
@@ -36,7 +36,7 @@ from etl.replication.slots import apply_slot, pipeline_slots
 from etl.replication.states import TableStates
 from etl.replication.tablesync import TableSyncWorker
 from etl.replication.writer import BatchWriter
-from etl.schema import TableId
+from etl.schema import TableId, TableName
 from etl.store.base import APPLY_WORKER, Store, TableStateKind
 
 log = structlog.get_logger(__name__)
@@ -374,3 +374,23 @@ def reset_for_recopy(config: PipelineConfig, store: Store) -> tuple[list[str], i
     tables = store.reset_tables_for_resync()
     log.info("pipeline reset: every table is copied again at the next run", slots=dropped, tables=tables)
     return dropped, tables
+
+
+def request_resync(config: PipelineConfig, store: Store, table: TableName) -> TableId:
+    """Ask the pipeline, through its store, to copy one published table again; return the table's id.
+
+    Only whoever can write the store can ask: the running pipeline takes the request within seconds, a stopped
+    one when it next starts (nothing in the source's WAL is trusted for this: any role may write there).
+    Raises ``EtlError`` when the table is not in the publication, ``StoreError`` for a store that lives in one
+    process (memory).
+    """
+    with connect(config.source) as conn:
+        published = {t.name: t for t in publication_tables(conn, config.pipeline.publication)}
+    if table not in published:
+        raise EtlError(
+            f"table {table} is not in publication '{config.pipeline.publication}'",
+            hint="published tables: " + ", ".join(sorted(str(n) for n in published)),
+        )
+    store.request_resync(published[table].id)
+    log.info("resync requested", table=str(table))
+    return published[table].id
