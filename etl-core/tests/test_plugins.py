@@ -77,17 +77,7 @@ def test_version_flag() -> None:
     assert result.stdout.startswith("etl 0.")
 
 
-MISSPELT_PLUGIN = """
-from etl.plugins import hookimpl
-from etl.destination.memory import MemoryDestination
-
-class EchoDestination(MemoryDestination):
-    name = "echo"
-
-@hookimpl
-def etl_destination():
-    return [EchoDestination]
-"""
+MISSPELT_PLUGIN = GOOD_PLUGIN.replace("def etl_destinations", "def etl_destination")
 
 
 def test_a_misspelt_hook_makes_its_plugin_broken_naming_the_hook(
