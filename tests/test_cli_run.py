@@ -86,6 +86,7 @@ def test_resync_rejects_a_table_outside_the_publication(source: TestDatabase, tm
     result = etl("resync", "-c", str(config), "--table", "public.nope")
     assert result.returncode == 1
     assert "not in publication 'pub'" in result.stderr and "public.t" in result.stderr
+    assert not (tmp_path / "state.sqlite").exists()  # the store is not opened (created, migrated) for nothing
 
 
 def test_resync_reaches_the_running_pipeline_through_the_store(source: TestDatabase, tmp_path: Path) -> None:

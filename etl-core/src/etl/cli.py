@@ -314,9 +314,10 @@ def cmd_status(
 
 
 def cmd_resync(config: PipelineConfig, path: str, table: str) -> int:
-    """Ask the pipeline, through its store, to copy one table again (``pipeline.request_resync``)."""
+    """Ask the pipeline, through its store, to copy one table again (as ``pipeline.request_resync`` does, with
+    the table looked up before the store is opened: a wrong name leaves no store behind)."""
     from etl.factory import build_store
-    from etl.pipeline import request_resync
+    from etl.pipeline import published_table_id
     from etl.schema import TableName
 
     if config.store.type == "memory":
@@ -326,9 +327,10 @@ def cmd_resync(config: PipelineConfig, path: str, table: str) -> int:
             ' ([store] type = "sqlite" or "postgres")',
         )
     wanted = TableName.parse(table)
+    table_id = published_table_id(config, wanted)
     store = build_store(config, path)
     try:
-        request_resync(config, store, wanted)
+        store.request_resync(table_id)
     finally:
         store.close()
     echo(

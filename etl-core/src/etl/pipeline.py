@@ -376,6 +376,19 @@ def reset_for_recopy(config: PipelineConfig, store: Store) -> tuple[list[str], i
     return dropped, tables
 
 
+def published_table_id(config: PipelineConfig, table: TableName) -> TableId:
+    """The id of a table of the pipeline's publication; ``EtlError`` naming the published tables when it is not
+    one of them."""
+    with connect(config.source) as conn:
+        published = {t.name: t.id for t in publication_tables(conn, config.pipeline.publication)}
+    if table not in published:
+        raise EtlError(
+            f"table {table} is not in publication '{config.pipeline.publication}'",
+            hint="published tables: " + ", ".join(sorted(str(n) for n in published)),
+        )
+    return published[table]
+
+
 def request_resync(config: PipelineConfig, store: Store, table: TableName) -> TableId:
     """Ask the pipeline, through its store, to copy one published table again; return the table's id.
 
@@ -384,13 +397,7 @@ def request_resync(config: PipelineConfig, store: Store, table: TableName) -> Ta
     Raises ``EtlError`` when the table is not in the publication, ``StoreError`` for a store that lives in one
     process (memory).
     """
-    with connect(config.source) as conn:
-        published = {t.name: t for t in publication_tables(conn, config.pipeline.publication)}
-    if table not in published:
-        raise EtlError(
-            f"table {table} is not in publication '{config.pipeline.publication}'",
-            hint="published tables: " + ", ".join(sorted(str(n) for n in published)),
-        )
-    store.request_resync(published[table].id)
+    table_id = published_table_id(config, table)
+    store.request_resync(table_id)
     log.info("resync requested", table=str(table))
-    return published[table].id
+    return table_id
