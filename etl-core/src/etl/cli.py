@@ -248,7 +248,7 @@ class _BoundedStop:
 
 
 def cmd_check(config: PipelineConfig, path: str, output: str = "text") -> int:
-    from etl.postgres.checks import run_checks
+    from etl.checks import run_checks
 
     checks = run_checks(config, path)
     failed = sum(c.failed for c in checks)

@@ -31,7 +31,7 @@ from etl.store.memory import MemoryStore
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
-    from etl.postgres.checks import Check
+    from etl.checks import Check
 
 MEMORY_STORE_NOTE = (
     "the memory store keeps table states inside the process of `etl run`, so a status from another process"
