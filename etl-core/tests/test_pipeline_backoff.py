@@ -1,16 +1,19 @@
-"""The reconnect backoff of a pipeline starts over after a healthy period, so outages far apart each start
-with the shortest delay instead of the longest one reached before."""
+"""The reconnect backoff: its delays, and a pipeline's starting over after a healthy period, so outages far
+apart each start with the shortest delay instead of the longest one reached before."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
+import pytest
 from structlog.testing import capture_logs
 
 from etl.config import PipelineConfig
 from etl.destination.memory import MemoryDestination
 from etl.errors import TransientError
 from etl.pipeline import Pipeline
+from etl.replication.backoff import backoff_delays
 from etl.store.memory import MemoryStore
 
 HEALTHY = 0.3
@@ -51,3 +54,13 @@ def test_backoff_grows_while_attempts_fail_fast_and_starts_over_after_a_healthy_
     assert 0.25 <= delays[0] <= 0.5 and 0.5 <= delays[1] <= 1 and 1 <= delays[2] <= 2, delays
     assert 0.25 <= delays[3] <= 0.5, f"after a healthy attempt the backoff did not start over: {delays}"
     assert 0.5 <= delays[4] <= 1, f"the series did not grow again from its start: {delays}"
+
+
+def test_backoff_delays_grow_jittered_and_capped() -> None:
+    delays = list(itertools.islice(backoff_delays(0.5, 4.0), 12))
+    ceilings = [0.5, 1.0, 2.0, 4.0] + [4.0] * 8
+    for delay, ceiling in zip(delays, ceilings, strict=True):
+        assert ceiling / 2 <= delay <= ceiling
+    assert len(set(delays)) > 1
+    with pytest.raises(ValueError):
+        next(backoff_delays(0, 1))

@@ -23,7 +23,6 @@ from etl.postgres.replication import (
     SlotNotFoundError,
     SlotState,
     XLogData,
-    backoff_delays,
     choose_protocol,
     slot_state,
 )
@@ -314,16 +313,6 @@ def test_choose_protocol() -> None:
     assert choose_protocol(130011) == (1, False)
     assert choose_protocol(140000) == (2, True)
     assert choose_protocol(180001) == (2, True)
-
-
-def test_backoff_delays_grow_jittered_and_capped() -> None:
-    delays = list(itertools.islice(backoff_delays(0.5, 4.0), 12))
-    ceilings = [0.5, 1.0, 2.0, 4.0] + [4.0] * 8
-    for delay, ceiling in zip(delays, ceilings, strict=True):
-        assert ceiling / 2 <= delay <= ceiling
-    assert len(set(delays)) > 1
-    with pytest.raises(ValueError):
-        next(backoff_delays(0, 1))
 
 
 def test_invalidated_slot(pg_database: TestDatabase) -> None:

@@ -24,11 +24,11 @@ from etl.postgres.replication import (
     ReplicationConnection,
     SlotLostError,
     SlotState,
-    backoff_delays,
     choose_protocol,
     slot_state,
 )
 from etl.replication.apply import ApplyWorker
+from etl.replication.backoff import backoff_delays
 from etl.replication.context import WorkerContext
 from etl.replication.retries import TableRetries
 from etl.replication.schemas import SchemaTracker

@@ -10,12 +10,11 @@ A ``ReplicationConnection`` belongs to one thread at a time.
 
 from __future__ import annotations
 
-import random
 import re
 import selectors
 import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
@@ -136,16 +135,6 @@ def slot_state(conn: psycopg.Connection[Any], name: str) -> SlotState:
 def choose_protocol(server_version: int) -> tuple[int, bool]:
     """The pgoutput ``(proto_version, streaming)`` to use with a server: 2 with streaming from 14 on, else 1."""
     return (2, True) if server_version >= 140000 else (1, False)
-
-
-def backoff_delays(initial: float = 0.5, maximum: float = 30.0) -> Iterator[float]:
-    """Endless reconnect delays: exponential from ``initial`` up to ``maximum``, each jittered to 50-100%."""
-    if not 0 < initial <= maximum:
-        raise ValueError(f"need 0 < initial <= maximum, got initial={initial}, maximum={maximum}")
-    ceiling = initial
-    while True:
-        yield ceiling * random.uniform(0.5, 1.0)
-        ceiling = min(maximum, ceiling * 2)
 
 
 def check_slot_name(name: str) -> str:

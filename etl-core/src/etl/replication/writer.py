@@ -15,7 +15,7 @@ from etl.errors import DestinationError, TableError, TransientError
 from etl.events import EventBatch
 from etl.lsn import Lsn
 from etl.metrics import PipelineMetrics
-from etl.postgres.replication import backoff_delays
+from etl.replication.backoff import backoff_delays
 from etl.store.base import Store
 
 log = structlog.get_logger(__name__)
