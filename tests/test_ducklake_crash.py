@@ -13,6 +13,7 @@ the store is SQLite, so the pipeline's own state survives the kill too.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -26,6 +27,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from sqlalchemy.engine import Engine
 
 from etl.testing.pipelines import pipeline_config
 from etl.testing.pytest_plugin import TestDatabase
@@ -51,19 +53,20 @@ class Setup:
         on_disk = {p.name for p in self.data.rglob("ducklake-*.parquet")}
         if not on_disk:
             return set()
-        engine = engine_for(self.catalog)
-        try:
-            with engine.connect() as conn:
-                registered = {
-                    str(path).rsplit("/", 1)[-1]
-                    for (path,) in conn.exec_driver_sql(
-                        "SELECT path FROM ducklake_data_file UNION ALL SELECT path FROM ducklake_delete_file"
-                        " UNION ALL SELECT path FROM ducklake_files_scheduled_for_deletion"
-                    )
-                }
-        finally:
-            engine.dispose()
+        with self.engine.connect() as conn:
+            registered = {
+                str(path).rsplit("/", 1)[-1]
+                for (path,) in conn.exec_driver_sql(
+                    "SELECT path FROM ducklake_data_file UNION ALL SELECT path FROM ducklake_delete_file"
+                    " UNION ALL SELECT path FROM ducklake_files_scheduled_for_deletion"
+                )
+            }
         return on_disk - registered
+
+    @functools.cached_property
+    def engine(self) -> Engine:
+        """One engine for the test's catalog reads: a poll that connects anew is slow enough to miss a write."""
+        return engine_for(self.catalog)
 
     def staged_flushes(self) -> set[str]:
         """Staged files of flushed inlined rows: of the ledger (its rows are inlined), holding row ids."""
@@ -161,10 +164,12 @@ def setup(
         },
     )
     run = PipelineProcess(write_config(tmp_path / "pipeline.toml", config), log_level="info")
+    setup = Setup(db, run, catalog, data)
     try:
-        yield Setup(db, run, catalog, data)
+        yield setup
     finally:
         run.stop(timeout=120)
+        setup.engine.dispose()  # before the catalog database is dropped
         if request.param == "postgres":
             db.cluster.drop_database(lake_db)
 
