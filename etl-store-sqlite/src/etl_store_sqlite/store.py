@@ -9,6 +9,7 @@ program and is refused. The pipeline lock is an ``flock`` on ``<path>.pipeline-<
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -44,7 +45,17 @@ class SqliteStore(SqlStore):
     def __init__(self, path: str | Path, pipeline_id: int, *, busy_timeout_ms: int = 5000) -> None:
         self.path = Path(path)
         self._file_lock = FileLock(Path(f"{self.path}.pipeline-{pipeline_id}.lock"))
-        super().__init__(_engine(self.path, busy_timeout_ms), pipeline_id)
+        deadline = time.monotonic() + busy_timeout_ms / 1000
+        while True:
+            try:
+                super().__init__(_engine(self.path, busy_timeout_ms), pipeline_id)
+                return
+            except StoreError as exc:
+                # Another process opening the same new file (etl status beside etl run) can hold it while it
+                # switches it to WAL mode, which SQLite reports at once instead of waiting: try again.
+                if "database is locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
 
     def describe(self) -> str:
         return f"SQLite store {self.path}"
