@@ -145,27 +145,24 @@ class _NotAPlugin(Exception):
 def _classes_of(manager: pluggy.PluginManager, module: object) -> list[tuple[Kind, Any]]:
     """Check the plugin's hooks against ``etl.hookspecs`` and call them, through pluggy, leaving out every other
     plugin, so that a failure stays this plugin's own."""
+    callers = manager.get_hookcallers(module) or []
     try:
         manager.check_pending()
     except pluggy.PluginValidationError:
-        unknown = sorted(caller.name for caller in manager.get_hookcallers(module) or [] if not caller.has_spec())
+        unknown = sorted(caller.name for caller in callers if not caller.has_spec())
         raise _NotAPlugin(
             f"unknown hook {', '.join(unknown)}: etl's hooks are {', '.join(_HOOKS)} (etl.hookspecs)"
         ) from None
+    implemented = [caller.name for caller in callers if caller.name in _HOOKS]
+    if not implemented:
+        raise _NotAPlugin(f"implements none of etl's hooks ({', '.join(_HOOKS)}), each marked with @hookimpl")
     others = [plugin for plugin in manager.get_plugins() if plugin is not module]
     found: list[tuple[Kind, Any]] = []
-    implemented = 0
-    for name, kind in _HOOKS.items():
-        if not any(impl.plugin is module for impl in getattr(manager.hook, name).get_hookimpls()):
-            continue
-        implemented += 1
+    for name in implemented:
         results = manager.subset_hook_caller(name, remove_plugins=others)()
         if not results:  # pluggy leaves out a None: the hook returned nothing
             raise _NotAPlugin(f"its {name} hook returned nothing; it must return a list of classes")
-        for classes in results:
-            found += [(kind, cls) for cls in classes]
-    if not implemented:
-        raise _NotAPlugin(f"implements none of etl's hooks ({', '.join(_HOOKS)}), each marked with @hookimpl")
+        found += [(_HOOKS[name], cls) for classes in results for cls in classes]
     return found
 
 

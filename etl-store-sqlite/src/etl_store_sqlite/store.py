@@ -51,9 +51,9 @@ class SqliteStore(SqlStore):
                 super().__init__(_engine(self.path, busy_timeout_ms), pipeline_id)
                 return
             except StoreError as exc:
-                # Another process opening the same new file (etl status beside etl run) can hold it while it
-                # switches it to WAL mode, which SQLite reports at once instead of waiting: try again.
-                if "database is locked" not in str(exc) or time.monotonic() >= deadline:
+                # SQLite reports some locks at once instead of waiting out busy_timeout (where waiting could
+                # deadlock); seen when etl run opened the file while etl status was opening and migrating it.
+                if not _busy(exc.__cause__) or time.monotonic() >= deadline:
                     raise
                 time.sleep(0.05)
 
@@ -127,3 +127,9 @@ def _engine(path: Path, busy_timeout_ms: int) -> sa.Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def _busy(error: BaseException | None) -> bool:
+    """Whether a failed open was SQLite finding the file locked (``SQLITE_BUSY``, or an extended code of it)."""
+    code = getattr(getattr(error, "orig", None), "sqlite_errorcode", None)  # absent on errors raised by hand
+    return code is not None and code & 0xFF == sqlite3.SQLITE_BUSY
