@@ -125,8 +125,8 @@ def test_ducklake_counts_a_conflict_and_records_on_a_private_registry_until_regi
     real_plan = plan_changes
     plans = []
 
-    def plan_then_compact(dest: Any, segment: Any, inline_limit: int) -> Any:
-        plan = real_plan(dest, segment, inline_limit)
+    def plan_then_compact(dest: Any, segment: Any, inline_limit: int, state: Any) -> Any:
+        plan = real_plan(dest, segment, inline_limit, state)
         plans.append(plan)
         if len(plans) == 1:  # DuckDB compacts after the positions were found, before the commit
             con = lake.duckdb()

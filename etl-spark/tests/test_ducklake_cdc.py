@@ -245,9 +245,9 @@ def test_the_tables_of_a_batch_are_planned_at_the_same_time(
     together = threading.Barrier(2, timeout=60)  # each plan waits for the other: one at a time would time out
     real_plan = destination_module.plan_changes
 
-    def plan_beside_the_other(lake_: Any, segment: Any, inline_limit: int) -> Any:
+    def plan_beside_the_other(lake_: Any, segment: Any, inline_limit: int, state: Any) -> Any:
         together.wait()
-        return real_plan(lake_, segment, inline_limit)
+        return real_plan(lake_, segment, inline_limit, state)
 
     monkeypatch.setattr(destination_module, "plan_changes", plan_beside_the_other)
     b = kit.BatchBuilder()

@@ -80,8 +80,8 @@ def test_conflicting_compaction_is_detected_and_the_batch_retried(
     real_plan = destination_module.plan_changes
     plans = []
 
-    def plan_then_compact(dest: Any, segment: Any, inline_limit: int) -> Any:
-        plan = real_plan(dest, segment, inline_limit)
+    def plan_then_compact(dest: Any, segment: Any, inline_limit: int, state: Any) -> Any:
+        plan = real_plan(dest, segment, inline_limit, state)
         plans.append(plan)
         if len(plans) == 1:  # DuckDB compacts after the positions were found, before the commit
             con = lake.duckdb()

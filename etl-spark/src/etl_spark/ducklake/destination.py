@@ -48,6 +48,7 @@ from etl_spark.ducklake.maintenance import Maintenance, MaintenanceConfig
 from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.plan import FlushFirst, TablePlan, inline_limits, plan_changes, plan_copy
 from etl_spark.ducklake.reader import open_lake
+from etl_spark.ducklake.table_state import TableState, read_states
 from etl_spark.ducklake.upkeep import UPKEEP_SECONDS, Step, Turns, Upkeep
 from etl_spark.session import SparkSettings, get_spark
 
@@ -314,10 +315,11 @@ class DuckLakeDestination:
     def _plan_all(self, segments: list[TableChanges]) -> list[TablePlan | None]:
         """Plan each table's changes on a thread of its own; when one fails, the files of the others are removed."""
         limits = inline_limits([s.table.num_rows for s in segments], self.config.inline_row_limit)
+        states = read_states(self.catalog, [s.schema for s in segments])
         if len(segments) == 1:
-            return [self._plan_changes(segments[0], limits[0])]
+            return [self._plan_changes(segments[0], limits[0], states[segments[0].schema.id])]
         futures = [
-            self.planner.submit(self._plan_changes, segment, limit)
+            self.planner.submit(self._plan_changes, segment, limit, states[segment.schema.id])
             for segment, limit in zip(segments, limits, strict=True)
         ]
         wait(futures)
@@ -331,9 +333,9 @@ class DuckLakeDestination:
             raise failed[0] if len(firsts) < len(failed) else FlushFirst(*(t for e in firsts for t in e.tables))
         return plans
 
-    def _plan_changes(self, segment: TableChanges, inline_limit: int) -> TablePlan | None:
+    def _plan_changes(self, segment: TableChanges, inline_limit: int, state: TableState) -> TablePlan | None:
         with naming_table(segment.schema.id):
-            plan = plan_changes(self.lake, segment, inline_limit)
+            plan = plan_changes(self.lake, segment, inline_limit, state)
         if plan is not None:
             log.debug(
                 "ducklake table planned",

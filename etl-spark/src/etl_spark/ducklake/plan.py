@@ -59,11 +59,11 @@ from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.scan import file_name, read_live, read_rows
 from etl_spark.ducklake.schema_diff import SchemaDiff, diff
+from etl_spark.ducklake.table_state import TableState, read_states
 from etl_spark.ducklake.types import Form, LakeType, convert, lake_type
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
-    from sqlalchemy.engine import Connection
 
 INLINED = "_etl_inlined"
 """The ``_etl_file`` of inlined rows in a live-rows frame, whose ``_etl_pos`` is their row id."""
@@ -195,10 +195,9 @@ class FlushFirst(Exception):
         self.tables = tables
 
 
-def _target_columns(
-    lake: Lake, schema: TableSchema, handle: Handle | None, conn: Connection | None = None
-) -> tuple[SchemaDiff, list[int], list[LakeColumn]]:
+def _target_columns(schema: TableSchema, state: TableState) -> tuple[SchemaDiff, list[int], list[LakeColumn]]:
     """The schema change to make and the lake columns (ids, and the source columns) the new files carry."""
+    handle = state.handle
     if handle is None:
         types = [lake_type(c) for c in schema.columns]
         numbered = assign_column_ids(
@@ -207,7 +206,7 @@ def _target_columns(
         columns = [_new_column(c, t, i) for c, t, i in zip(schema.columns, types, numbered, strict=True)]
         return SchemaDiff(), [], columns
     change = diff(handle.table.columns, schema)
-    added = assign_column_ids(change.adds, lake.catalog.max_column_id(handle.table.table_id, conn) + 1)
+    added = assign_column_ids(change.adds, state.max_column_id + 1)
     renamed = {old.column_id: name for old, name in change.renames}
     retyped = {old.column_id: new_type for old, new_type in change.retypes}
     dropped = {c.column_id for c in change.drops}
@@ -247,27 +246,27 @@ def _sources(columns: Sequence[LakeColumn]) -> dict[int, SourceColumn]:
     return {c.column_id: (c.attnum, *c.source_type) for c in columns if c.source_type is not None}
 
 
-def _directory(lake: Lake, schema: TableSchema, handle: Handle | None, conn: Connection | None = None) -> str:
+def _directory(lake: Lake, schema: TableSchema, handle: Handle | None) -> str:
     if handle is not None:
         return handle.table.directory
-    return lake.catalog.table_directory(schema.name.schema, schema.name.name, conn)
+    return lake.catalog.table_directory(schema.name.schema, schema.name.name)
 
 
-def _handle(lake: Lake, schema: TableSchema, conn: Connection | None = None) -> Handle | None:
+def _handle(schema: TableSchema, state: TableState) -> Handle | None:
     """The table's place in the lake, ``None`` before its first write; a lake table that is gone errors."""
-    handle = lake.catalog.handle(schema.id, conn)
-    if handle is None and lake.catalog.tracked(schema.id, conn):
+    if state.handle is None and state.tracked:
         raise TableError(
             f"{schema.name}: its DuckLake table is gone (dropped in the lake by DuckDB or another writer)",
             hint="resync the table (etl resync --table ...) to copy it again",
         )
-    return handle
+    return state.handle
 
 
 def plan_copy(lake: Lake, schema: TableSchema, write: Callable[[DataFileSpec], list[NewFile]]) -> TablePlan:
     """The plan for copied rows, which ``write`` writes as data files (into the table, created when new)."""
-    handle = _handle(lake, schema)
-    change, new_ids, columns = _target_columns(lake, schema, handle)
+    state = read_states(lake.catalog, [schema])[schema.id]
+    handle = _handle(schema, state)
+    change, new_ids, columns = _target_columns(schema, state)
     plan = TablePlan(schema, handle, _directory(lake, schema, handle), change, new_ids, _sources(columns))
     plan.files = write(_spec(lake, plan, columns))
     return plan
@@ -293,38 +292,34 @@ def inline_limits(changes: Sequence[int], budget: int) -> list[int]:
     return limits
 
 
-def plan_changes(lake: Lake, segment: TableChanges, inline_limit: int) -> TablePlan | None:
+def plan_changes(lake: Lake, segment: TableChanges, inline_limit: int, state: TableState) -> TablePlan | None:
     """The plan for one table's changes, or ``None`` when all of them were applied before. Its upserts are
     inlined when there are at most ``inline_limit`` of them (when Spark collapses them: at most that many
-    changes), else all of them go to data files."""
+    changes), else all of them go to data files. ``state`` is the table's catalog state (``read_states``)."""
     schema = segment.schema
-    with lake.catalog.engine.connect() as conn:  # the catalog's state of the table, read in one go
-        handle = _handle(lake, schema, conn)
-        changes = segment.table
-        inlined_tables: list[str] = []
-        if handle is not None:
-            changes = after(changes, handle.watermark)
-            inlined_tables = lake.catalog.inlined_tables(handle.table, conn)
-        watermark = last_position(changes)
-        if watermark is None:
-            return _plan_schema(lake, schema, handle, inlined_tables, conn) if segment.table.num_rows == 0 else None
-        change, new_ids, columns = _target_columns(lake, schema, handle, conn)
-        if handle is not None and change:
-            _check_not_inlined(handle.table, inlined_tables)
-        directory = _directory(lake, schema, handle, conn)
-        plan = TablePlan(schema, handle, directory, change, new_ids, _sources(columns), watermark=watermark)
-        plan.truncate, changes = after_last_truncate(changes)
-        if changes.num_rows == 0:
-            return plan
-        data_files = [] if handle is None or plan.truncate else lake.catalog.data_files(handle.table, conn)
-    inlined_tables = [] if plan.truncate else inlined_tables
+    handle = _handle(schema, state)
+    changes = segment.table
+    if handle is not None:
+        changes = after(changes, handle.watermark)
+    watermark = last_position(changes)
+    if watermark is None:
+        return _plan_schema(schema, state) if segment.table.num_rows == 0 else None
+    change, new_ids, columns = _target_columns(schema, state)
+    if handle is not None and change:
+        _check_not_inlined(handle.table, state.inlined_tables)
+    directory = _directory(lake, schema, handle)
+    plan = TablePlan(schema, handle, directory, change, new_ids, _sources(columns), watermark=watermark)
+    plan.truncate, changes = after_last_truncate(changes)
+    if changes.num_rows == 0:
+        return plan
     _plan_rows(
         lake,
         plan,
         changes,
         columns=columns,
-        inlined_tables=inlined_tables,
-        data_files=data_files,
+        inlined_tables=[] if plan.truncate else state.inlined_tables,
+        data_files=[] if plan.truncate else state.data_files,
+        key_bounds=state.key_bounds,
         inline_limit=inline_limit,
     )
     return plan
@@ -338,13 +333,14 @@ def _plan_rows(
     columns: list[LakeColumn],
     inlined_tables: list[str],
     data_files: list[DataFile],
+    key_bounds: dict[int, tuple[int, int]],
     inline_limit: int,
 ) -> None:
     """Plan the rows of ``changes`` (after the watermark and the last truncate): find the stored rows they
     replace or delete, and write or inline the rows they leave."""
     from pyspark.sql import functions as sf
 
-    schema, handle = plan.schema, plan.handle
+    schema = plan.schema
     names = schema.column_names
     key = [c.name for c in schema.key_columns]
     only_inserts = bool(pc.all(pc.equal(changes[OP_COLUMN], "I")).as_py())
@@ -358,9 +354,9 @@ def _plan_rows(
         # positions already deleted are dropped on the driver, and the upserts are inlined or
         # written as files, on the driver.
         collapsed = last_change_per_key_arrow(changes, names, key)
-        if scan and handle is not None and len(key) == 1:  # files whose key bounds hold no touched key: skipped
+        if scan and len(key) == 1:  # files whose key bounds hold no touched key: skipped
             column = next(c for c in columns if c.name == key[0])
-            data_files = _may_hold(lake, handle.table, column, collapsed[key[0]], data_files)
+            data_files = _may_hold(key_bounds, column, collapsed[key[0]], data_files)
         candidates = data_files if scan else []
         lookup = _driver_lookup(columns, key, candidates)
         if lookup is not None:
@@ -461,9 +457,7 @@ def _inlined_of_keys(inlined_rows: pa.Table, keys: pa.Table, columns: Sequence[L
     return sorted(set(matched["row_id"].to_pylist()))
 
 
-def _plan_schema(
-    lake: Lake, schema: TableSchema, handle: Handle | None, inlined_tables: list[str], conn: Connection
-) -> TablePlan | None:
+def _plan_schema(schema: TableSchema, state: TableState) -> TablePlan | None:
     """A schema version with no change of its own in the batch (the DDL trigger reports it at the DDL).
 
     It is applied when it is newer than every change the table holds (its commit LSN is past the
@@ -471,27 +465,26 @@ def _plan_schema(
     it, or of any older version, is skipped and cannot roll the lake's schema back. A version made in a
     transaction that changed the table before the DDL is not newer; it arrives with the next change.
     """
-    lsn = int(schema.snapshot_lsn)
+    lsn, handle = int(schema.snapshot_lsn), state.handle
     if handle is None or lsn <= handle.watermark[0]:
         return None
-    change, new_ids, columns = _target_columns(lake, schema, handle, conn)
+    change, new_ids, columns = _target_columns(schema, state)
     if not change and not _renamed(handle.table, schema):
         return None
     if change:
-        _check_not_inlined(handle.table, inlined_tables)
+        _check_not_inlined(handle.table, state.inlined_tables)
     return TablePlan(
         schema, handle, handle.table.directory, change, new_ids, _sources(columns), watermark=(lsn, BEFORE_FIRST)
     )
 
 
 def _may_hold(
-    lake: Lake, table: LakeTable, column: LakeColumn, keys: pa.ChunkedArray, data_files: list[DataFile]
+    bounds: dict[int, tuple[int, int]], column: LakeColumn, keys: pa.ChunkedArray, data_files: list[DataFile]
 ) -> list[DataFile]:
     """The data files that may hold one of ``keys`` (values of a one-column key): for an integer key, those
-    whose bounds (file column statistics) contain one; otherwise, or for files without bounds, all of them."""
+    whose ``bounds`` (file column statistics) contain one; otherwise, or for files without bounds, all of them."""
     if not column.type.startswith("int"):
         return data_files
-    bounds = lake.catalog.integer_bounds(table, column.column_id)
     wanted = np.sort(keys.drop_null().to_numpy())
 
     def may_hold(data_file: DataFile) -> bool:

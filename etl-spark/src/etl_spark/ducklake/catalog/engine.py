@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -70,3 +71,14 @@ def engine_for(url: str) -> Engine:
     else:
         raise ConfigError(f"the DuckLake catalog must live in SQLite or Postgres, not {backend!r}", hint=_URL_HINT)
     return engine
+
+
+def one_of(conn: Connection, expression: str, parameter: str, values: Sequence[int]) -> tuple[str, Any]:
+    """A condition that the SQL ``expression`` is one of the integers ``values``, bound as the one parameter
+    ``parameter`` (a JSON array in SQLite, an array in Postgres), and that parameter's value. One parameter, not
+    one per value: SQLAlchemy's expanding ``IN`` renders a name per value, which costs more than the query for
+    thousands."""
+    ints = [int(v) for v in values]
+    if conn.dialect.name == "postgresql":
+        return f"{expression} = ANY(CAST(:{parameter} AS bigint[]))", ints
+    return f"{expression} IN (SELECT value FROM json_each(:{parameter}))", json.dumps(ints)

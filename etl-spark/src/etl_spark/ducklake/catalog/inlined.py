@@ -15,7 +15,6 @@ not lists, not intervals (``inlinable``). Values go in from, and come back out i
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -26,6 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from etl_spark.ducklake.catalog.ddl import quote
+from etl_spark.ducklake.catalog.engine import one_of
 from etl_spark.ducklake.catalog.model import LakeColumn
 from etl_spark.ducklake.types import LIST, Form, convert
 
@@ -87,12 +87,15 @@ def _slots(columns: Sequence[LakeColumn]) -> list[_Slot]:
     return [s for s in slots if s is not None]
 
 
-def registered(conn: Connection, table_id: int) -> dict[int, str]:
-    """The table's inlined data tables by schema version."""
-    rows = conn.execute(
-        sa.text(f"SELECT schema_version, table_name FROM {REGISTRY} WHERE table_id = :t"), {"t": table_id}
-    )
-    return {int(version): str(name) for version, name in rows}
+def registered(conn: Connection, table_ids: Sequence[int]) -> dict[int, dict[int, str]]:
+    """Each table's inlined data tables by schema version (tables without any left out)."""
+    member, ids = one_of(conn, "table_id", "t", table_ids)
+    statement = sa.text(f"SELECT table_id, schema_version, table_name FROM {REGISTRY} WHERE {member}")
+    rows = conn.execute(statement, {"t": ids})
+    tables: dict[int, dict[int, str]] = {}
+    for table_id, version, name in rows:
+        tables.setdefault(int(table_id), {})[int(version)] = str(name)
+    return tables
 
 
 def create(conn: Connection, table_id: int, schema_version: int, columns: Sequence[LakeColumn]) -> str:
@@ -159,19 +162,9 @@ def _encode(values: pa.ChunkedArray | pa.Array, slot: _Slot, postgres: bool) -> 
 
 def end(conn: Connection, name: str, row_ids: Sequence[int], snapshot: int) -> int:
     """End the live rows of these row ids in ``snapshot``; how many it ended."""
-    member, ids = _one_of(conn, "row_id", "ids", row_ids)
+    member, ids = one_of(conn, "row_id", "ids", row_ids)
     statement = sa.text(f"UPDATE {quote(name)} SET end_snapshot = :s WHERE end_snapshot IS NULL AND {member}")
     return conn.execute(statement, {"s": snapshot, "ids": ids}).rowcount
-
-
-def _one_of(conn: Connection, column: str, parameter: str, values: Sequence[int]) -> tuple[str, Any]:
-    """A condition that ``column`` holds one of the integers ``values``, bound as the one parameter ``parameter``
-    (a JSON array in SQLite, an array in Postgres), and that parameter's value. One parameter, not one per value:
-    SQLAlchemy's expanding ``IN`` renders a name per value, which costs more than the query for thousands."""
-    ints = [int(v) for v in values]
-    if _postgres(conn):
-        return f"{quote(column)} = ANY(CAST(:{parameter} AS bigint[]))", ints
-    return f"{quote(column)} IN (SELECT value FROM json_each(:{parameter}))", json.dumps(ints)
 
 
 def end_all(conn: Connection, name: str, snapshot: int) -> int:
@@ -186,9 +179,14 @@ def column_names(conn: Connection, name: str) -> list[str]:
     return [str(c["name"]) for c in sa.inspect(conn).get_columns(name)][3:]
 
 
-def holds_rows(conn: Connection, name: str) -> bool:
-    """Whether an inlined data table holds any row, live or ended (without counting them)."""
-    return conn.execute(sa.text(f"SELECT 1 FROM {quote(name)} LIMIT 1")).first() is not None
+def holding_rows(conn: Connection, names: Sequence[str]) -> set[str]:
+    """Those of the inlined data tables that hold any row, live or ended (found without counting them)."""
+    if not names:
+        return set()
+    probes = " UNION ALL ".join(
+        f"SELECT :n{i} WHERE EXISTS (SELECT 1 FROM {quote(name)})" for i, name in enumerate(names)
+    )
+    return {str(n) for (n,) in conn.execute(sa.text(probes), {f"n{i}": name for i, name in enumerate(names)})}
 
 
 def shape(conn: Connection, name: str, last_row_id: int | None = None) -> tuple[int, int]:
@@ -219,7 +217,7 @@ def read(
     conditions = ["end_snapshot IS NULL"] if live else []
     parameters: dict[str, Any] = {}
     if keys is not None:
-        member, parameters["keys"] = _one_of(conn, keys[0], "keys", keys[1])
+        member, parameters["keys"] = one_of(conn, quote(keys[0]), "keys", keys[1])
         conditions.append(member)
     if up_to is not None:
         conditions.append("row_id <= :up_to")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -23,7 +23,7 @@ from etl.errors import DestinationError
 from etl_spark.ducklake.catalog import inlined, retention
 from etl_spark.ducklake.catalog.bootstrap import check_lake, create_lake
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES
-from etl_spark.ducklake.catalog.engine import engine_for, masked, redacted, writing
+from etl_spark.ducklake.catalog.engine import engine_for, masked, one_of, redacted, writing
 from etl_spark.ducklake.catalog.migrations import migrate
 from etl_spark.ducklake.catalog.model import DataFile, DeleteFile, Handle, LakeColumn, LakeTable, table_directory
 from etl_spark.ducklake.catalog.transaction import Transaction
@@ -127,20 +127,27 @@ class Catalog:
     def handle(self, source_table_id: int, conn: Connection | None = None) -> Handle | None:
         """The source table's lake table and watermark; ``None`` before its first write, after its lake table was
         dropped, and once it is marked for replacement."""
+        return self.handles([source_table_id], conn).get(source_table_id)
+
+    def handles(self, source_table_ids: Sequence[int], conn: Connection | None = None) -> dict[int, Handle | None]:
+        """``handle`` of each source table this pipeline tracks (``tracked``): ``None`` where its lake table was
+        dropped. The others are left out."""
         with self._reading(conn) as c:
-            state = c.execute(
+            member, ids = one_of(c, "source_table_id", "s", source_table_ids)
+            states = c.execute(
                 sa.text(
-                    f"SELECT table_id, commit_lsn, tx_ordinal FROM {STATE_TABLE}"
-                    " WHERE pipeline_id = :p AND source_table_id = :s AND NOT replaced"
+                    f"SELECT source_table_id, table_id, commit_lsn, tx_ordinal FROM {STATE_TABLE}"
+                    f" WHERE pipeline_id = :p AND NOT replaced AND {member}"
                 ),
-                {"p": self.pipeline_id, "s": source_table_id},
-            ).one_or_none()
-            if state is None:
-                return None
-            table = self.table(state.table_id, c)
-        if table is None:
-            return None
-        return Handle(table, (int(state.commit_lsn), int(state.tx_ordinal)))
+                {"p": self.pipeline_id, "s": ids},
+            ).all()
+            tables = self.tables([int(s.table_id) for s in states], c)
+        handles: dict[int, Handle | None] = {}
+        for state in states:
+            table = tables.get(int(state.table_id))
+            watermark = (int(state.commit_lsn), int(state.tx_ordinal))
+            handles[int(state.source_table_id)] = None if table is None else Handle(table, watermark)
+        return handles
 
     def tracked(self, source_table_id: int, conn: Connection | None = None) -> bool:
         """Whether this pipeline recorded a lake table for the source table (which may since have been dropped),
@@ -156,27 +163,41 @@ class Catalog:
 
     def table(self, table_id: int, conn: Connection | None = None) -> LakeTable | None:
         """The active table, with its active columns (list elements under their lists); ``None`` once dropped."""
+        return self.tables([table_id], conn).get(table_id)
+
+    def tables(self, table_ids: Sequence[int], conn: Connection | None = None) -> dict[int, LakeTable]:
+        """``table`` of each of these ids, by id; dropped ones are left out."""
+        if not table_ids:
+            return {}
         with self._reading(conn) as c:
-            row = c.execute(
+            member, ids = one_of(c, "t.table_id", "t", table_ids)
+            rows = c.execute(
                 sa.text(
                     "SELECT t.table_id, t.table_name, t.path, t.path_is_relative, s.schema_name, s.path AS spath,"
                     " s.path_is_relative AS srel FROM ducklake_table t"
                     " JOIN ducklake_schema s ON s.schema_id = t.schema_id"
-                    " WHERE t.table_id = :t AND t.end_snapshot IS NULL AND s.end_snapshot IS NULL"
+                    f" WHERE {member} AND t.end_snapshot IS NULL AND s.end_snapshot IS NULL"
                 ),
-                {"t": table_id},
-            ).one_or_none()
-            if row is None:
-                return None
+                {"t": ids},
+            ).all()
+            if not rows:
+                return {}
+            member, ids = one_of(c, "c.table_id", "t", [r.table_id for r in rows])
             columns = c.execute(
                 sa.text(
-                    "SELECT c.column_id, c.column_name, c.column_type, c.nulls_allowed, c.parent_column, a.attnum,"
-                    f" a.type_oid, a.type_modifier FROM ducklake_column c LEFT JOIN {COLUMNS_TABLE} a"
+                    "SELECT c.table_id, c.column_id, c.column_name, c.column_type, c.nulls_allowed, c.parent_column,"
+                    f" a.attnum, a.type_oid, a.type_modifier FROM ducklake_column c LEFT JOIN {COLUMNS_TABLE} a"
                     " ON a.table_id = c.table_id AND a.column_id = c.column_id"
-                    " WHERE c.table_id = :t AND c.end_snapshot IS NULL ORDER BY c.column_order"
+                    f" WHERE {member} AND c.end_snapshot IS NULL ORDER BY c.table_id, c.column_order"
                 ),
-                {"t": table_id},
+                {"t": ids},
             ).all()
+        by_table: dict[int, list[Any]] = {}
+        for column in columns:
+            by_table.setdefault(int(column.table_id), []).append(column)
+        return {int(row.table_id): self._lake_table(row, by_table.get(int(row.table_id), [])) for row in rows}
+
+    def _lake_table(self, row: Any, columns: list[Any]) -> LakeTable:
         children = {int(c.parent_column): c for c in columns if c.parent_column is not None}
 
         def column(c: Any) -> LakeColumn:
@@ -204,13 +225,17 @@ class Catalog:
 
     def max_column_id(self, table_id: int, conn: Connection | None = None) -> int:
         """The highest column id the table ever used, list elements' and dropped columns' included."""
+        return self.max_column_ids([table_id], conn).get(table_id, 0)
+
+    def max_column_ids(self, table_ids: Sequence[int], conn: Connection | None = None) -> dict[int, int]:
+        """``max_column_id`` of each of these tables that has columns."""
         with self._reading(conn) as c:
-            return int(
-                c.execute(
-                    sa.text("SELECT coalesce(max(column_id), 0) FROM ducklake_column WHERE table_id = :t"),
-                    {"t": table_id},
-                ).scalar_one()
-            )
+            member, ids = one_of(c, "table_id", "t", table_ids)
+            rows = c.execute(
+                sa.text(f"SELECT table_id, max(column_id) FROM ducklake_column WHERE {member} GROUP BY table_id"),
+                {"t": ids},
+            ).all()
+        return {int(t): int(m) for t, m in rows}
 
     def table_directory(self, schema_name: str, table_name: str, conn: Connection | None = None) -> str:
         """Where a new table's files go: under its schema's path (an existing schema's, or ``<schema>/``)."""
@@ -228,33 +253,42 @@ class Catalog:
 
     def data_files(self, table: LakeTable, conn: Connection | None = None) -> list[DataFile]:
         """The table's active data files, each with its active delete file, oldest first."""
+        return self.data_files_of([table], conn)[table.table_id]
+
+    def data_files_of(self, tables: Sequence[LakeTable], conn: Connection | None = None) -> dict[int, list[DataFile]]:
+        """``data_files`` of each table, by table id."""
+        files: dict[int, list[DataFile]] = {t.table_id: [] for t in tables}
+        if not tables:
+            return files
         with self._reading(conn) as c:
+            member, ids = one_of(c, "d.table_id", "t", list(files))
             rows = c.execute(
                 sa.text(
-                    "SELECT d.data_file_id, d.path, d.path_is_relative, d.record_count, d.file_size_bytes,"
+                    "SELECT d.table_id, d.data_file_id, d.path, d.path_is_relative, d.record_count, d.file_size_bytes,"
                     " d.begin_snapshot, d.row_id_start, x.delete_file_id, x.path AS xpath,"
                     " x.path_is_relative AS xrel, x.begin_snapshot AS xbegin, x.partial_max, x.delete_count"
                     " FROM ducklake_data_file d LEFT JOIN ducklake_delete_file x"
                     " ON x.data_file_id = d.data_file_id AND x.end_snapshot IS NULL"
-                    " WHERE d.table_id = :t AND d.end_snapshot IS NULL ORDER BY d.data_file_id"
+                    f" WHERE {member} AND d.end_snapshot IS NULL ORDER BY d.data_file_id"
                 ),
-                {"t": table.table_id},
+                {"t": ids},
             ).all()
-        files = []
+        directories = {t.table_id: t.directory for t in tables}
         for r in rows:
+            directory = directories[int(r.table_id)]
             delete = None
             if r.delete_file_id is not None:
                 delete = DeleteFile(
                     int(r.delete_file_id),
-                    _join(table.directory, r.xpath, r.xrel),
+                    _join(directory, r.xpath, r.xrel),
                     int(r.xbegin),
                     r.partial_max is not None,
                     int(r.delete_count or 0),
                 )
-            files.append(
+            files[int(r.table_id)].append(
                 DataFile(
                     int(r.data_file_id),
-                    _join(table.directory, r.path, r.path_is_relative),
+                    _join(directory, r.path, r.path_is_relative),
                     int(r.record_count),
                     delete,
                     int(r.file_size_bytes or 0),
@@ -277,57 +311,84 @@ class Catalog:
                 ).scalar_one()
             )
 
-    def integer_bounds(self, table: LakeTable, column_id: int) -> dict[int, tuple[int, int]]:
-        """``data_file_id -> (min, max)`` of an integer column, for the active files whose statistics hold both."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.text(
-                    "SELECT s.data_file_id, s.min_value, s.max_value FROM ducklake_file_column_stats s"
-                    " JOIN ducklake_data_file d ON d.data_file_id = s.data_file_id AND d.end_snapshot IS NULL"
-                    " WHERE s.table_id = :t AND s.column_id = :c"
-                    " AND s.min_value IS NOT NULL AND s.max_value IS NOT NULL"
-                ),
-                {"t": table.table_id, "c": column_id},
-            ).all()
-        return {int(r[0]): (int(r[1]), int(r[2])) for r in rows if _is_integer(r[1]) and _is_integer(r[2])}
-
-    def schema_version(self, table_id: int, conn: Connection | None = None) -> int:
-        """The schema version of the table's last schema change (what names its inlined data table)."""
+    def integer_bounds(
+        self, columns: Mapping[int, int], conn: Connection | None = None
+    ) -> dict[int, dict[int, tuple[int, int]]]:
+        """For tables and one integer column of each (``table_id -> column_id``): ``table_id -> {data_file_id ->
+        (min, max)}`` of that column, over the active files whose statistics hold both."""
+        bounds: dict[int, dict[int, tuple[int, int]]] = {t: {} for t in columns}
+        if not columns:
+            return bounds
         with self._reading(conn) as c:
-            version = c.execute(
-                sa.text("SELECT max(schema_version) FROM ducklake_schema_versions WHERE table_id = :t"), {"t": table_id}
-            ).scalar()
-            if version is None:  # a catalog without the table's versions: the current one
-                version = c.execute(
+            tables, table_ids = one_of(c, "s.table_id", "t", list(columns))
+            column_ids, wanted = one_of(c, "s.column_id", "c", sorted(set(columns.values())))
+            rows = c.execute(
+                sa.text(
+                    "SELECT s.table_id, s.column_id, s.data_file_id, s.min_value, s.max_value"
+                    " FROM ducklake_file_column_stats s"
+                    " JOIN ducklake_data_file d ON d.data_file_id = s.data_file_id AND d.end_snapshot IS NULL"
+                    f" WHERE {tables} AND {column_ids} AND s.min_value IS NOT NULL AND s.max_value IS NOT NULL"
+                ),
+                {"t": table_ids, "c": wanted},
+            ).all()
+        for table_id, column_id, file_id, low, high in rows:
+            if columns[int(table_id)] == int(column_id) and _is_integer(low) and _is_integer(high):
+                bounds[int(table_id)][int(file_id)] = (int(low), int(high))
+        return bounds
+
+    def schema_versions(self, table_ids: Sequence[int], conn: Connection | None = None) -> dict[int, int]:
+        """Each table's schema version of its last schema change (what names its inlined data table)."""
+        with self._reading(conn) as c:
+            member, ids = one_of(c, "table_id", "t", table_ids)
+            rows = c.execute(
+                sa.text(
+                    "SELECT table_id, max(schema_version) FROM ducklake_schema_versions"
+                    f" WHERE {member} GROUP BY table_id"
+                ),
+                {"t": ids},
+            ).all()
+            versions = {int(t): int(v) for t, v in rows}
+            if len(versions) < len(set(table_ids)):  # a catalog without a table's versions: the current one
+                current = c.execute(
                     sa.text(
                         "SELECT schema_version FROM ducklake_snapshot"
                         " WHERE snapshot_id = (SELECT max(snapshot_id) FROM ducklake_snapshot)"
                     )
                 ).scalar_one()
-        return int(version)
+                versions = {int(t): versions.get(int(t), int(current)) for t in table_ids}
+        return versions
 
     def inlined_tables(self, table: LakeTable, conn: Connection | None = None) -> list[str]:
-        """The table's inlined data tables that hold rows.
+        """The table's inlined data tables that hold rows (``inlined_tables_of``)."""
+        return self.inlined_tables_of([table], conn)[table.table_id]
+
+    def inlined_tables_of(self, tables: Sequence[LakeTable], conn: Connection | None = None) -> dict[int, list[str]]:
+        """Each table's inlined data tables that hold rows, by table id.
 
         One of an earlier schema version is read as holding the current columns, which it must then have
         (versions that only renamed the table). This writer flushes a table's inlined rows before it changes
         its columns; rows left under other columns (by a DuckDB writer with inlining on) are refused.
         """
+        held: dict[int, list[str]] = {t.table_id: [] for t in tables}
         with self._reading(conn) as c:
-            tables = inlined.registered(c, table.table_id)
-            if not tables:
-                return []
-            version = self.schema_version(table.table_id, c)
-            held = [(v, name) for v, name in tables.items() if inlined.holds_rows(c, name)]
-            current = [col.name for col in table.columns]
-            for other, name in held:
-                if other != version and inlined.column_names(c, name) != current:
-                    raise DestinationError(
-                        f"DuckLake table {table.schema_name}.{table.name} holds rows inlined into the catalog under"
-                        " other columns",
-                        hint="run CALL ducklake_flush_inlined_data('<lake>') in DuckDB with the pipeline paused",
-                    )
-            return [name for _, name in sorted(held)]
+            registered = inlined.registered(c, list(held))
+            if not registered:
+                return held
+            versions = self.schema_versions(list(registered), c)
+            holding = inlined.holding_rows(c, [n for by_version in registered.values() for n in by_version.values()])
+            for table in tables:
+                current = [col.name for col in table.columns]
+                for version, name in sorted(registered.get(table.table_id, {}).items()):
+                    if name not in holding:
+                        continue
+                    if version != versions[table.table_id] and inlined.column_names(c, name) != current:
+                        raise DestinationError(
+                            f"DuckLake table {table.schema_name}.{table.name} holds rows inlined into the catalog"
+                            " under other columns",
+                            hint="run CALL ducklake_flush_inlined_data('<lake>') in DuckDB with the pipeline paused",
+                        )
+                    held[table.table_id].append(name)
+        return held
 
     def inlined_rows(
         self,
@@ -368,7 +429,8 @@ class Catalog:
                 ),
                 {"p": self.pipeline_id},
             ).all()
-            return sorted({int(t) for t, name in rows if inlined.holds_rows(conn, name)})
+            holding = inlined.holding_rows(conn, [name for _, name in rows])
+        return sorted({int(t) for t, name in rows if name in holding})
 
     # -- retention -------------------------------------------------------------------------------
     def expire_snapshots(self, before: datetime) -> int:

@@ -674,8 +674,8 @@ class Transaction:
         """The table's inlined data table at its current schema version, created when missing."""
         version = self.schema_version if table.table_id in self._schema_changed else None
         if version is None:
-            version = self.catalog.schema_version(table.table_id, self.conn)
-        existing = inlined.registered(self.conn, table.table_id).get(version)
+            version = self.catalog.schema_versions([table.table_id], self.conn)[table.table_id]
+        existing = inlined.registered(self.conn, [table.table_id]).get(table.table_id, {}).get(version)
         return existing if existing is not None else inlined.create(self.conn, table.table_id, version, table.columns)
 
     def _forget_bounds(self, table_id: int, column_ids: Set[int]) -> None:
@@ -742,7 +742,7 @@ class Transaction:
             {"s": self.snapshot_id, "t": table.table_id},
         )
         self._change(f"deleted_from_table:{table.table_id}")
-        for name in inlined.registered(self.conn, table.table_id).values():
+        for name in inlined.registered(self.conn, [table.table_id]).get(table.table_id, {}).values():
             if inlined.end_all(self.conn, name, self.snapshot_id):
                 self._change(f"inlined_delete:{table.table_id}")
 
