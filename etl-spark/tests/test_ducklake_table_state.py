@@ -68,7 +68,8 @@ def test_each_table_reads_as_it_stands_in_the_lake(lake: Any, kit: Any) -> None:
         assert state.handle is not None and state.handle.table.name == table.name.name
         assert [c.name for c in state.handle.table.columns] == ["id", "note"]
         assert state.max_column_id == 2
-        listed = lake.query(f"SELECT data_file FROM ducklake_list_files('lake', '{table.name.name}', schema => 'public')")
+        name = table.name.name
+        listed = lake.query(f"SELECT data_file FROM ducklake_list_files('lake', '{name}', schema => 'public')")
         assert sorted(f.path for f in state.data_files) == sorted(path for (path,) in listed)
         bounds = {}
         for file in state.data_files:

@@ -419,6 +419,7 @@ class DuckLakeDestination:
 
 
 def _apply_all(plans: list[TablePlan], storage: LakeStorage, txn: Transaction) -> None:
+    current = txn.tables([plan.handle.table.table_id for plan in plans if plan.handle is not None])
     for plan in plans:
         with naming_table(plan.schema.id):
-            plan.apply(txn, storage)
+            plan.apply(txn, storage, None if plan.handle is None else current[plan.handle.table.table_id])

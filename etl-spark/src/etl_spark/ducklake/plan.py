@@ -99,9 +99,10 @@ class TablePlan:
     registered_deletes: list[tuple[DeleteFile, pa.Table]] = field(default_factory=list)
     """The delete files the plan's commit registered, with their positions (set by ``apply``)."""
 
-    def apply(self, txn: Transaction, storage: LakeStorage) -> None:
+    def apply(self, txn: Transaction, storage: LakeStorage, current: LakeTable | None) -> None:
+        """Register the plan in ``txn``; ``current`` is its lake table as ``txn`` reads it (``None`` for a new one)."""
         self.registered_deletes = []
-        table = self.applied = self._table(txn)
+        table = self.applied = self._table(txn, current)
         self._record_sources(txn, table)
         if self.truncate:
             txn.end_data_files(table)
@@ -117,15 +118,15 @@ class TablePlan:
         if self.watermark is not None:
             txn.set_watermark(self.schema.id, table.table_id, self.watermark)
 
-    def _table(self, txn: Transaction) -> LakeTable:
-        if self.handle is None:
+    def _table(self, txn: Transaction, current: LakeTable | None) -> LakeTable:
+        if current is None:
             columns = [NewColumn(c.name, lake_type(c), c.nullable) for c in self.schema.columns]
             table = txn.create_table(
                 self.schema.name.schema, self.schema.name.name, columns, source_table_id=self.schema.id
             )
             txn.set_watermark(self.schema.id, table.table_id, (0, 0))
             return table
-        table = txn.table(self.handle.table.table_id)
+        table = current
         if _renamed(table, self.schema):
             txn.rename_table(table, self.schema.name.schema, self.schema.name.name)
             table = txn.table(table.table_id)

@@ -113,10 +113,14 @@ class Transaction:
         return self.catalog.handle(source_table_id, self.conn)
 
     def table(self, table_id: int) -> LakeTable:
-        table = self.catalog.table(table_id, self.conn)
-        if table is None:
-            raise CommitConflict(f"DuckLake table {table_id} was dropped")
-        return table
+        return self.tables([table_id])[table_id]
+
+    def tables(self, table_ids: Sequence[int]) -> dict[int, LakeTable]:
+        """The active tables of these ids, by id, as this transaction reads them; one that was dropped conflicts."""
+        tables = self.catalog.tables(table_ids, self.conn)
+        if dropped := set(table_ids) - tables.keys():
+            raise CommitConflict(f"DuckLake tables {sorted(dropped)} were dropped")
+        return tables
 
     def set_watermark(self, source_table_id: int, table_id: int, position: tuple[int, int]) -> None:
         """Record the source table's lake table and watermark. A mark for replacement stays (a plan made before
