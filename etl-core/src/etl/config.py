@@ -45,20 +45,32 @@ class Section(BaseModel):
 class PostgresConnection(Section):
     """Connection settings shared by the source and the Postgres store."""
 
-    host: str = "127.0.0.1"
-    port: Integer = Field(5432, ge=1, le=65535)
-    database: str = "postgres"
-    user: str = "postgres"
-    password: SecretStr | None = None
-    sslmode: Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"] = "prefer"
-    sslrootcert: str | None = None
-    sslcert: str | None = None
-    sslkey: str | None = None
-    connect_timeout: Integer = Field(10, ge=1, description="seconds")
-    keepalives_idle: Integer = Field(30, ge=1, description="seconds before TCP keepalives start")
-    keepalives_interval: Integer = Field(10, ge=1)
-    keepalives_count: Integer = Field(3, ge=1)
-    application_name: str = "etl"
+    host: str = Field("127.0.0.1", description="Server host name or address (libpq's `host`).")
+    port: Integer = Field(5432, ge=1, le=65535, description="Server port.")
+    database: str = Field("postgres", description="Database to connect to.")
+    user: str = Field("postgres", description="Role to connect as.")
+    password: SecretStr | None = Field(
+        None, description='Usually `"${PGPASSWORD}"`. Never shown: reprs, logs and errors print `**********`.'
+    )
+    sslmode: Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"] = Field(
+        "prefer", description="As in libpq. Use `verify-full` in production."
+    )
+    sslrootcert: str | None = Field(
+        None, description="As in libpq: the file of CA certificates that verify the server."
+    )
+    sslcert: str | None = Field(None, description="As in libpq: the file of the client certificate.")
+    sslkey: str | None = Field(None, description="As in libpq: the file of the client certificate's private key.")
+    connect_timeout: Integer = Field(10, ge=1, description="Seconds to wait while connecting, as in libpq.")
+    keepalives_idle: Integer = Field(
+        30, ge=1, description="Seconds of silence before TCP keepalives start, so a dead peer is noticed."
+    )
+    keepalives_interval: Integer = Field(10, ge=1, description="Seconds between TCP keepalive probes.")
+    keepalives_count: Integer = Field(
+        3, ge=1, description="TCP keepalives that may go unanswered before the connection counts as dead."
+    )
+    application_name: str = Field(
+        "etl", description="Shown in `pg_stat_activity` (and `pg_stat_replication` for replication connections)."
+    )
 
     def conninfo(self, **overrides: str) -> dict[str, str]:
         """libpq connection parameters, password included (never log the result)."""
@@ -90,32 +102,69 @@ class PostgresConnection(Section):
 
 
 class PipelineSection(Section):
-    id: Integer = Field(ge=0, description="unique per store; names the replication slots")
-    publication: str = Field(min_length=1)
-    table_sync_workers: Integer = Field(4, ge=1, description="tables copied at once")
-    copy_connections: Integer = Field(2, ge=1, description="parallel COPY connections per table")
-    invalidated_slot: Literal["stop", "recreate"] = "stop"
-    """What to do when a slot was invalidated (WAL removed) or is gone although the store holds progress for it:
-    stop with instructions, or recreate it and copy again (every table for the apply slot; one for a sync slot)."""
+    id: Integer = Field(
+        ge=0,
+        description="Unique per store. Names the replication slots (`etl_apply_<id>`, `etl_sync_<id>_<table oid>`)"
+        " and scopes the stored state.",
+    )
+    publication: str = Field(min_length=1, description="The Postgres publication to replicate.")
+    table_sync_workers: Integer = Field(
+        4,
+        ge=1,
+        description="Tables copied at the same time. Each needs a replication slot and a WAL sender while it copies.",
+    )
+    copy_connections: Integer = Field(2, ge=1, description="Parallel `COPY` connections per table (ctid ranges).")
+    invalidated_slot: Literal["stop", "recreate"] = Field(
+        "stop",
+        description="When a slot cannot go on — the source dropped the WAL it needed (`wal_status = lost`), or it is"
+        " gone although the store holds progress for it (dropped outside etl): stop with instructions"
+        " (`etl reset --recopy`), or recreate it and copy again (every table for the apply slot; the one table for"
+        " a table sync slot).",
+    )
     table_error_retry_delay_ms: Integer = Field(
-        10_000, ge=1, description="first wait before an errored table whose cause may pass is copied again"
+        10_000,
+        ge=1,
+        description="First wait before an errored table whose failure may pass (a destination failure) is copied"
+        " again; each further attempt waits twice as long."
+        " See [architecture.md](architecture.md#errored-tables-and-timed-retries).",
     )
     table_error_retry_max_attempts: Integer = Field(
-        5, ge=0, description="timed retries of an errored table (the wait doubles each time) before it waits for you"
+        5,
+        ge=0,
+        description="Timed retries of an errored table whose failure may pass (the wait doubles each time) before"
+        " it waits for `etl resync`.",
     )
-    install_ddl_trigger: bool = True
-    """Install the source-side DDL event trigger when the role may (superuser)."""
-    shutdown_timeout_s: Integer = Field(30, ge=1, description="seconds `etl run` waits for a drain after a signal")
-    """How long ``etl run`` lets the pipeline drain after SIGTERM/SIGINT before it exits without a clean drain."""
+    install_ddl_trigger: bool = Field(
+        True,
+        description="Install the source-side DDL event trigger when the role may (superuser). Without it schema"
+        " changes are still picked up from the replication stream; see [schema-changes.md](schema-changes.md).",
+    )
+    shutdown_timeout_s: Integer = Field(
+        30,
+        ge=1,
+        description="After SIGTERM/SIGINT, how long `etl run` lets the pipeline drain (finish the write in flight,"
+        " store its progress, close connections) before it exits anyway with code 3."
+        " See [Stopping `etl run`](#stopping-etl-run).",
+    )
 
 
 class BatchSection(Section):
     max_fill_ms: Integer = Field(
-        1000, ge=1, description="hand a batch over this long after its first change, once the previous write has ended"
+        1000,
+        ge=1,
+        description="A batch is handed to the destination this long after its first change, or as soon after as the"
+        " previous write has ended and the destination's least interval between writes has passed, if it has one"
+        " (the `bigquery` destination's `min_apply_interval_s`); until then it keeps filling, up to `max_bytes`.",
     )
-    max_bytes: Integer = Field(8 * 1024 * 1024, ge=1024, description="flush a batch past this size")
+    max_bytes: Integer = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        description="A batch is also handed over once it holds this many bytes of change data.",
+    )
     spill_threshold_bytes: Integer = Field(
-        64 * 1024 * 1024, ge=1024, description="spill an in-progress streamed transaction to disk past this"
+        64 * 1024 * 1024,
+        ge=1024,
+        description="Large in-progress transactions (protocol 2 streaming) spill to local files past this.",
     )
 
 
@@ -142,11 +191,21 @@ class MetricsSection(Section):
     listen: str | None = Field(
         None,
         pattern=r"^(\[[0-9A-Fa-f:.]+\]|[^:\s\[\]]+):[0-9]{1,5}$",
-        description="host:port serving /metrics, /healthz and /readyz; unset: no listener (the registry stays)",
+        description="`host:port` serving `/metrics` (Prometheus text format), `/healthz` and `/readyz`"
+        " (`127.0.0.1:9187`; `0.0.0.0:9187` or `[::]:9187` for a scraper or kubelet on another host). Unset: no"
+        " listener. A port in use fails the start with a hint.",
     )
-    sample_interval_s: Integer = Field(10, ge=1, description="how often the source is asked for its WAL position")
+    sample_interval_s: Integer = Field(
+        10,
+        ge=1,
+        description="How often the source is asked for its WAL position and its slots' retained WAL"
+        " (`etl_replication_lag_bytes`, `etl_slot_retained_wal_bytes`): one short query on a normal connection.",
+    )
     stuck_after_s: Integer = Field(
-        120, ge=1, description="/readyz fails when the apply worker's read loop or destination write is stuck this long"
+        120,
+        ge=1,
+        description="`/readyz` fails when the apply worker's read loop has not turned, or its destination write has"
+        " run, for this long (a destination write that hangs). Set it above the longest batch write you expect.",
     )
 
 

@@ -37,9 +37,13 @@ class SparkSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    master: str = Field("local[*]", min_length=1, description="any Spark master URL")
-    app_name: str = "etl"
-    conf: dict[str, str] = Field(default_factory=dict, description="extra Spark configuration, applied last")
+    master: str = Field(
+        "local[*]", min_length=1, description="Spark master URL (`spark://host:7077`, `yarn`, `k8s://...` work too)."
+    )
+    app_name: str = Field("etl", description="Spark application name.")
+    conf: dict[str, str] = Field(
+        default_factory=dict, description="Extra Spark settings, applied last (they override etl-spark's defaults)."
+    )
 
 
 def find_java() -> Path:

@@ -27,8 +27,14 @@ from etl.store.sql import SqlStore
 class PostgresStoreConfig(PostgresConnection):
     """The connection settings of the source (TLS, ``${VAR}`` secrets), plus the schema to use."""
 
-    schema_name: str = Field("etl", alias="schema", min_length=1, max_length=63)
-    application_name: str = "etl-store"
+    schema_name: str = Field(
+        "etl",
+        alias="schema",
+        min_length=1,
+        max_length=63,
+        description="The schema that holds the store's tables. Created on first use when missing.",
+    )
+    application_name: str = Field("etl-store", description="Shown in `pg_stat_activity` for the store's connections.")
 
 
 def advisory_key(*parts: object) -> int:

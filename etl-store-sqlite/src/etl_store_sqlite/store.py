@@ -33,8 +33,16 @@ class SqliteStore(SqlStore):
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
 
-        path: Path = Field(description="the SQLite file; created when missing (its directory must exist)")
-        busy_timeout_ms: Integer = Field(5000, ge=0, description="how long a write waits for another writer")
+        path: Path = Field(
+            description="The SQLite file. Created when missing; its directory must exist. A relative path is relative"
+            " to the working directory."
+        )
+        busy_timeout_ms: Integer = Field(
+            5000,
+            ge=0,
+            description="How long a write waits while another connection writes (for example `etl status` reading at"
+            " the same time).",
+        )
 
     @classmethod
     def from_config(cls, config: Config | Mapping[str, Any], pipeline_id: int) -> SqliteStore:

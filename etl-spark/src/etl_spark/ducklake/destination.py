@@ -71,37 +71,65 @@ class DuckLakeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    catalog: SecretStr = Field(description="sqlite:///path/catalog.sqlite or postgresql://user:pw@host:port/db")
-    data_path: str = Field(min_length=1, description="where data files live: a local path or any URI Spark writes")
-    spark: SparkSettings = Field(default_factory=SparkSettings)
-    target_file_size_bytes: Integer = Field(
-        512 * 1024 * 1024, ge=1024 * 1024, description="a data file is closed at about this size (Parquet bytes)"
+    catalog: SecretStr = Field(
+        description="`sqlite:///path/catalog.sqlite` or a `postgresql://` URL (psycopg 3). Treated as a secret: never"
+        " logged; messages show it with the password masked. An empty database becomes a new lake; a lake DuckDB"
+        " created is used as it is."
     )
-    commit_attempts: Integer = Field(10, ge=1, description="retries when another writer commits a conflicting change")
+    data_path: str = Field(
+        min_length=1,
+        description="Absolute path or URI where data files live; must equal the lake's `data_path` when the catalog"
+        " exists.",
+    )
+    spark: SparkSettings = Field(
+        default_factory=SparkSettings,
+        description="The section `[destination.spark]`: the Spark session; its keys follow.",
+    )
+    target_file_size_bytes: Integer = Field(
+        512 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="A data file is closed at about this many Parquet bytes and the next one started (each copy task"
+        " writes at least one file per range).",
+    )
+    commit_attempts: Integer = Field(
+        10, ge=1, description="How often a batch is recomputed when another writer commits a conflicting change."
+    )
     inline_row_limit: Integer = Field(
         10_000,
         ge=0,
-        description="a batch inlines up to this many rows into the catalog, over all its tables, the tables with"
-        " the fewest changes first; the others' rows are written as files (0: never inline)",
+        description="A batch inlines at most this many rows into the catalog, over all its tables, instead of writing"
+        " them as data files: the tables with the fewest changes first (see [Data inlining](#data-inlining)); 0 turns"
+        " inlining off.",
     )
     key_cache_bytes: Integer = Field(
         128 * 1024 * 1024,
         ge=0,
-        description="data files' key columns and delete files' positions kept in memory for finding the stored"
-        " rows of a batch's keys (0: none)",
+        description="Data files' key columns and delete files' positions kept in the driver's memory for finding the"
+        " stored rows of a batch's keys (a one-column key: 8 bytes a row for `bigint`; a deleted position: 16 bytes),"
+        " the least recently used going first; 0 keeps none.",
     )
     inline_flush_rows: Integer = Field(
-        100_000, ge=1, description="a table's inlined rows are flushed to a data file once it holds this many"
+        100_000,
+        ge=1,
+        description="A table's inlined rows (live and ended) are flushed into a data file once there are this many.",
     )
     inline_flush_seconds: Integer = Field(
-        300, ge=1, description="... and at the latest this long after a batch first inlined rows into it"
+        300,
+        ge=1,
+        description="A table's inlined rows are also flushed at the latest this long after a batch first inlined rows"
+        " into it, even when no batch comes (a background thread, between batches).",
     )
-    author: str = Field("etl", description="recorded in ducklake_snapshot_changes.author")
+    author: str = Field("etl", description="Recorded in `ducklake_snapshot_changes.author`.")
     planning_threads: Integer = Field(
-        4, ge=1, description="tables of one batch whose changes are planned (and their Spark jobs run) at once"
+        4,
+        ge=1,
+        description="Tables of one batch planned at the same time, each on its own thread, their Spark jobs side by"
+        " side in Spark's fair scheduler (a pool per thread). The batch still commits in one snapshot.",
     )
     maintenance: MaintenanceConfig | None = Field(
-        None, description="compaction, snapshot expiry and file cleanup while the pipeline runs (off when absent)"
+        None,
+        description="The section `[destination.maintenance]` turns on [maintenance while the pipeline"
+        " runs](#maintenance); its keys follow.",
     )
 
     @field_validator("catalog")

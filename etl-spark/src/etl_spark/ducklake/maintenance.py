@@ -44,25 +44,38 @@ class MaintenanceConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    every_seconds: Integer = Field(60, ge=1, description="how often maintenance looks for work")
+    every_seconds: Integer = Field(60, ge=1, description="How often a round of maintenance looks for work.")
     merge_below_bytes: Integer = Field(
-        64 * 1024 * 1024, ge=1, description="data files under this size are small: merged into bigger ones"
+        64 * 1024 * 1024,
+        ge=1,
+        description="Data files under this size are small: merged into files of up to `target_file_size_bytes`.",
     )
-    merge_min_files: Integer = Field(16, ge=2, description="a table's small files are merged once it holds this many")
+    merge_min_files: Integer = Field(16, ge=2, description="A table's small files are merged once it holds this many.")
     rewrite_delete_ratio: float = Field(
-        0.5, gt=0, le=1, description="a data file whose deleted rows reach this share of its rows is rewritten"
+        0.5,
+        gt=0,
+        le=1,
+        description="A data file whose deleted rows reach this share of its rows is rewritten without them.",
     )
     snapshot_retention_seconds: Integer = Field(
-        7 * 24 * 3600, ge=1, description="snapshots older than this expire (time travel reaches back this far)"
+        7 * 24 * 3600,
+        ge=1,
+        description="Snapshots older than this expire; time travel reaches back this far. Snapshots are the lake's:"
+        " this expires other writers' too.",
     )
     cleanup_after_seconds: Integer = Field(
-        3600, ge=0, description="files scheduled for deletion are deleted once they have waited this long"
+        3600,
+        ge=0,
+        description="Files scheduled for deletion (by merges, expiry, replaced delete files; DuckDB's too) are"
+        " deleted once they have waited this long. Keep it above your longest query: a reader that began before"
+        " the merge or expiry still reads those files.",
     )
     orphan_after_seconds: Integer = Field(
         24 * 3600,
         ge=60,
-        description="files the catalog does not know are deleted once this old: longer than any writer's write"
-        " (DuckDB's too) takes from its first file to its commit",
+        description="Files under this pipeline's table directories that no catalog entry names (left by a writer"
+        " that died before its commit) are deleted once this old. Keep it longer than any writer (DuckDB's too)"
+        " takes from its first file to its commit.",
     )
 
 
