@@ -12,7 +12,8 @@ from etl.destination.memory import MemoryDestination
 from etl.errors import TableError
 from etl.events import EventBatch
 from etl.lsn import Lsn
-from etl.postgres.replication import ReplicationConnection, XLogData, choose_protocol
+from etl.postgres.frames import XLogData
+from etl.postgres.replication import ReplicationConnection, choose_protocol
 from etl.replication.schemas import SchemaTracker
 from etl.replication.stream import StreamWorker
 from etl.replication.writer import BatchWriter

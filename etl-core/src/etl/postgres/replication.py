@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import re
 import selectors
-import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from types import TracebackType
-from typing import Any, Final, Literal, NamedTuple
+from typing import Any, Final, Literal
 
 import psycopg
 import structlog
@@ -31,47 +29,14 @@ from etl.config import PostgresConnection
 from etl.errors import ConfigError, EtlError, SourceError, TransientError
 from etl.lsn import Lsn
 from etl.postgres.connection import connection_error, conninfo_params
-from etl.postgres.pgtime import now_pg_us, pg_timestamp
+from etl.postgres.frames import Keepalive, XLogData, parse_frame, status_update
+from etl.postgres.pgtime import now_pg_us
 from etl.schema import quote_ident, quote_literal
 
 log = structlog.get_logger(__name__)
 
-_XLOG_HEADER: Final = struct.Struct(">QQq")  # after the b"w" tag: wal start, wal end, server time
-_new_tuple: Final = tuple.__new__
-"""``tuple.__new__(XLogData, fields)``: a named tuple without the cost of its ``__new__`` (argument binding)."""
-_KEEPALIVE: Final = struct.Struct(">Qq?")  # after the b"k" tag: wal end, server time, reply requested
-_STATUS: Final = struct.Struct(">cQQQq?")  # Standby Status Update
-_XLOG_TAG: Final = ord("w")
-_KEEPALIVE_TAG: Final = ord("k")
 _SLOT_NAME: Final = re.compile(r"^[a-z0-9_]{1,63}$")
 _SEND_TIMEOUT: Final = 30.0  # seconds a status update may wait for room in the socket buffer
-
-
-class XLogData(NamedTuple):
-    """One WAL data message; ``payload`` is a pgoutput message."""
-
-    wal_start: Lsn
-    wal_end: Lsn
-    server_time: int
-    """Microseconds since 2000-01-01 UTC (see ``server_datetime``)."""
-    payload: bytes
-
-    @property
-    def server_datetime(self) -> datetime:
-        return pg_timestamp(self.server_time)
-
-
-class Keepalive(NamedTuple):
-    """A primary keepalive; answer it with ``send_status`` soon when ``reply_requested``."""
-
-    wal_end: Lsn
-    server_time: int
-    """Microseconds since 2000-01-01 UTC (see ``server_datetime``)."""
-    reply_requested: bool
-
-    @property
-    def server_datetime(self) -> datetime:
-        return pg_timestamp(self.server_time)
 
 
 @dataclass(frozen=True)
@@ -390,17 +355,10 @@ class ReplicationConnection:
         while True:
             nbytes, data = pgconn.get_copy_data(1)
             if nbytes > 0:
-                tag = data[0]
-                if tag == _XLOG_TAG:  # every change comes this way: built with as few calls as possible
-                    start, end, sent = _XLOG_HEADER.unpack_from(data, 1)
-                    wal_end = Lsn(end)  # a logical walsender sends a record's LSN as both start and end
-                    return _new_tuple(
-                        XLogData, (wal_end if start == end else Lsn(start), wal_end, sent, bytes(data[25:]))
-                    )
-                if tag == _KEEPALIVE_TAG:
-                    end, sent, reply = _KEEPALIVE.unpack_from(data, 1)
-                    return Keepalive(Lsn(end), sent, reply)
-                log.warning("unknown replication message ignored", tag=chr(tag))
+                frame = parse_frame(data)
+                if frame is not None:
+                    return frame
+                log.warning("unknown replication message ignored", tag=chr(data[0]))
                 continue
             if nbytes < 0:
                 raise self._stream_ended()
@@ -411,7 +369,7 @@ class ReplicationConnection:
 
         Sending never blocks for long: what the socket does not take now goes out during ``read``.
         """
-        message = _STATUS.pack(b"r", write, flush, apply, now_pg_us(), reply)
+        message = status_update(write, flush, apply, now_pg_us(), reply)
         pgconn = self._pgconn
         deadline = time.monotonic() + _SEND_TIMEOUT
         try:

@@ -22,7 +22,8 @@ from etl.errors import SourceError, TableError
 from etl.lsn import Lsn
 from etl.postgres import ddl
 from etl.postgres import pgoutput as pg
-from etl.postgres.replication import Keepalive, ReplicationConnection, XLogData
+from etl.postgres.frames import Keepalive, XLogData
+from etl.postgres.replication import ReplicationConnection
 from etl.replication.changes import ChangeBuilder
 from etl.replication.schemas import SchemaTracker
 from etl.replication.streamed import StreamedTransactions
