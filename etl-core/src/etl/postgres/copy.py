@@ -9,21 +9,20 @@ the slot's exported snapshot, so every range sees the table as of the slot's con
 No wait on the server is unbounded: connecting is bounded by ``connect_timeout``, and every later wait
 by ``read_timeout`` (a server that sends nothing for that long, a frozen one say, counts as a lost
 connection: ``TransientError``). Every wait also watches the caller's ``stop`` event and gives up
-within ``_STOP_POLL`` seconds once it is set, raising ``CopyStopped``.
+within ``POLL`` seconds once it is set, raising ``CopyStopped``.
 """
 
 from __future__ import annotations
 
 import os
 import queue
-import selectors
 import socket
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import psycopg
 import pyarrow as pa
@@ -35,18 +34,22 @@ from psycopg.pq.abc import PGconn, PGresult
 
 from etl.config import PostgresConnection
 from etl.errors import EtlError, SourceError, TableError, TransientError
+from etl.postgres import generators
 from etl.postgres.catalog import CtidRange, PublishedTable, ctid_ranges
 from etl.postgres.codecs import arrow_field, decode_text_column
 from etl.postgres.connection import connect, connection_error, conninfo_string
+from etl.postgres.generators import PQGen
+from etl.postgres.waiting import POLL, Expired, Waiter
 from etl.schema import TableName, TableSchema, quote_ident, quote_literal
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
 """A batch is cut early when its CSV text reaches this size (wide rows)."""
 RANGES_PER_CONNECTION: Final = 4
 """Ranges planned per connection and table, so that uneven ranges still spread evenly."""
-_STOP_POLL: Final = 0.5  # seconds between checks of the stop flag while waiting for the server
 COPY_READ_TIMEOUT_S: Final = 300.0
 """How long a copy connection waits for the server to send (or take) anything before it counts as lost.
 
@@ -242,7 +245,7 @@ class _ParallelCopy:
                 if self.cancel is not None and self.cancel.is_set():
                     raise CopyStopped(f"the copy of {self.schema.name} was stopped")
                 try:
-                    item = self.out.get(timeout=_STOP_POLL)
+                    item = self.out.get(timeout=POLL)
                 except queue.Empty:
                     continue
                 if item is self._DONE:
@@ -283,7 +286,7 @@ class _ParallelCopy:
         """Queue ``item`` unless asked to stop first; return whether it was queued."""
         while not self.stop.is_set():
             try:
-                self.out.put(item, timeout=_STOP_POLL)
+                self.out.put(item, timeout=POLL)
                 return True
             except queue.Full:
                 pass
@@ -311,10 +314,8 @@ class _CopySession:
         self.stop = stop
         self.cancel = cancel
         self.read_timeout = read_timeout
-        self.pgconn = self._connect()
-        self._selector = selectors.DefaultSelector()
+        self.pgconn, self._waiter = self._connect()
         try:
-            self._selector.register(self.pgconn.socket, selectors.EVENT_READ)
             self._command("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "start the copy")
             if snapshot is not None:
                 self._command(import_snapshot(snapshot), "start the copy")
@@ -330,53 +331,33 @@ class _CopySession:
             self.close()
             raise
 
-    def _connect(self) -> PGconn:
+    def _connect(self) -> tuple[PGconn, Waiter]:
         """Connect within ``connect_timeout``, giving up early when asked to stop."""
         config = self.config
-        deadline = time.monotonic() + config.connect_timeout
         pgconn: PGconn = pq.PGconn.connect_start(conninfo_string(config).encode())
+        waiter = Waiter(pgconn)
         try:
-            while True:
-                if pgconn.status == pq.ConnStatus.BAD:
-                    raise psycopg.OperationalError(_libpq_message(pgconn))
-                status = pgconn.connect_poll()
-                if status == pq.PollingStatus.OK:
-                    break
-                if status == pq.PollingStatus.FAILED:
-                    raise psycopg.OperationalError(_libpq_message(pgconn))
-                events = selectors.EVENT_READ if status == pq.PollingStatus.READING else selectors.EVENT_WRITE
-                with selectors.DefaultSelector() as selector:
-                    selector.register(pgconn.socket, events)
-                    while not selector.select(max(0.0, min(_STOP_POLL, deadline - time.monotonic()))):
-                        self._check_stop(None)
-                        if time.monotonic() >= deadline:
-                            raise psycopg.OperationalError(f"timeout expired after {config.connect_timeout}s")
-                self._check_stop(None)
+            try:
+                step = generators.connect(pgconn)
+                waiter.run(step, deadline=time.monotonic() + config.connect_timeout, check=self._checking(None))
+            except Expired:
+                raise psycopg.OperationalError(f"timeout expired after {config.connect_timeout}s") from None
         except psycopg.OperationalError as exc:
+            waiter.close()
             pgconn.finish()
             raise connection_error(config, exc, retried=True) from None
         except BaseException:
+            waiter.close()
             pgconn.finish()
             raise
         pgconn.nonblocking = 1
         pgconn.notice_handler = _log_notice
-        return pgconn
+        return pgconn, waiter
 
     def _command(self, command: str, doing: str) -> None:
         """Run one statement that returns no rows."""
-        pgconn = self.pgconn
         try:
-            pgconn.send_query(command.encode())
-            self._flush(None)
-            results: list[PGresult] = []
-            while True:
-                while pgconn.is_busy():
-                    self._wait(selectors.EVENT_READ, None)
-                    pgconn.consume_input()
-                result = pgconn.get_result()
-                if result is None:
-                    break
-                results.append(result)
+            results = self._run(generators.execute(self.pgconn, command), None)
         except psycopg.OperationalError as exc:
             raise _copy_error(exc, self.config, doing) from None
         for result in results:
@@ -384,7 +365,7 @@ class _CopySession:
                 raise error_from_result(result)
 
     def close(self) -> None:
-        self._selector.close()
+        self._waiter.close()
         self.pgconn.finish()
 
     def __enter__(self) -> _CopySession:
@@ -429,64 +410,32 @@ class _CopySession:
         """Run ``query`` (a COPY TO STDOUT) and yield its rows in buffers of up to ``batch_rows`` rows."""
         pgconn = self.pgconn
         try:
-            pgconn.send_query(query.encode())
-            self._flush(halt)
-            while pgconn.is_busy():
-                self._wait(selectors.EVENT_READ, halt)
-                pgconn.consume_input()
-            result = pgconn.get_result()
-            assert result is not None
+            result = self._run(generators.execute(pgconn, query), halt)[0]
             if result.status != pq.ExecStatus.COPY_OUT:
-                while pgconn.get_result() is not None:
-                    pass
                 raise _copy_error(error_from_result(result), self.config, doing)
-            get_copy_data = pgconn.get_copy_data
-            buffer = bytearray()
-            rows = 0
-            while True:  # the per-row loop: keep it lean
-                nbytes, data = get_copy_data(1)
-                if nbytes > 0:
-                    buffer += data
-                    rows += 1
-                    if rows == batch_rows or len(buffer) >= MAX_BATCH_BYTES:
-                        yield buffer
-                        buffer = bytearray()
-                        rows = 0
-                elif nbytes == 0:
-                    self._wait(selectors.EVENT_READ, halt)
-                    pgconn.consume_input()
-                else:
-                    break
-            if rows:
-                yield buffer
-            final = pgconn.get_result()
-            while pgconn.get_result() is not None:
-                pass
+            ended = False
+            while not ended:
+                rows, ended = self._run(generators.copy_rows(pgconn, batch_rows, MAX_BATCH_BYTES), halt)
+                if rows:
+                    yield rows
+            final = generators.end_results(pgconn)
             if final is not None and final.status != pq.ExecStatus.COMMAND_OK:
                 raise _copy_error(error_from_result(final), self.config, doing)
         except psycopg.OperationalError as exc:
             raise _copy_error(exc, self.config, doing) from None
 
-    def _flush(self, halt: threading.Event | None) -> None:
-        pgconn = self.pgconn
-        while pgconn.flush() == 1:
-            self._wait(selectors.EVENT_WRITE | selectors.EVENT_READ, halt)
-            pgconn.consume_input()
-
-    def _wait(self, events: int, halt: threading.Event | None) -> None:
-        """Wait for the socket with the GIL released; check the stop flags now and then.
+    def _run(self, step: PQGen[T], halt: threading.Event | None) -> T:
+        """Run a libpq step, checking the stop flags while it waits.
 
         ``TransientError`` when the server stays silent for ``read_timeout`` seconds.
         """
-        socket_fd = self.pgconn.socket
-        if self._selector.get_key(socket_fd).events != events:
-            self._selector.modify(socket_fd, events)
-        deadline = time.monotonic() + self.read_timeout
-        while not self._selector.select(min(_STOP_POLL, max(0.0, deadline - time.monotonic()))):
-            self._check_stop(halt)
-            if time.monotonic() >= deadline:
-                raise _silent_server(self.config, self.read_timeout)
-        self._check_stop(halt)
+        try:
+            return self._waiter.run(step, silence=self.read_timeout, check=self._checking(halt))
+        except Expired:
+            raise _silent_server(self.config, self.read_timeout) from None
+
+    def _checking(self, halt: threading.Event | None) -> Callable[[], None]:
+        return lambda: self._check_stop(halt)
 
     def _check_stop(self, halt: threading.Event | None) -> None:
         if self.cancel is not None and self.cancel.is_set():
@@ -506,10 +455,6 @@ def _silent_server(config: PostgresConnection, read_timeout: float) -> Transient
 def import_snapshot(name: str) -> str:
     """The statement that makes a repeatable-read transaction see the exported snapshot ``name`` (its first)."""
     return f"SET TRANSACTION SNAPSHOT {quote_literal(name)}"
-
-
-def _libpq_message(pgconn: PGconn) -> str:
-    return pgconn.get_error_message().strip() or "connection failed"
 
 
 def _log_notice(result: PGresult) -> None:
@@ -557,7 +502,7 @@ class _Unblock:
 
     def _watch(self) -> None:
         deadline = time.monotonic() + self.read_timeout
-        while not self._done.wait(_STOP_POLL):
+        while not self._done.wait(POLL):
             if self.stop is not None and self.stop.is_set():
                 self.fired = CopyStopped(f"the copy from {self.config.describe()} was stopped")
             elif time.monotonic() >= deadline:
@@ -613,7 +558,7 @@ class _ReadAhead:
     def _put(self, item: object) -> bool:
         while not self._halt.is_set():
             try:
-                self._queue.put(item, timeout=_STOP_POLL)
+                self._queue.put(item, timeout=POLL)
                 return True
             except queue.Full:
                 pass

@@ -1,9 +1,8 @@
 """The replication connection: slots, START_REPLICATION and standby feedback on ``psycopg.pq``.
 
 psycopg 3 has no replication API, so this drives libpq through ``psycopg.pq.PGconn`` in
-non-blocking mode: every wait is a ``select`` on the socket with the GIL released. Blocking
-``get_copy_data(0)`` is never used, because the C implementation holds the GIL while it waits and
-would freeze every other thread of the process.
+non-blocking mode: the libpq steps are ``generators``, run by a ``waiting.Waiter`` whose every wait is a
+``select`` with the GIL released. This class keeps the commands and the connection's state.
 
 A ``ReplicationConnection`` belongs to one thread at a time.
 """
@@ -11,7 +10,6 @@ A ``ReplicationConnection`` belongs to one thread at a time.
 from __future__ import annotations
 
 import re
-import selectors
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,9 +26,11 @@ from psycopg.pq.abc import PGconn, PGresult
 from etl.config import PostgresConnection
 from etl.errors import ConfigError, EtlError, SourceError, TransientError
 from etl.lsn import Lsn
+from etl.postgres import generators
 from etl.postgres.connection import connection_error, conninfo_params
 from etl.postgres.frames import Keepalive, XLogData, parse_frame, status_update
 from etl.postgres.pgtime import now_pg_us
+from etl.postgres.waiting import Expired, Waiter
 from etl.schema import quote_ident, quote_literal
 
 log = structlog.get_logger(__name__)
@@ -114,11 +114,10 @@ def check_slot_name(name: str) -> str:
 class ReplicationConnection:
     """A ``replication=database`` connection (the session settings and TLS/keepalives from the config)."""
 
-    def __init__(self, pgconn: PGconn, config: PostgresConnection) -> None:
+    def __init__(self, pgconn: PGconn, config: PostgresConnection, waiter: Waiter) -> None:
         self._pgconn = pgconn
         self._config = config
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(pgconn.socket, selectors.EVENT_READ)
+        self._waiter = waiter
         self._flush_pending = False
         self._streaming = False
         self._closed = False
@@ -132,31 +131,26 @@ class ReplicationConnection:
         params = conninfo_params(config, {"replication": "database"}, settings)
         deadline = time.monotonic() + config.connect_timeout
         pgconn: PGconn = pq.PGconn.connect_start(make_conninfo(**params).encode())
+        waiter = Waiter(pgconn)
         try:
-            while True:
-                if pgconn.status == pq.ConnStatus.BAD:
-                    raise psycopg.OperationalError(_message(pgconn))
-                status = pgconn.connect_poll()
-                if status == pq.PollingStatus.OK:
-                    break
-                if status == pq.PollingStatus.FAILED:
-                    raise psycopg.OperationalError(_message(pgconn))
-                events = selectors.EVENT_READ if status == pq.PollingStatus.READING else selectors.EVENT_WRITE
-                if not _wait_socket(pgconn.socket, events, deadline - time.monotonic()):
-                    raise psycopg.OperationalError(f"timeout expired after {config.connect_timeout}s")
+            try:
+                waiter.run(generators.connect(pgconn), deadline=deadline)
+            except Expired:
+                raise psycopg.OperationalError(f"timeout expired after {config.connect_timeout}s") from None
         except psycopg.OperationalError as exc:
+            waiter.close()
             pgconn.finish()
             raise connection_error(config, exc, "open a replication connection to") from None
         pgconn.nonblocking = 1
         log.debug("replication connection opened", target=config.describe(), server_version=pgconn.server_version)
-        return cls(pgconn, config)
+        return cls(pgconn, config, waiter)
 
     def close(self) -> None:
         """Close the connection (idempotent); the server ends the stream and frees the slot."""
         if not self._closed:
             self._closed = True
             self._streaming = False
-            self._selector.close()
+            self._waiter.close()
             self._pgconn.finish()
 
     @property
@@ -185,21 +179,8 @@ class ReplicationConnection:
         """Run one replication or SQL command; return the text rows of its result."""
         if self._streaming:
             raise SourceError("the replication connection is streaming; it accepts no more commands")
-        pgconn = self._pgconn
         try:
-            pgconn.send_query(command.encode())
-            self._flush_all(None)
-            results: list[PGresult] = []
-            while True:
-                while pgconn.is_busy():
-                    self._wait(selectors.EVENT_READ, None)
-                    pgconn.consume_input()
-                result = pgconn.get_result()
-                if result is None:
-                    break
-                results.append(result)
-                if result.status in (pq.ExecStatus.COPY_BOTH, pq.ExecStatus.COPY_OUT):
-                    break
+            results = self._waiter.run(generators.execute(self._pgconn, command))
         except psycopg.OperationalError as exc:
             raise self._lost(exc) from None
         for result in results:
@@ -313,26 +294,15 @@ class ReplicationConnection:
         """The next message, waiting at most ``timeout`` seconds; ``None`` when none came in time."""
         if self._skipped is not None:
             raise self._skipped
-        pgconn = self._pgconn
-        deadline = 0.0
+        deadline = time.monotonic() + timeout
         try:
             while True:
-                message = self._buffered(pgconn)
-                if message is not None:
-                    return message
-                if self._flush_pending:
-                    self._flush_pending = pgconn.flush() == 1
-                if deadline == 0.0:
-                    deadline = time.monotonic() + timeout
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self._flush_pending else 0)
-                ready = self._wait(events, remaining)
-                if ready & selectors.EVENT_READ:
-                    pgconn.consume_input()
-                elif not ready:
-                    return None
+                step = generators.copy_data(self._pgconn, self._flush_pending)
+                data, self._flush_pending = self._waiter.run(step, deadline=deadline)
+                if (frame := self._frame(data)) is not None:
+                    return frame
+        except Expired:
+            return None
         except psycopg.OperationalError as exc:
             raise self._lost(exc) from None
 
@@ -340,29 +310,23 @@ class ReplicationConnection:
         """The next message if one was already received (by libpq or the socket), without waiting;
         ``None`` otherwise. For reading a burst: one ``read`` that waits, then ``poll`` until ``None``.
         """
-        pgconn = self._pgconn
         try:
-            message = self._buffered(pgconn)
-            if message is None:
-                pgconn.consume_input()  # what the socket holds now; the socket is non-blocking
-                message = self._buffered(pgconn)
-            return message
+            while (read := self._waiter.poll(generators.copy_data(self._pgconn, self._flush_pending))) is not None:
+                data, self._flush_pending = read
+                if (frame := self._frame(data)) is not None:
+                    return frame
+            return None
         except psycopg.OperationalError as exc:
             raise self._lost(exc) from None
 
-    def _buffered(self, pgconn: PGconn) -> XLogData | Keepalive | None:
-        """The next complete message in libpq's input buffer, or ``None``."""
-        while True:
-            nbytes, data = pgconn.get_copy_data(1)
-            if nbytes > 0:
-                frame = parse_frame(data)
-                if frame is not None:
-                    return frame
-                log.warning("unknown replication message ignored", tag=chr(data[0]))
-                continue
-            if nbytes < 0:
-                raise self._stream_ended()
-            return None
+    def _frame(self, data: memoryview | bytes | None) -> XLogData | Keepalive | None:
+        """The frame of a CopyData message; ``None`` for an unknown kind (logged and skipped)."""
+        if data is None:
+            raise self._stream_ended()
+        frame = parse_frame(data)
+        if frame is None:
+            log.warning("unknown replication message ignored", tag=chr(data[0]))
+        return frame
 
     def send_status(self, write: Lsn, flush: Lsn, apply: Lsn, reply: bool = False) -> None:
         """Send a Standby Status Update: ``flush`` is what the slot may forget (its confirmed_flush_lsn).
@@ -370,17 +334,14 @@ class ReplicationConnection:
         Sending never blocks for long: what the socket does not take now goes out during ``read``.
         """
         message = status_update(write, flush, apply, now_pg_us(), reply)
-        pgconn = self._pgconn
-        deadline = time.monotonic() + _SEND_TIMEOUT
+        step = generators.put_copy_data(self._pgconn, message)
         try:
-            while pgconn.put_copy_data(message) == 0:  # the output buffer is full
-                pgconn.flush()
-                if not self._wait(selectors.EVENT_WRITE, deadline - time.monotonic()):
-                    raise TransientError(
-                        f"replication connection to {self._config.describe()} accepts no data; status update not sent",
-                        hint="the network or the server is stalled; the connection is re-opened",
-                    )
-            self._flush_pending = pgconn.flush() == 1
+            self._flush_pending = self._waiter.run(step, deadline=time.monotonic() + _SEND_TIMEOUT)
+        except Expired:
+            raise TransientError(
+                f"replication connection to {self._config.describe()} accepts no data; status update not sent",
+                hint="the network or the server is stalled; the connection is re-opened",
+            ) from None
         except psycopg.OperationalError as exc:
             raise self._lost(exc) from None
 
@@ -395,31 +356,14 @@ class ReplicationConnection:
                 hint="create it on the source: CREATE PUBLICATION <name> FOR TABLE <tables>",
             )
 
-    def _wait(self, events: int, timeout: float | None) -> int:
-        """Wait for the socket; return the ready events (0 on timeout)."""
-        if timeout is not None and timeout <= 0:
-            return 0
-        key = self._selector.get_key(self._pgconn.socket)
-        if key.events != events:
-            self._selector.modify(self._pgconn.socket, events)
-        ready = self._selector.select(timeout)
-        return ready[0][1] if ready else 0
-
-    def _flush_all(self, timeout: float | None) -> None:
-        while self._pgconn.flush() == 1:
-            self._wait(selectors.EVENT_WRITE | selectors.EVENT_READ, timeout)
-            self._pgconn.consume_input()
-
     def _stream_ended(self) -> EtlError:
         self._streaming = False
-        result = self._pgconn.get_result()
-        while self._pgconn.get_result() is not None:  # drain to the end of the command
-            pass
+        result = generators.end_results(self._pgconn)
         if result is not None and result.status == pq.ExecStatus.FATAL_ERROR:
             return self._error(result, "replication")
         return TransientError(
             f"the server at {self._config.describe()} ended the replication stream"
-            + (f": {_message(self._pgconn)}" if self._pgconn.status == pq.ConnStatus.BAD else ""),
+            + (f": {generators.error_message(self._pgconn)}" if self._pgconn.status == pq.ConnStatus.BAD else ""),
             hint="the server may be shutting down; replication resumes after a reconnect",
         )
 
@@ -501,15 +445,3 @@ def _log_notice(result: PGresult) -> str:
     emit = log.warning if severity == "WARNING" else log.info
     emit("postgres notice", severity=severity, message=text)
     return text
-
-
-def _message(pgconn: PGconn) -> str:
-    return pgconn.get_error_message().strip()
-
-
-def _wait_socket(fileno: int, events: int, timeout: float) -> bool:
-    if timeout <= 0:
-        return False
-    with selectors.DefaultSelector() as selector:
-        selector.register(fileno, events)
-        return bool(selector.select(timeout))
