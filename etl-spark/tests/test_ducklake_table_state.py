@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import sqlalchemy as sa
 
+from etl.lsn import Lsn
 from etl.schema import ColumnSchema, TableName, TableSchema
 from etl_spark.ducklake.table_state import read_states
 
@@ -77,3 +78,28 @@ def test_each_table_reads_as_it_stands_in_the_lake(lake: Any, kit: Any) -> None:
             bounds[file.data_file_id] = (low_high["min"].as_py(), low_high["max"].as_py())
         assert state.key_bounds == bounds
         assert sorted(bounds.values()) == [(3, 8), (20, 24)]
+
+
+def test_a_key_named_like_a_dropped_column_finds_its_stored_rows(lake: Any, kit: Any) -> None:
+    """The source dropped its key column ``id`` and made ``other``, renamed ``id``, the key; a batch updates a copied
+    row under the new key. The bounds of the old ``id`` column (1 to 5) must not rule out the file holding 103."""
+    id_, other, note = (
+        ColumnSchema("id", 20, nullable=False, primary_key=True, attnum=1),
+        ColumnSchema("other", 20, nullable=False, attnum=2),
+        ColumnSchema("note", 25, attnum=3),
+    )
+    first = TableSchema(17100, TableName("public", "swap"), (id_, other, note))
+    destination = kit.make_destination(lake, inline_row_limit=0)
+    copied = [{"id": i, "other": 100 + i, "note": "n"} for i in range(1, 6)]
+    destination.write_table_rows(first, kit.rows_table(first, copied))
+    builder = kit.BatchBuilder().commit()
+    renamed = ColumnSchema("id", 20, nullable=False, primary_key=True, attnum=2)
+    second = TableSchema(first.id, first.name, (renamed, note), snapshot_lsn=Lsn(builder.lsn))
+    destination.write_events(builder.update(second, {"id": 103, "note": "x"}).build())
+    assert lake.query("SELECT id, note FROM lake.public.swap ORDER BY id, note") == [
+        (101, "n"),
+        (102, "n"),
+        (103, "x"),
+        (104, "n"),
+        (105, "n"),
+    ]

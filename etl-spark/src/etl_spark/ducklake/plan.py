@@ -320,7 +320,7 @@ def plan_changes(lake: Lake, segment: TableChanges, inline_limit: int, state: Ta
         columns=columns,
         inlined_tables=[] if plan.truncate else state.inlined_tables,
         data_files=[] if plan.truncate else state.data_files,
-        key_bounds=state.key_bounds,
+        key_bounds=state.bounds_of,
         inline_limit=inline_limit,
     )
     return plan
@@ -334,7 +334,7 @@ def _plan_rows(
     columns: list[LakeColumn],
     inlined_tables: list[str],
     data_files: list[DataFile],
-    key_bounds: dict[int, tuple[int, int]],
+    key_bounds: Callable[[int], dict[int, tuple[int, int]]],
     inline_limit: int,
 ) -> None:
     """Plan the rows of ``changes`` (after the watermark and the last truncate): find the stored rows they
@@ -357,7 +357,7 @@ def _plan_rows(
         collapsed = last_change_per_key_arrow(changes, names, key)
         if scan and len(key) == 1:  # files whose key bounds hold no touched key: skipped
             column = next(c for c in columns if c.name == key[0])
-            data_files = _may_hold(key_bounds, column, collapsed[key[0]], data_files)
+            data_files = _may_hold(key_bounds(column.column_id), column, collapsed[key[0]], data_files)
         candidates = data_files if scan else []
         lookup = _driver_lookup(columns, key, candidates)
         if lookup is not None:

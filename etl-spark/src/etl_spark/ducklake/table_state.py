@@ -28,9 +28,16 @@ class TableState:
     """Its inlined data tables that hold rows."""
     data_files: list[DataFile] = field(default_factory=list)
     """Its active data files, each with its active delete file, oldest first."""
+    key_column_id: int | None = None
+    """The lake column of a one-column integer key (by the key's name), whose statistics ``key_bounds`` are."""
     key_bounds: dict[int, tuple[int, int]] = field(default_factory=dict)
-    """For a one-column integer key: ``data_file_id -> (min, max)`` of the key, for the files whose statistics
-    hold both (a file left out may hold any key)."""
+    """``data_file_id -> (min, max)`` of the ``key_column_id`` column, for the files whose statistics hold both (a
+    file left out may hold any key)."""
+
+    def bounds_of(self, column_id: int) -> dict[int, tuple[int, int]]:
+        """``key_bounds`` if they are of that column (a schema change in the batch may have given the key's name to
+        another column), else none: every file may hold any key."""
+        return self.key_bounds if column_id == self.key_column_id else {}
 
 
 def read_states(catalog: Catalog, schemas: Sequence[TableSchema]) -> dict[int, TableState]:
@@ -63,6 +70,7 @@ def read_states(catalog: Catalog, schemas: Sequence[TableSchema]) -> dict[int, T
             max_column_id=max_ids.get(table_id, 0),
             inlined_tables=inlined[table_id],
             data_files=files[table_id],
+            key_column_id=keys.get(table_id),
             key_bounds=bounds.get(table_id, {}),
         )
     return states
