@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from etl.lsn import Lsn
 from etl.schema import ColumnSchema, TableName, TableSchema
+from etl_spark.ducklake.catalog import engine_for, inlined
 from etl_spark.ducklake.table_state import read_states
 
 
@@ -103,3 +104,18 @@ def test_a_key_named_like_a_dropped_column_finds_its_stored_rows(lake: Any, kit:
         (104, "n"),
         (105, "n"),
     ]
+
+
+def test_inlined_tables_holding_rows_are_found_among_hundreds(lake: Any) -> None:
+    """More tables than SQLite takes terms in one compound SELECT (500): probed in several statements."""
+    engine = engine_for(lake.url)
+    names = [f"ducklake_inlined_data_{i}_1" for i in range(501)]
+    with engine.begin() as conn:
+        for i, name in enumerate(names):
+            conn.execute(sa.text(f'CREATE TABLE "{name}" (row_id BIGINT)'))
+            if i % 7 == 0:
+                conn.execute(sa.text(f'INSERT INTO "{name}" VALUES (1)'))
+    with engine.connect() as conn:
+        assert inlined.holding_rows(conn, names) == {n for i, n in enumerate(names) if i % 7 == 0}
+        assert inlined.holding_rows(conn, []) == set()
+    engine.dispose()

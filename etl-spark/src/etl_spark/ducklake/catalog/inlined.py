@@ -179,14 +179,20 @@ def column_names(conn: Connection, name: str) -> list[str]:
     return [str(c["name"]) for c in sa.inspect(conn).get_columns(name)][3:]
 
 
+HOLDING_PROBES: Final = 200
+"""Inlined data tables probed by one statement (SQLite allows 500 terms in a compound SELECT)."""
+
+
 def holding_rows(conn: Connection, names: Sequence[str]) -> set[str]:
     """Those of the inlined data tables that hold any row, live or ended (found without counting them)."""
-    if not names:
-        return set()
-    probes = " UNION ALL ".join(
-        f"SELECT :n{i} WHERE EXISTS (SELECT 1 FROM {quote(name)})" for i, name in enumerate(names)
-    )
-    return {str(n) for (n,) in conn.execute(sa.text(probes), {f"n{i}": name for i, name in enumerate(names)})}
+    holding: set[str] = set()
+    for start in range(0, len(names), HOLDING_PROBES):
+        chunk = names[start : start + HOLDING_PROBES]
+        probes = " UNION ALL ".join(
+            f"SELECT {i} WHERE EXISTS (SELECT 1 FROM {quote(name)})" for i, name in enumerate(chunk)
+        )
+        holding.update(chunk[int(i)] for (i,) in conn.execute(sa.text(probes)))
+    return holding
 
 
 def shape(conn: Connection, name: str, last_row_id: int | None = None) -> tuple[int, int]:
