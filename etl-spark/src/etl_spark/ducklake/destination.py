@@ -447,6 +447,9 @@ class DuckLakeDestination:
 
 
 def _apply_all(plans: list[TablePlan], storage: LakeStorage, txn: Transaction) -> None:
+    """Apply the plans in one transaction, each to its lake table as read at the start of it: a table that a plan
+    parks (another table took its name) is not renamed back by its own plan in the same commit, whose changes
+    are older than the name's new holder's; its next change names it again."""
     current = txn.tables([plan.handle.table.table_id for plan in plans if plan.handle is not None])
     for plan in plans:
         with naming_table(plan.schema.id):
