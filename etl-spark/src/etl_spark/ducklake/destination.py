@@ -447,9 +447,9 @@ class DuckLakeDestination:
 
 
 def _apply_all(plans: list[TablePlan], storage: LakeStorage, txn: Transaction) -> None:
-    """Apply the plans in one transaction, each to its lake table as read at the start of it: a table that a plan
-    parks (another table took its name) is not renamed back by its own plan in the same commit, whose changes
-    are older than the name's new holder's; its next change names it again."""
+    """Apply the plans in one transaction, each to its lake table as read at the start of it. So a table that an
+    earlier plan parked (another source table of the batch took its name) is not renamed back by its own plan,
+    which would park the other in turn: both held the name during the batch, and its next change names it."""
     current = txn.tables([plan.handle.table.table_id for plan in plans if plan.handle is not None])
     for plan in plans:
         with naming_table(plan.schema.id):
