@@ -26,18 +26,20 @@ def test_a_rendered_plugin_installs_passes_its_tests_and_registers(tmp_path: Pat
 
     # A fresh virtualenv that sees this one's packages (etl-core, pytest) and gets the rendered project installed.
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     site_packages = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
         check=True,
         capture_output=True,
         text=True,
+        timeout=60,
     ).stdout.strip()
-    parent = sysconfig.get_path("purelib")
-    (Path(site_packages) / "_parent_env.pth").write_text(f"import site; site.addsitedir({parent!r})\n")
+    parents = dict.fromkeys(sysconfig.get_path(kind) for kind in ("purelib", "platlib"))
+    lines = "".join(f"import site; site.addsitedir({parent!r})\n" for parent in parents)
+    (Path(site_packages) / "_parent_env.pth").write_text(lines)
     install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps"]
-    subprocess.run([*install, "--no-build-isolation", str(project)], check=True)
+    subprocess.run([*install, "--no-build-isolation", str(project)], check=True, timeout=300)
 
     tests = subprocess.run(
         [python, "-m", "pytest", "-p", "no:cacheprovider", "-q"],
@@ -45,6 +47,7 @@ def test_a_rendered_plugin_installs_passes_its_tests_and_registers(tmp_path: Pat
         cwd=project,
         capture_output=True,
         text=True,
+        timeout=300,
     )
     assert tests.returncode == 0, tests.stdout + tests.stderr
     assert " passed" in tests.stdout and "skipped" not in tests.stdout
@@ -54,6 +57,7 @@ def test_a_rendered_plugin_installs_passes_its_tests_and_registers(tmp_path: Pat
         check=False,
         capture_output=True,
         text=True,
+        timeout=60,
     )
     assert listed.returncode == 0, listed.stdout + listed.stderr
     assert "acme_files" in listed.stdout and "acme_json" in listed.stdout

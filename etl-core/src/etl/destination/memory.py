@@ -139,7 +139,7 @@ class MemoryDestination(InProcessDestination):
             table = self._tables.get(event.schema.id)
             if table is None:
                 self._tables[event.schema.id] = _Table(event.schema)
-            else:
+            elif (int(event.commit_lsn), event.tx_ordinal) > table.position:  # a replayed older version: not again
                 table.migrate(event.schema)
             return
         if isinstance(event, TruncateEvent):

@@ -22,6 +22,8 @@ from etl.events import (
     OLD_IS_KEY_COLUMN,
     OP_COLUMN,
     TX_ORDINAL_COLUMN,
+    BeginEvent,
+    CommitEvent,
     DeleteEvent,
     Event,
     EventBatch,
@@ -44,23 +46,37 @@ def rows_table(schema: TableSchema, rows: list[dict[str, Any]]) -> pa.Table:
 
 
 class BatchBuilder:
-    """Builds an EventBatch twice over, as the engine does: Arrow change tables and the matching events."""
+    """Builds an EventBatch twice over, as the engine does: Arrow change tables and the matching events (each
+    transaction's ``BeginEvent`` and ``CommitEvent`` included; ``build`` ends the one under way)."""
 
     def __init__(self, lsn: int = 0x1000) -> None:
         self.lsn = lsn
         self.ordinal = 0
+        """The 0-based position of the transaction's next change, as the engine numbers them."""
+        self._open = False
         self._changes: list[tuple[TableSchema, dict[str, Any] | None]] = []
         self._events: list[Event] = []
         self._relation: dict[int, TableSchema] = {}
 
     def commit(self) -> BatchBuilder:
-        """Start the next transaction."""
+        """Start the next transaction (its ``BeginEvent``), ending the one before (its ``CommitEvent``)."""
+        self._end()
         self.lsn += 0x100
         self.ordinal = 0
+        self._open = True
+        lsn = Lsn(self.lsn)
+        self._events.append(BeginEvent(lsn, lsn, 0, self.lsn // 0x100, commit_time(self.lsn)))
         return self
 
+    def _end(self) -> None:
+        if self._open:
+            lsn = Lsn(self.lsn)
+            self._events.append(CommitEvent(lsn, lsn, self.ordinal, Lsn(self.lsn + 1), commit_time(self.lsn)))
+            self._open = False
+
     def _position(self) -> dict[str, Any]:
-        self.ordinal += 1
+        """The position of the transaction's next change (a schema version takes the position of the change it
+        comes before)."""
         return {"start_lsn": Lsn(self.lsn), "commit_lsn": Lsn(self.lsn), "tx_ordinal": self.ordinal}
 
     def _add(
@@ -76,8 +92,8 @@ class BatchBuilder:
         if self._relation.get(schema.id) != schema:
             self._relation[schema.id] = schema
             self._events.append(RelationEvent(**self._position(), schema=schema))
-            self.ordinal -= 1
         position = self._position()
+        self.ordinal += 1
         self._changes.append(
             (schema, {"op": op, "row": row, "old": old, "old_is_key": old_is_key, "missing": list(missing), **position})
         )
@@ -87,7 +103,6 @@ class BatchBuilder:
         """A schema version with no change of its own in the batch (the DDL trigger reports one at the DDL)."""
         self._relation[schema.id] = schema
         self._events.append(RelationEvent(**self._position(), schema=schema))
-        self.ordinal -= 1
         self._changes.append((schema, None))
         return self
 
@@ -147,6 +162,7 @@ class BatchBuilder:
                 segment[1].append(change)
         for schema, items in segments:
             changes.setdefault(schema.id, []).append(TableChanges(schema, _change_table(schema, items)))
+        self._end()
         events = list(self._events)
         stamps = {int(c["commit_lsn"]): commit_time(int(c["commit_lsn"])) for _, c in self._changes if c is not None}
         self._changes, self._events = [], []

@@ -24,7 +24,7 @@ Batches come from ``etl.testing.batches.BatchBuilder``: Arrow change tables and 
 - a write reported durable is readable at once, an accepted one after ``flush``;
 - replayed batches change nothing (delivery is at-least-once);
 - truncates;
-- schema changes (added, renamed and dropped columns) between changes;
+- schema changes (added, renamed and dropped columns) between changes, and replayed;
 - updates that change the key;
 - tables without a key (``REPLICA IDENTITY FULL``), where equal rows are kept apart;
 - unchanged TOAST values (not sent by Postgres) keeping the stored value.
@@ -190,6 +190,20 @@ class DestinationContract:
                 {"id": 4, "label": "n4", "extra": 40},
                 {"id": 5, "label": "five", "extra": 50},
             ],
+        )
+
+    def test_a_replayed_schema_change_changes_nothing(self, destination: Destination) -> None:
+        """A replay sends schema versions again too: an older one must not take back a column added since, nor
+        the values written into it."""
+        self.copy(destination, ITEMS, [item(1)])
+        builder = BatchBuilder()
+        first = builder.commit().insert(ITEMS, item(2)).build()
+        wider = _version(builder.commit(), (*ITEMS.columns, ColumnSchema("extra", BIGINT, attnum=4)))
+        second = builder.update(wider, {**item(1), "extra": 10}).insert(wider, {**item(3), "extra": 30}).build()
+        for batch in (first, second, first, second):
+            self.write(destination, batch)
+        self.expect(
+            destination, wider, [{**item(1), "extra": 10}, {**item(2), "extra": None}, {**item(3), "extra": 30}]
         )
 
     def test_an_update_can_change_the_key(self, destination: Destination) -> None:
