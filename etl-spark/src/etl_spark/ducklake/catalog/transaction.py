@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import pyarrow as pa
 import sqlalchemy as sa
@@ -37,9 +37,6 @@ from etl_spark.ducklake.catalog.model import (
 from etl_spark.ducklake.stats import ColumnStats, arrow_stats, stats_kind, widen
 from etl_spark.ducklake.types import LIST, Form, LakeType, convert
 
-if TYPE_CHECKING:
-    from etl_spark.ducklake.catalog.reads import Catalog
-
 log = structlog.get_logger(__name__)
 
 _TOKEN: Final = re.compile(r"([a-z_]+):(\d+)")
@@ -62,11 +59,31 @@ class _Holder:
     """The other pipeline that keeps it, if another one does."""
 
 
+class CatalogReads(Protocol):
+    """What a transaction reads of its catalog (``reads.Catalog``), passing its own connection."""
+
+    pipeline_id: int
+    author: str
+    data_path: str
+
+    def handle(self, source_table_id: int, conn: Connection | None = None) -> Handle | None: ...
+
+    def table(self, table_id: int, conn: Connection | None = None) -> LakeTable | None: ...
+
+    def tables(self, table_ids: Sequence[int], conn: Connection | None = None) -> dict[int, LakeTable]: ...
+
+    def max_column_id(self, table_id: int, conn: Connection | None = None) -> int: ...
+
+    def inlined_tables(self, table: LakeTable, conn: Connection | None = None) -> list[str]: ...
+
+    def schema_versions(self, table_ids: Sequence[int], conn: Connection | None = None) -> dict[int, int]: ...
+
+
 @dataclass
 class Transaction:
     """The inside of one snapshot commit; ids are allocated from the latest snapshot."""
 
-    catalog: Catalog
+    catalog: CatalogReads
     conn: Connection
     snapshot_id: int = 0
     schema_version: int = 0
