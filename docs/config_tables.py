@@ -16,6 +16,8 @@ from etl.config import BatchSection, MetricsSection, PipelineSection, PostgresCo
 from etl.config_reference import fill_config_tables
 from etl_spark.bigquery.destination import BigQueryConfig
 from etl_spark.ducklake.destination import DuckLakeConfig
+from etl_store_postgres.store import PostgresStoreConfig
+from etl_store_sqlite.store import SqliteStore
 
 DOCS = Path(__file__).resolve().parent
 REGENERATE = "./dev tox exec -e tests -- python docs/config_tables.py"
@@ -29,6 +31,7 @@ TABLES: dict[str, dict[str, type[BaseModel]]] = {
     },
     "destinations/ducklake.md": {"ducklake": DuckLakeConfig},
     "destinations/bigquery.md": {"bigquery": BigQueryConfig},
+    "stores.md": {"sqlite": SqliteStore.Config, "postgres": PostgresStoreConfig},
 }
 """Per document under docs/, the model of each of its generated blocks."""
 
