@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,8 @@ from etl.destination.base import DestinationContext
 from etl.store.memory import MemoryStore
 from etl.testing.batches import BatchBuilder, commit_time, rows_table
 from etl.testing.pytest_plugin import first_major_only
+from etl_spark.bigquery.destination import BigQueryConfig, BigQueryDestination
+from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator, running_emulator
 from etl_spark.ducklake.destination import SPARK_CONF, DuckLakeConfig, DuckLakeDestination
 from etl_spark.ducklake.reader import connect_duckdb
 from etl_spark.session import SparkSettings, get_spark, stop_spark
@@ -79,7 +82,7 @@ def lake(request: pytest.FixtureRequest, tmp_path: Path, spark: Any, pg_major: i
     yield Lake(url, str(tmp_path / "data") + "/", duckdb_target)
 
 
-_STARTED: list[DuckLakeDestination] = []
+_STARTED: list[DuckLakeDestination | BigQueryDestination] = []
 
 
 def make_destination(lake: Lake, pipeline_id: int = 1, **options: Any) -> DuckLakeDestination:
@@ -87,6 +90,32 @@ def make_destination(lake: Lake, pipeline_id: int = 1, **options: Any) -> DuckLa
     base = {"catalog": lake.url, "data_path": lake.data_path, "spark": SPARK.model_dump()}
     config = DuckLakeConfig.model_validate({**base, **options})
     destination = DuckLakeDestination.from_config(config, DestinationContext(pipeline_id, MemoryStore(pipeline_id)))
+    destination.startup()
+    _STARTED.append(destination)
+    return destination
+
+
+@pytest.fixture(scope="session")
+def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BigQueryEmulator]:
+    """One local BigQuery server (local-bigquery, loopback) for the session; tests use datasets of their own."""
+    with running_emulator(tmp_path_factory.mktemp("bigquery")) as server:
+        yield server
+
+
+def make_bigquery(emulator: BigQueryEmulator, dataset: str, **options: Any) -> BigQueryDestination:
+    """A started bigquery destination on ``emulator`` writing into ``dataset`` (no pause between writes); the end
+    of the test shuts it down. ``options`` are further config keys, or replace these."""
+    base = {
+        "project": PROJECT,
+        "dataset": re.sub(r"\W", "_", dataset),
+        "staging_uri": "gs://staging/etl",
+        "staging_local_dir": str(emulator.bucket_dir("staging")),
+        "min_apply_interval_s": 0,
+        "endpoint": emulator.endpoint,
+        "spark": SPARK.model_dump(),
+    }
+    config = BigQueryConfig.model_validate({**base, **options})
+    destination = BigQueryDestination.from_config(config, DestinationContext(1, MemoryStore(1)))
     destination.startup()
     _STARTED.append(destination)
     return destination
@@ -106,6 +135,7 @@ class Kit:
     commit_time = staticmethod(commit_time)
     rows_table = staticmethod(rows_table)
     make_destination = staticmethod(make_destination)
+    make_bigquery = staticmethod(make_bigquery)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ back with google-cloud-bigquery, compared with the memory destination fed the sa
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
@@ -17,8 +16,8 @@ from etl.destination.memory import MemoryDestination, row_sort_key
 from etl.errors import TableError
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl.store.memory import MemoryStore
-from etl_spark.bigquery.destination import BigQueryConfig, BigQueryDestination
-from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator, running_emulator
+from etl_spark.bigquery.destination import BigQueryDestination
+from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator
 from etl_spark.bigquery.names import table_id
 
 NUMERIC_10_2 = ((10 << 16) | 2) + 4
@@ -48,35 +47,11 @@ WIDE = TableSchema(
 )
 
 
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BigQueryEmulator]:
-    with running_emulator(tmp_path_factory.mktemp("bigquery")) as server:
-        yield server
-
-
 @pytest.fixture
 def destination(
-    emulator: BigQueryEmulator, spark: Any, request: pytest.FixtureRequest
-) -> Iterator[BigQueryDestination]:
-    config = BigQueryConfig(
-        project=PROJECT,
-        dataset=f"d_{request.node.name.replace('[', '_').replace(']', '').replace('-', '_')}",
-        staging_uri="gs://staging/etl",
-        staging_local_dir=str(emulator.bucket_dir("staging")),
-        min_apply_interval_s=0,
-        endpoint=emulator.endpoint,
-        spark=spark_settings(),
-    )
-    target = BigQueryDestination.from_config(config, DestinationContext(1, MemoryStore(1)))
-    target.startup()
-    yield target
-    target.shutdown()
-
-
-def spark_settings() -> Any:
-    from etl_spark.session import SparkSettings
-
-    return SparkSettings(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+    emulator: BigQueryEmulator, spark: Any, kit: Any, request: pytest.FixtureRequest
+) -> BigQueryDestination:
+    return kit.make_bigquery(emulator, f"d_{request.node.name}")
 
 
 def bq_rows(destination: BigQueryDestination, schema: TableSchema) -> list[dict[str, Any]]:
@@ -330,31 +305,15 @@ def test_target_tables_are_clustered_by_their_key_and_partitioned_when_asked(
             ColumnSchema("at", 1184),
         ),
     )
-    config = BigQueryConfig(
-        project=PROJECT,
-        dataset="d_clustered",
-        staging_uri="gs://staging/etl",
-        staging_local_dir=str(emulator.bucket_dir("staging")),
-        min_apply_interval_s=0,
-        endpoint=emulator.endpoint,
-        spark=spark_settings(),
-        partition_by={"public.events": "at"},
+    target = kit.make_bigquery(emulator, "d_clustered", partition_by={"public.events": "at"})
+    b = kit.BatchBuilder()
+    target.write_events(
+        b.commit().insert(events, {"tenant": 1, "id": 7, "at": dt.datetime(2026, 11, 24, 10, tzinfo=dt.UTC)}).build()
     )
-    target = BigQueryDestination.from_config(config, DestinationContext(1, MemoryStore(1)))
-    target.startup()
-    try:
-        b = kit.BatchBuilder()
-        target.write_events(
-            b.commit()
-            .insert(events, {"tenant": 1, "id": 7, "at": dt.datetime(2026, 11, 24, 10, tzinfo=dt.UTC)})
-            .build()
-        )
-        table = target.client.get_table(f"{PROJECT}.d_clustered.{table_id(events.name)}")
-        assert table.clustering_fields == ["tenant", "id"]
-        assert table.time_partitioning is not None and table.time_partitioning.field == "at"
-        assert len(bq_rows(target, events)) == 1
-    finally:
-        target.shutdown()
+    table = target.client.get_table(f"{PROJECT}.d_clustered.{table_id(events.name)}")
+    assert table.clustering_fields == ["tenant", "id"]
+    assert table.time_partitioning is not None and table.time_partitioning.field == "at"
+    assert len(bq_rows(target, events)) == 1
 
 
 CODES = TableSchema(

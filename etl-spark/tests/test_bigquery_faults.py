@@ -3,20 +3,17 @@ and the table ends equal to the reference, with no duplicate; an exceeded quota 
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from etl.destination.base import DestinationContext
 from etl.destination.memory import MemoryDestination
 from etl.errors import DestinationError, TransientError
 from etl.schema import ColumnSchema, TableName, TableSchema
-from etl.store.memory import MemoryStore
-from etl_spark.bigquery.destination import BigQueryConfig, BigQueryDestination
-from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator, running_emulator
+from etl_spark.bigquery.destination import BigQueryDestination
+from etl_spark.bigquery.emulator import BigQueryEmulator
 from etl_spark.bigquery.fault_proxy import DROP, LOSE_ANSWER, Fault, FaultProxy
 from etl_spark.bigquery.names import table_id
 
@@ -27,12 +24,6 @@ ORDERS = TableSchema(
 )
 
 
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BigQueryEmulator]:
-    with running_emulator(tmp_path_factory.mktemp("bigquery")) as server:
-        yield server
-
-
 @pytest.fixture
 def proxy(emulator: BigQueryEmulator) -> Iterator[FaultProxy]:
     with FaultProxy(emulator.endpoint).running() as running:
@@ -41,24 +32,10 @@ def proxy(emulator: BigQueryEmulator) -> Iterator[FaultProxy]:
 
 @pytest.fixture
 def destination(
-    emulator: BigQueryEmulator, proxy: FaultProxy, spark: Any, request: pytest.FixtureRequest
-) -> Iterator[BigQueryDestination]:
-    from etl_spark.session import SparkSettings
-
-    config = BigQueryConfig(
-        project=PROJECT,
-        dataset="d_" + re.sub(r"\W", "_", request.node.name),
-        staging_uri="gs://staging/etl",
-        staging_local_dir=str(emulator.bucket_dir("staging")),
-        min_apply_interval_s=0,
-        endpoint=proxy.endpoint,
-        api_retry_seconds=2,
-        spark=SparkSettings(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"}),
-    )
-    target = BigQueryDestination.from_config(config, DestinationContext(1, MemoryStore(1)))
-    target.startup()
-    yield target
-    target.shutdown()
+    proxy: FaultProxy, emulator: Any, spark: Any, kit: Any, request: pytest.FixtureRequest
+) -> BigQueryDestination:
+    """The destination, talking to the emulator through ``proxy``."""
+    return kit.make_bigquery(emulator, f"d_{request.node.name}", endpoint=proxy.endpoint, api_retry_seconds=2)
 
 
 def rows(destination: BigQueryDestination) -> list[tuple[Any, ...]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from etl.pipeline import Pipeline
 from etl.schema import ColumnSchema, TableName, TableSchema
 from etl.testing.pipelines import all_ready, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
-from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator, running_emulator
+from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator
 from etl_spark.bigquery.names import table_id
 from etl_spark.ducklake import destination as destination_module
 from etl_spark.ducklake.plan import plan_changes
@@ -149,12 +148,6 @@ def test_ducklake_counts_a_conflict_and_records_on_a_private_registry_until_regi
     assert value(registry, "etl_ducklake_files_written_total", kind="delete") == 1  # written inside the commit
     assert value(private, "etl_ducklake_commit_conflicts_total") == 0  # nothing recorded there any more
     destination.shutdown()
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BigQueryEmulator]:
-    with running_emulator(tmp_path_factory.mktemp("bigquery")) as server:
-        yield server
 
 
 def bigquery_rows(emulator: BigQueryEmulator, dataset: str, table: str) -> list[tuple[Any, ...]]:
