@@ -1,4 +1,4 @@
-"""``etl.postgres.waiting.Waiter`` runs libpq steps on a socket: deadlines, silences, stop checks, polling. The
+"""``etl.postgres.waiting.Waiter`` runs libpq steps on a socket: deadlines, silences, stop checks. The
 socket is one end of a local socket pair; ``Socket`` stands in for a ``PGconn``, of which the waiter only reads
 ``socket``."""
 
@@ -70,19 +70,4 @@ def test_a_check_ends_a_wait(pair: tuple[socket.socket, socket.socket]) -> None:
     with pytest.raises(InterruptedError):
         waiter.run(reads(ours, 1), check=stop_after_a_while)
     assert time.monotonic() - started < 2  # within a poll interval or so, not never
-    waiter.close()
-
-
-def test_poll_takes_what_came_and_never_waits(pair: tuple[socket.socket, socket.socket]) -> None:
-    ours, theirs = pair
-    waiter = Waiter(Socket(ours.fileno()))
-    theirs.sendall(b"x")
-    assert waiter.poll(reads(ours, 1)) == b"x"
-    ours.setblocking(False)
-    started = time.monotonic()
-    with pytest.raises(BlockingIOError):  # the step was told it may read: nothing there
-        waiter.poll(reads(ours, 1))
-    theirs.sendall(b"y")
-    assert waiter.poll(reads(ours, 2)) is None  # one byte of two: it would wait again
-    assert time.monotonic() - started < 1
     waiter.close()

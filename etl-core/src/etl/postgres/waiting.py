@@ -14,7 +14,7 @@ from typing import Final, TypeVar
 
 from psycopg.pq.abc import PGconn
 
-from etl.postgres.generators import READ, PQGen
+from etl.postgres.generators import PQGen
 
 T = TypeVar("T")
 
@@ -60,18 +60,6 @@ class Waiter:
         except StopIteration as done:
             result: T = done.value
             return result
-
-    def poll(self, step: PQGen[T]) -> T | None:
-        """Run ``step`` on what has already come, without waiting: once it asks to wait, what the socket holds is
-        read (the step is told it may read); when it asks again, ``None``."""
-        try:
-            next(step)
-            step.send(READ)
-        except StopIteration as done:
-            result: T = done.value
-            return result
-        step.close()
-        return None
 
     def _wait(
         self, events: int, deadline: float | None, silence: float | None, check: Callable[[], None] | None
