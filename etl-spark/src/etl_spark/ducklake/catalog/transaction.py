@@ -26,7 +26,6 @@ from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES, q
 from etl_spark.ducklake.catalog.model import (
     Composed,
     DataFile,
-    Handle,
     InlinedFlush,
     LakeTable,
     NewColumn,
@@ -65,8 +64,6 @@ class CatalogReads(Protocol):
     pipeline_id: int
     author: str
     data_path: str
-
-    def handle(self, source_table_id: int, conn: Connection | None = None) -> Handle | None: ...
 
     def table(self, table_id: int, conn: Connection | None = None) -> LakeTable | None: ...
 
@@ -126,9 +123,6 @@ class Transaction:
                     raise CommitConflict(f"{kind}:{ident} committed after snapshot {base_snapshot}")
 
     # -- state -----------------------------------------------------------------------------------
-    def handle(self, source_table_id: int) -> Handle | None:
-        return self.catalog.handle(source_table_id, self.conn)
-
     def table(self, table_id: int) -> LakeTable:
         return self.tables([table_id])[table_id]
 
