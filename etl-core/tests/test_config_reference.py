@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints
 
 from etl.config import Integer
 from etl.config_reference import config_table, fill_config_tables
@@ -89,6 +89,30 @@ def test_an_undocumented_field_of_a_nested_model_is_an_error_too() -> None:
 
     with pytest.raises(ValueError, match=r"Inner\.bare has no description"):
         config_table(Outer)
+
+
+class Constrained(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    slug: str = Field(pattern=r"^[a-z_]+$", description="A slug.")
+    code: str | None = Field(None, min_length=2, max_length=8, pattern=r"^[A-Z|]+$", description="A code.")
+    tag: Annotated[str, StringConstraints(min_length=1, pattern=r"^t")] = Field("t", description="A tag.")
+    quoted: str = Field("x", pattern=r"^`?\w+`?$", description="Maybe in backticks.")
+    page_bytes: Integer = Field(8192, ge=1024, multiple_of=1024, description="A page.")
+    step: float = Field(0.5, multiple_of=0.25, description="A step.")
+
+
+def test_table_shows_patterns_and_multiples() -> None:
+    """A ``pattern`` is shown after the type and its lengths, a ``multiple_of`` after the bounds."""
+    assert config_table(Constrained) == (
+        "| key | type | default | meaning |\n|---|---|---|---|\n"
+        "| `slug` | string matching `^[a-z_]+$` | required | A slug. |\n"
+        "| `code` | string of 2 to 8 characters matching `^[A-Z\\|]+$` | none | A code. |\n"
+        '| `tag` | non-empty string matching `^t` | `"t"` | A tag. |\n'
+        '| `quoted` | string matching ``^`?\\w+`?$`` | `"x"` | Maybe in backticks. |\n'
+        "| `page_bytes` | integer ≥ 1024 (1 KiB), a multiple of 1024 (1 KiB) | 8192 (8 KiB) | A page. |\n"
+        "| `step` | number, a multiple of 0.25 | 0.5 | A step. |\n"
+    )
 
 
 DOCUMENT = """\

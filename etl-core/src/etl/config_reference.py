@@ -1,10 +1,10 @@
 """Markdown reference tables of config models, generated from their fields, so docs cannot drift from the code.
 
 ``config_table(Model)`` renders ``| key | type | default | meaning |``: the key (its alias when it has one), the
-type in TOML terms with its ``ge``/``gt``/``le``/``lt`` and length constraints, the default (``required`` when
-there is none; secrets never shown) and the field's ``description``. A field without a description is an
-error, so no key goes undocumented. A nested model is a row of type ``table`` followed by its own keys, dotted
-(``spark.master``).
+type in TOML terms with its ``ge``/``gt``/``le``/``lt``, ``multiple_of``, length and ``pattern`` constraints, the
+default (``required`` when there is none; secrets never shown) and the field's ``description``. A field without a
+description is an error, so no key goes undocumented. A nested model is a row of type ``table`` followed by its own
+keys, dotted (``spark.master``).
 
 ``fill_config_tables(text, models)`` replaces each block of a markdown text that reads::
 
@@ -133,28 +133,50 @@ def _without_none(annotation: Any) -> Any:
 
 
 def _type(name: str, field: FieldInfo) -> str:
-    """The field's type for people, with its constraints: ``integer ≥ 1``, ``non-empty string``."""
+    """The field's type for people, with its constraints: ``integer ≥ 1, a multiple of 8``, ``non-empty string``,
+    a string ``matching`` its pattern."""
+    # Grouped metadata (``StringConstraints``) stands for the single constraints it yields.
+    metadata = [
+        part
+        for item in field.metadata
+        for part in (item if isinstance(item, annotated_types.GroupedMetadata) else (item,))
+    ]
     described = _describe(field.annotation)
     bounds = [
         f"{sign} {_number(name, getattr(item, attr))}"
-        for item in field.metadata
+        for item in metadata
         for kind, attr, sign in _BOUNDS
         if isinstance(item, kind)
     ]
     if bounds:
         described += " " + ", ".join(bounds)
-    shortest = next((item.min_length for item in field.metadata if isinstance(item, annotated_types.MinLen)), 0)
-    longest = next((item.max_length for item in field.metadata if isinstance(item, annotated_types.MaxLen)), None)
+    for item in metadata:
+        if isinstance(item, annotated_types.MultipleOf):
+            step = item.multiple_of
+            described += f", a multiple of {_number(name, step) if isinstance(step, int | float) else step}"
+    shortest = next((item.min_length for item in metadata if isinstance(item, annotated_types.MinLen)), 0)
+    longest = next((item.max_length for item in metadata if isinstance(item, annotated_types.MaxLen)), None)
     unit = "characters" if _without_none(field.annotation) in (str, SecretStr) else "items"
     if shortest and longest is not None:
-        return f"{described} of {shortest} to {longest} {unit}"
-    if longest is not None:
-        return f"{described} of at most {longest} {unit}"
-    if shortest == 1:
-        return f"non-empty {described}"
-    if shortest:
-        return f"{described} of at least {shortest} {unit}"
+        described = f"{described} of {shortest} to {longest} {unit}"
+    elif longest is not None:
+        described = f"{described} of at most {longest} {unit}"
+    elif shortest == 1:
+        described = f"non-empty {described}"
+    elif shortest:
+        described = f"{described} of at least {shortest} {unit}"
+    # ``pattern`` is pydantic's own metadata (``_PydanticGeneralMetadata``), a string or a compiled pattern.
+    pattern = next((found for item in metadata if (found := getattr(item, "pattern", None)) is not None), None)
+    if pattern is not None:
+        described += f" matching {_code(pattern.pattern if isinstance(pattern, re.Pattern) else str(pattern))}"
     return described
+
+
+def _code(text: str) -> str:
+    """``text`` as a markdown code span, fenced by more backticks than any run of them in it."""
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    padding = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{padding}{text}{padding}{fence}"
 
 
 def _describe(annotation: Any) -> str:
