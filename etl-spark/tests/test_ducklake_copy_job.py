@@ -1,7 +1,7 @@
 """A table's copy as a Spark job (``DuckLakeDestination.copy_table``) from a real Postgres, read back by DuckDB.
 
-Every range is copied by a Spark task into data files written by pyarrow; the driver only registers
-them. Checked here: DuckDB reads arrays as lists, uuid as UUID and time as TIME from those files,
+The ranges are copied by Spark tasks, one per core, into data files written by pyarrow; the driver
+only registers them. Checked here: DuckDB reads arrays as lists, uuid as UUID and time as TIME from those files,
 row for row equal to the source; no copied row reaches the driver's code; a stopped copy leaves
 nothing behind.
 """
@@ -89,6 +89,17 @@ def test_copy_job_writes_native_lists_uuids_and_times(pg_database: TestDatabase,
     assert lake.query("SELECT count(*) FROM ducklake_list_files('lake', 'typed', schema => 'public')")[0][0] > 1
     assert lake.query("SELECT tags FROM lake.public.typed WHERE id = 1") == [(["t1", None, 'x,"y"'],)]
     assert lake.query("SELECT count(*) FROM lake.public.typed WHERE list_contains(nums, 11)") == [(2,)]
+
+
+def test_ranges_are_spread_over_a_task_per_core(pg_database: TestDatabase, lake: Any, kit: Any) -> None:
+    """Eight ranges on two cores: two tasks of four ranges each, each task writing one file for all of them."""
+    plan = typed_plan(pg_database, parts=8)
+    assert len(plan.ranges) == 8
+    destination = kit.make_destination(lake)
+    assert destination.lake.spark.sparkContext.defaultParallelism == 2
+    assert destination.copy_table(plan, threading.Event()) == 3000
+    assert lake_typed(lake) == source_typed(pg_database)
+    assert lake.query("SELECT count(*) FROM ducklake_list_files('lake', 'typed', schema => 'public')") == [(2,)]
 
 
 def test_no_copied_row_reaches_the_driver(

@@ -89,7 +89,7 @@ class DuckLakeConfig(BaseModel):
         512 * 1024 * 1024,
         ge=1024 * 1024,
         description="A data file is closed at about this many Parquet bytes and the next one started (each copy task"
-        " writes at least one file per range).",
+        " writes at least one file).",
     )
     commit_attempts: Integer = Field(
         10, ge=1, description="How often a batch is recomputed when another writer commits a conflicting change."

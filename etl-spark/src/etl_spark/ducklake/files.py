@@ -35,6 +35,7 @@ from etl_spark.ducklake.datafiles import (
 from etl_spark.ducklake.key_cache import LookupCache
 from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.types import FIELD_ID
+from etl_spark.task_setup import prepare_task
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -244,6 +245,7 @@ def write_partition(spec: DataFileSpec) -> Callable[[Iterable[pa.RecordBatch]], 
     """The task that writes one frame partition's rows as data files (for ``mapInArrow``)."""
 
     def task(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        prepare_task()
         yield metadata_batch(write_data_files(spec, batches))
 
     return task
@@ -276,21 +278,10 @@ class _IndexedTask:
     rows_of: Callable[[int], Iterable[pa.RecordBatch | pa.Table]]
 
     def __call__(self, indexes: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        _use_task_cpus()
+        prepare_task()
         for batch in indexes:
             for index in pc.cast(batch.column(0), pa.int64()).to_pylist():
                 yield metadata_batch(write_data_files(self.spec, self.rows_of(index)))
-
-
-def _use_task_cpus() -> None:
-    """Size pyarrow's thread pool (CSV parsing, Parquet encoding) to the cores Spark gave the task
-    (``spark.task.cpus``), not to the machine's: executors run one task per core at once, and pools of
-    every core's size in each of them contend (measured on the copy bench, about a quarter slower)."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    if context is not None:
-        pa.set_cpu_count(max(1, context.cpus()))
 
 
 def _key_column(data_file_id: int, path: str, column_id: int) -> tuple[str, int, str, int]:
