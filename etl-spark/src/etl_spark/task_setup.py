@@ -57,7 +57,7 @@ def _check_archives_before_reading() -> None:
             for finder in list(sys.path_importer_cache.values())
             if isinstance(finder, zipimport.zipimporter)
         }
-        zipimport.zipimporter.invalidate_caches = _when_changed(zipimport.zipimporter.invalidate_caches, read)  # type: ignore[method-assign]
+        zipimport.zipimporter.invalidate_caches = _when_changed(zipimport.zipimporter.invalidate_caches, read)  # type: ignore[method-assign,assignment]
         _installed = True
 
 
