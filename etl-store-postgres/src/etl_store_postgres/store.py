@@ -97,6 +97,7 @@ class PostgresStore(SqlStore):
                     hint=f"another `etl run` for pipeline {self.pipeline_id} is running; stop it first",
                 )
             self._lock_conn = conn
+            self._reload_locked()
 
     def _check_lock(self) -> None:
         if self._lock_conn is None:

@@ -71,6 +71,7 @@ class SqliteStore(SqlStore):
     def acquire_lock(self) -> None:
         with self._writing():
             if self._file_lock.try_acquire():
+                self._reload_locked()
                 return
             holder = self._file_lock.holder()
             raise PipelineLockedError(

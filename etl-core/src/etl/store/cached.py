@@ -51,7 +51,9 @@ class CachedStore:
 
     Thread-safe: one re-entrant mutex serialises writes (hook plus cache update) and guards reads.
     Subclasses fill the cache on open with ``_load_*`` and override ``acquire_lock``,
-    ``_release`` and the ``_persist_*`` hooks.
+    ``_release`` and the ``_persist_*`` hooks. A durable store fills the cache again once it holds the
+    pipeline lock (``_clear_cache`` first): what it read on open may be stale, since the previous holder
+    may have written until it let go.
     """
 
     name: ClassVar[str]
@@ -68,6 +70,11 @@ class CachedStore:
         self._progress: dict[str, Lsn] = {}
         self._metadata: dict[TableId, DestinationTableMetadata] = {}
         self._copy_progress: dict[TableId, CopyProgress] = {}
+
+    def _clear_cache(self) -> None:
+        """Forget every cached state, schema, progress and metadata (before filling the cache again)."""
+        with self._mutex:
+            self._states, self._schemas, self._progress, self._metadata, self._copy_progress = {}, {}, {}, {}, {}
 
     def describe(self) -> str:
         """The store in words, for messages (no secrets)."""

@@ -2,8 +2,9 @@
 
 For small state held in one object: a file, an object in a bucket, a key in a key-value store. A
 subclass implements ``_save_document`` (replace the stored document atomically, or raise) and hands
-the stored document to ``_restore_document`` when it opens. It must take a pipeline lock as well:
-two instances writing one document would overwrite each other's changes.
+the stored document to ``_restore_document`` when it opens, and again once it holds the pipeline lock.
+It must take a pipeline lock: two instances writing one document would overwrite each other's changes,
+and so would a holder going on from a document read before the previous holder's last save.
 
 The document's ``copy_progress`` key came after the first release of the format; a document without it
 reads as one without copy progress (and older releases ignore the key), so the format number stays 1.
@@ -38,8 +39,12 @@ class SnapshotStore(CachedStore):
         """Store ``document`` (plain JSON values) so that it replaces the previous one atomically."""
         raise NotImplementedError
 
-    def _restore_document(self, document: Mapping[str, Any]) -> None:
-        """Fill the cache from a document ``_save_document`` was given; ``StoreError`` if it is unusable."""
+    def _restore_document(self, document: Mapping[str, Any] | None) -> None:
+        """Replace the cache with a document ``_save_document`` was given (``None``: none stored yet, an empty
+        state); ``StoreError`` if it is unusable."""
+        self._clear_cache()
+        if document is None:
+            return
         try:
             if document["format"] != DOCUMENT_FORMAT or document["pipeline_id"] != self.pipeline_id:
                 raise ValueError(

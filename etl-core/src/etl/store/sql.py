@@ -86,6 +86,19 @@ class SqlStore(CachedStore):
     def _release(self) -> None:
         self._engine.dispose()
 
+    def _reload_locked(self) -> None:
+        """Read the pipeline's state again, just after taking its lock: the previous holder may have written
+        after this store opened. On failure the store closes (its lock released) and the error is raised."""
+        try:
+            with self._engine.begin() as conn, self._mutex:
+                self._clear_cache()
+                self._load(conn)
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, sa.exc.SQLAlchemyError):
+                raise self._open_error(exc) from exc
+            raise
+
     # -- loading -------------------------------------------------------------------------------------
     def _load(self, conn: sa.Connection) -> None:
         t = self._tables

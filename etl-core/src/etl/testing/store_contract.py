@@ -579,6 +579,30 @@ class DurableStoreContract(StoreContract):
         holder.close()
         other.acquire_lock()
 
+    def test_the_next_lock_holder_goes_on_from_the_last_state(self, make_store: MakeStore) -> None:
+        """A store opened while another held the lock reads the state again once it takes the lock: the holder
+        may have written until it let go (``etl run`` started while the previous one was stopping)."""
+        first = make_store()
+        first.acquire_lock()
+        first.update_table_states({T1: TableState(TableStateKind.READY), T2: TableState(TableStateKind.DATA_SYNC)})
+        first.upsert_progress(APPLY_WORKER, Lsn(10))
+        second = make_store()
+        with pytest.raises(PipelineLockedError):
+            second.acquire_lock()
+        first.upsert_progress(APPLY_WORKER, Lsn(20))
+        first.update_table_states({T1: TableState(TableStateKind.SYNC_DONE, lsn=Lsn(15))})
+        first.delete_table_state(T2)
+        first.close()
+        second.acquire_lock()
+        assert second.get_progress(APPLY_WORKER) == 20
+        assert second.get_table_states() == {T1: TableState(TableStateKind.SYNC_DONE, lsn=Lsn(15))}
+        second.update_table_states({T3: TableState.init()})
+        second.close()
+        assert make_store().get_table_states() == {
+            T1: TableState(TableStateKind.SYNC_DONE, lsn=Lsn(15)),
+            T3: TableState.init(),
+        }
+
     def test_lock_is_released_when_the_holder_is_killed(
         self, store_config: dict[str, Any], make_store: MakeStore
     ) -> None:

@@ -10,6 +10,9 @@ Saving replaces the file atomically (write a temporary file, fsync, rename, fsyn
 while holding an ``flock`` on ``<path>.write-lock``, and merges with what the file holds then, so
 pipelines sharing the file keep each other's documents. The pipeline lock is an ``flock`` on
 ``<path>.pipeline-<id>.lock``, released by the kernel when its holder dies.
+
+Opening reads the pipeline's document without the lock, for readers such as ``etl status``; taking the lock
+reads it again, since only what is read under the lock is the state the holder may go on from.
 """
 
 from __future__ import annotations
@@ -45,15 +48,19 @@ class JsonFileStore(SnapshotStore):
         super().__init__(pipeline_id)
         self.path = Path(path)
         self._lock_fd: int | None = None
-        document = self._read().get(str(pipeline_id))
-        if document is not None:
-            self._restore_document(document)
+        self._load()  # for readers that never take the lock; acquire_lock loads again
 
     def describe(self) -> str:
         return f"JSON file store {self.path}"
 
     # -- the pipeline lock -----------------------------------------------------------------------------------
     def acquire_lock(self) -> None:
+        """Take the pipeline lock, then read the state again.
+
+        What this store read when it opened may be stale: another process may have held the lock then and
+        written until it let go. Read under the lock, the state is the previous holder's last and nobody
+        else changes it; going on from the stale one would write it over the previous holder's changes.
+        """
         with self._mutex:
             if self._lock_fd is not None:
                 return
@@ -72,6 +79,11 @@ class JsonFileStore(SnapshotStore):
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
             self._lock_fd = fd
+            try:
+                self._load()
+            except BaseException:
+                self.close()  # keep neither the lock nor a half-read state that a write would save
+                raise
 
     def _release(self) -> None:
         if self._lock_fd is not None:
@@ -79,6 +91,10 @@ class JsonFileStore(SnapshotStore):
             os.close(fd)  # closing the only descriptor releases the flock
 
     # -- the file ----------------------------------------------------------------------------------------------
+    def _load(self) -> None:
+        """Replace the cache with the pipeline's document in the file (an empty state when it has none)."""
+        self._restore_document(self._read().get(str(self.pipeline_id)))
+
     def _save_document(self, document: dict[str, Any]) -> None:
         with self._write_lock():
             pipelines = self._read()
