@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from etl.errors import PipelineLockedError, StoreError
+from etl.errors import StoreError
 from etl.lsn import Lsn
 from etl.store.base import APPLY_WORKER, TableState, TableStateKind
 from etl.testing.store_contract import DurableStoreContract
@@ -60,35 +60,3 @@ def test_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
     store = JsonFileStore(tmp_path / "absent" / "state.json", 1)
     with pytest.raises(StoreError, match="directory of `path` must exist"):
         store.upsert_progress(APPLY_WORKER, Lsn(1))
-
-
-def test_the_lock_holder_goes_on_from_the_state_written_last(tmp_path: Path) -> None:
-    """Taking the pipeline lock reads the state again, so the holder goes on from what the previous one wrote last.
-
-    Opening reads the state without the lock (``etl status`` opens a store next to a running pipeline), so a
-    store opened while another process holds the lock has the state of that moment. The holder goes on writing
-    until it lets go; a store that took the lock and went on from what it read before would show stale state
-    and, at its first save, write it over the holder's changes. This fails for a store that reads the state
-    only on open, before the lock.
-    """
-    path = tmp_path / "state.json"
-    running = JsonFileStore(path, 1)
-    running.acquire_lock()
-    running.update_table_states({5: TableState(TableStateKind.READY), 6: TableState.init()})
-    running.upsert_progress(APPLY_WORKER, Lsn(10))
-
-    next_run = JsonFileStore(path, 1)  # opened (and read) while `running` holds the lock
-    with pytest.raises(PipelineLockedError, match="pipeline 1 is already running") as caught:
-        next_run.acquire_lock()
-    assert caught.value.hint and "stop it first" in caught.value.hint
-    running.upsert_progress(APPLY_WORKER, Lsn(20))
-    running.delete_table_state(6)
-    running.close()
-
-    next_run.acquire_lock()
-    assert next_run.get_progress(APPLY_WORKER) == 20
-    assert next_run.get_table_states() == {5: TableState(TableStateKind.READY)}
-    next_run.update_table_states({5: TableState.errored("broken")})  # saves the whole state: must keep running's
-    reopened = JsonFileStore(path, 1)
-    assert reopened.get_progress(APPLY_WORKER) == 20
-    assert reopened.get_table_states() == {5: TableState.errored("broken")}
