@@ -8,6 +8,7 @@ nothing behind.
 
 from __future__ import annotations
 
+import pickle
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from etl.postgres.catalog import publication_tables, table_schema
 from etl.postgres.connection import connect
 from etl.postgres.copy import CopyPlan, CopyStopped, plan_copy
 from etl.testing.pytest_plugin import TestDatabase
+from etl_spark.ducklake.copy_job import _Ranges
 from etl_spark.testing import comparable_source_rows, duckdb_rows
 
 TYPED = """
@@ -100,6 +102,16 @@ def test_ranges_are_spread_over_a_task_per_core(pg_database: TestDatabase, lake:
     assert destination.copy_table(plan, threading.Event()) == 3000
     assert lake_typed(lake) == source_typed(pg_database)
     assert lake.query("SELECT count(*) FROM ducklake_list_files('lake', 'typed', schema => 'public')") == [(2,)]
+
+
+def test_copy_tasks_take_every_range_once_each_in_turn(
+    pg_database: TestDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Task ``i`` of ``n`` copies ranges ``i``, ``i + n``, ...: together every range once; pickled as Spark ships it."""
+    plan = typed_plan(pg_database, parts=8)
+    tasks = pickle.loads(pickle.dumps(_Ranges(plan, 3)))
+    monkeypatch.setattr(CopyPlan, "copy", lambda self, index: iter([index]))
+    assert [list(tasks(task)) for task in range(3)] == [[0, 3, 6], [1, 4, 7], [2, 5]]
 
 
 def test_no_copied_row_reaches_the_driver(

@@ -32,12 +32,16 @@ CHILD = textwrap.dedent(
     importlib.invalidate_caches()
     unchanged = len(reads)
 
+    one, other = zipimport.zipimporter(archive), zipimport.zipimporter(archive + "/")  # one archive, two importers
     with zipfile.ZipFile(archive, "a") as zf:
         zf.writestr("zipped_second.py", "VALUE = 2")
     importlib.invalidate_caches()
+    one.invalidate_caches()
+    other.invalidate_caches()
     import zipped_second
 
-    print(unchanged, zipped_first.VALUE + zipped_second.VALUE)
+    both = one.find_spec("zipped_second") is not None and other.find_spec("zipped_second") is not None
+    print(unchanged, zipped_first.VALUE + zipped_second.VALUE, both)
     """
 )
 
@@ -46,6 +50,7 @@ def test_unchanged_archives_are_not_read_again_and_changed_ones_are(tmp_path: Pa
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(tmp_path / "modules.zip")], capture_output=True, text=True, check=True
     )
-    unchanged, values = done.stdout.split()
+    unchanged, values, both = done.stdout.split()
     assert unchanged == "0"  # Python 3.11 read the directory again at each invalidate_caches()
-    assert values == "3"  # a module added to the archive afterwards is found
+    assert values == "3"  # a module added to the archive afterwards is found...
+    assert both == "True"  # ...by every importer of that archive

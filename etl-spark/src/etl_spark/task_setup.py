@@ -45,38 +45,38 @@ def _use_task_cpus() -> None:
 
 
 def _check_archives_before_reading() -> None:
-    """Make ``zipimporter.invalidate_caches`` re-read an archive only when its size or mtime changed since
-    this importer last read it. Once per process; importers existing now were refreshed just before the
+    """Make ``zipimporter.invalidate_caches`` re-read an archive only when it changed (its inode, size or mtime)
+    since that importer last read it. Once per process; importers existing now were refreshed just before the
     task started, so they count as read."""
     global _installed
     with _lock:
         if _installed:
             return
-        read: dict[tuple[str, str], tuple[int, int] | None] = {
-            (finder.archive, finder.prefix): _stamp(finder.archive)
-            for finder in list(sys.path_importer_cache.values())
-            if isinstance(finder, zipimport.zipimporter)
-        }
-        zipimport.zipimporter.invalidate_caches = _when_changed(zipimport.zipimporter.invalidate_caches, read)  # type: ignore[method-assign,assignment]
+        for finder in list(sys.path_importer_cache.values()):
+            if isinstance(finder, zipimport.zipimporter):
+                setattr(finder, _READ_AS, _stamp(finder.archive))
+        zipimport.zipimporter.invalidate_caches = _when_changed(zipimport.zipimporter.invalidate_caches)  # type: ignore[method-assign,assignment]
         _installed = True
 
 
-def _when_changed(
-    invalidate: Callable[[zipimport.zipimporter], None], read: dict[tuple[str, str], tuple[int, int] | None]
-) -> Callable[[zipimport.zipimporter], None]:
+_READ_AS: Final = "_etl_read_as"
+"""The attribute on each zip importer that holds the stamp of its archive when it last read it."""
+
+
+def _when_changed(invalidate: Callable[[zipimport.zipimporter], None]) -> Callable[[zipimport.zipimporter], None]:
     def invalidate_caches(self: zipimport.zipimporter) -> None:
-        key, stamp = (self.archive, self.prefix), _stamp(self.archive)
-        if stamp is not None and read.get(key) == stamp:
+        stamp = _stamp(self.archive)
+        if stamp is not None and getattr(self, _READ_AS, None) == stamp:
             return
         invalidate(self)
-        read[key] = stamp
+        setattr(self, _READ_AS, stamp)
 
     return invalidate_caches
 
 
-def _stamp(path: str) -> tuple[int, int] | None:
+def _stamp(path: str) -> tuple[int, int, int] | None:
     try:
         status = os.stat(path)
     except OSError:
         return None
-    return status.st_mtime_ns, status.st_size
+    return status.st_ino, status.st_mtime_ns, status.st_size

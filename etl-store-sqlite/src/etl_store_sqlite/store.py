@@ -70,6 +70,8 @@ class SqliteStore(SqlStore):
 
     def acquire_lock(self) -> None:
         with self._writing():
+            if self._file_lock.held:
+                return
             if self._file_lock.try_acquire():
                 self._reload_locked()
                 return

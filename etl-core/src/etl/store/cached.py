@@ -52,7 +52,7 @@ class CachedStore:
     Thread-safe: one re-entrant mutex serialises writes (hook plus cache update) and guards reads.
     Subclasses fill the cache on open with ``_load_*`` and override ``acquire_lock``,
     ``_release`` and the ``_persist_*`` hooks. A durable store fills the cache again once it holds the
-    pipeline lock (``_clear_cache`` first): what it read on open may be stale, since the previous holder
+    pipeline lock (``_replacing_cache``): what it read on open may be stale, since the previous holder
     may have written until it let go.
     """
 
@@ -71,10 +71,18 @@ class CachedStore:
         self._metadata: dict[TableId, DestinationTableMetadata] = {}
         self._copy_progress: dict[TableId, CopyProgress] = {}
 
-    def _clear_cache(self) -> None:
-        """Forget every cached state, schema, progress and metadata (before filling the cache again)."""
+    @contextmanager
+    def _replacing_cache(self) -> Iterator[None]:
+        """Fill the cache anew inside: it starts empty (states, schemas, progress, destination metadata, copy
+        progress), and is put back as it was when filling it fails."""
         with self._mutex:
+            before = self._states, self._schemas, self._progress, self._metadata, self._copy_progress
             self._states, self._schemas, self._progress, self._metadata, self._copy_progress = {}, {}, {}, {}, {}
+            try:
+                yield
+            except BaseException:
+                self._states, self._schemas, self._progress, self._metadata, self._copy_progress = before
+                raise
 
     def describe(self) -> str:
         """The store in words, for messages (no secrets)."""

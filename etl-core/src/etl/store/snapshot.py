@@ -41,10 +41,12 @@ class SnapshotStore(CachedStore):
 
     def _restore_document(self, document: Mapping[str, Any] | None) -> None:
         """Replace the cache with a document ``_save_document`` was given (``None``: none stored yet, an empty
-        state); ``StoreError`` if it is unusable."""
-        self._clear_cache()
-        if document is None:
-            return
+        state); ``StoreError`` if it is unusable, the cache then unchanged."""
+        with self._replacing_cache():
+            if document is not None:
+                self._fill(document)
+
+    def _fill(self, document: Mapping[str, Any]) -> None:
         try:
             if document["format"] != DOCUMENT_FORMAT or document["pipeline_id"] != self.pipeline_id:
                 raise ValueError(

@@ -88,10 +88,10 @@ class SqlStore(CachedStore):
 
     def _reload_locked(self) -> None:
         """Read the pipeline's state again, just after taking its lock: the previous holder may have written
-        after this store opened. On failure the store closes (its lock released) and the error is raised."""
+        after this store opened. On failure the cache stays as it was, the store closes (its lock released)
+        and the error is raised."""
         try:
-            with self._engine.begin() as conn, self._mutex:
-                self._clear_cache()
+            with self._replacing_cache(), self._engine.begin() as conn:
                 self._load(conn)
         except BaseException as exc:
             self.close()

@@ -591,11 +591,15 @@ class DurableStoreContract(StoreContract):
             second.acquire_lock()
         first.upsert_progress(APPLY_WORKER, Lsn(20))
         first.update_table_states({T1: TableState(TableStateKind.SYNC_DONE, lsn=Lsn(15))})
+        first.store_table_schema(make_schema(T1, 12))
+        first.record_copy_progress(T1, sample_copy_progress(30, finished=True))
         first.delete_table_state(T2)
         first.close()
         second.acquire_lock()
         assert second.get_progress(APPLY_WORKER) == 20
         assert second.get_table_states() == {T1: TableState(TableStateKind.SYNC_DONE, lsn=Lsn(15))}
+        assert second.get_table_schema(T1) == make_schema(T1, 12)
+        assert second.get_copy_progress(T1) == sample_copy_progress(30, finished=True)
         second.update_table_states({T3: TableState.init()})
         second.close()
         assert make_store().get_table_states() == {

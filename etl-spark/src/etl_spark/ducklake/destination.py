@@ -88,8 +88,8 @@ class DuckLakeConfig(BaseModel):
     target_file_size_bytes: Integer = Field(
         512 * 1024 * 1024,
         ge=1024 * 1024,
-        description="A data file is closed at about this many Parquet bytes and the next one started (each copy task"
-        " writes at least one file).",
+        description="A data file is closed at about this many Parquet bytes and the next one started (a copy writes"
+        " at least one file per task that copied rows).",
     )
     commit_attempts: Integer = Field(
         10, ge=1, description="How often a batch is recomputed when another writer commits a conflicting change."
