@@ -16,7 +16,7 @@ from etl.errors import SourceError, TableError
 from etl.postgres.catalog import CtidRange, PublishedTable, ctid_ranges, publication_tables, table_schema
 from etl.postgres.codecs import arrow_field
 from etl.postgres.connection import connect
-from etl.postgres.copy import copy_range, copy_table
+from etl.postgres.copy import copy_range, copy_table, plan_copy
 from etl.postgres.replication import ReplicationConnection
 from etl.schema import TableName, TableSchema
 from etl.testing.pytest_plugin import TestDatabase
@@ -191,6 +191,33 @@ def test_copy_sees_the_exported_snapshot(pg_database: TestDatabase) -> None:
             assert copied_rows(batches, schema) == expected
         ranged = copy_range(pg_database.connection(), schema, table.name, slot.snapshot_name, None, None)
         assert copied_rows(ranged, schema) == expected
+        repl.drop_slot("copy_slot")
+
+
+def test_a_plans_ranges_copy_on_one_connection_in_its_snapshot(pg_database: TestDatabase) -> None:
+    """``copy_ranges`` copies several ranges of a plan, as of its snapshot, on one backend."""
+    make_big_table(pg_database, 2000)
+    table, schema = published(pg_database, "big")
+    expected = source_rows(pg_database, "SELECT id, v FROM big")
+    with ReplicationConnection.connect(pg_database.connection()) as repl:
+        slot = repl.create_slot("copy_slot", snapshot="export")
+        assert slot.snapshot_name is not None
+        pg_database.execute("UPDATE big SET v = 'changed' WHERE id <= 500")
+        plan = plan_copy(pg_database.connection(), schema, table, slot.snapshot_name, 4)
+        assert len(plan.ranges) == 4
+        backends: set[int] = set()
+        rows: Counter[Row] = Counter()
+        for batch in plan.copy_ranges([3, 1, 0, 2], batch_rows=100):
+            backends |= {
+                pid
+                for (pid,) in pg_database.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE query LIKE 'COPY%' AND pid <> pg_backend_pid()"
+                )
+            }
+            rows += copied_rows([batch], schema)
+        assert rows == expected
+        assert len(backends) == 1
+        assert copied_rows(plan.copy(2), schema) == copied_rows(plan.copy_ranges([2]), schema) != Counter()
         repl.drop_slot("copy_slot")
 
 

@@ -110,7 +110,7 @@ def test_copy_tasks_take_every_range_once_each_in_turn(
     """Task ``i`` of ``n`` copies ranges ``i``, ``i + n``, ...: together every range once; pickled as Spark ships it."""
     plan = typed_plan(pg_database, parts=8)
     tasks = pickle.loads(pickle.dumps(_Ranges(plan, 3)))
-    monkeypatch.setattr(CopyPlan, "copy", lambda self, index: iter([index]))
+    monkeypatch.setattr(CopyPlan, "copy_ranges", lambda self, indexes: iter(indexes))
     assert [list(tasks(task)) for task in range(3)] == [[0, 3, 6], [1, 4, 7], [2, 5]]
 
 

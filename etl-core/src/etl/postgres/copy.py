@@ -19,7 +19,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -135,18 +135,23 @@ class CopyPlan:
         read_timeout: float = COPY_READ_TIMEOUT_S,
     ) -> Generator[pa.RecordBatch, None, None]:
         """Copy range ``index`` on a connection of its own: Arrow batches of the schema's columns."""
-        piece = self.ranges[index]
-        return copy_range(
-            self.connection,
-            self.schema,
-            piece.source,
-            self.snapshot,
-            piece.ctid_range,
-            self.row_filter,
-            batch_rows=batch_rows,
-            stop=stop,
-            read_timeout=read_timeout,
-        )
+        return self.copy_ranges((index,), batch_rows=batch_rows, stop=stop, read_timeout=read_timeout)
+
+    def copy_ranges(
+        self,
+        indexes: Iterable[int],
+        *,
+        batch_rows: int = 65536,
+        stop: threading.Event | None = None,
+        read_timeout: float = COPY_READ_TIMEOUT_S,
+    ) -> Generator[pa.RecordBatch, None, None]:
+        """Copy the ranges ``indexes``, one after another, on one connection of their own (one transaction that
+        imports the snapshot): Arrow batches of the schema's columns. A server backend per range would cost a
+        connection, and the catalog lookups of its first query, each time."""
+        with _CopySession(self.connection, self.snapshot, cancel=stop, read_timeout=read_timeout) as session:
+            for index in indexes:
+                piece = self.ranges[index]
+                yield from session.copy(self.schema, piece.source, piece.ctid_range, self.row_filter, batch_rows)
 
 
 def plan_copy(

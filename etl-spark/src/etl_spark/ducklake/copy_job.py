@@ -1,10 +1,10 @@
 """A table's initial copy as one Spark job over the ranges of the engine's copy plan.
 
 The job has a task per executor core (Spark's default parallelism), at most one per range; task ``i``
-of ``n`` copies ranges ``i``, ``i + n``, ... one after another. Each task opens its own connection to
-the source per range, imports the plan's exported snapshot, copies the range to Arrow with the
-engine's copy code (``CopyPlan.copy``) and writes data files itself (``datafiles``); it returns only
-the files' metadata. A task per range would cost Spark's per-task overhead, measured at 60-120 ms
+of ``n`` copies ranges ``i``, ``i + n``, ... one after another, on one connection of its own to the
+source that imports the plan's exported snapshot, to Arrow with the engine's copy code
+(``CopyPlan.copy_ranges``), and writes data files itself (``datafiles``); it returns only the files'
+metadata. A task per range would cost Spark's per-task overhead, measured at 60-120 ms
 on the copy bench (a fifth of a range's copy there), once per range instead of once per core.
 
 No copied row passes through the driver. A task that fails (its executor killed, say) is run again
@@ -14,7 +14,6 @@ registered.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 import uuid
@@ -58,8 +57,7 @@ class _Ranges:
     tasks: int
 
     def __call__(self, task: int) -> Iterator[pa.RecordBatch]:
-        ranges = range(task, len(self.plan.ranges), self.tasks)
-        return itertools.chain.from_iterable(self.plan.copy(index) for index in ranges)
+        return self.plan.copy_ranges(range(task, len(self.plan.ranges), self.tasks))
 
 
 def cancellable(spark: SparkSession, stop: threading.Event, description: str, work: Callable[[], T]) -> T:
