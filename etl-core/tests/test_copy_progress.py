@@ -93,3 +93,17 @@ def test_a_state_document_holds_copy_progress_and_older_documents_still_read() -
     reopened = DocumentStore(1, json.dumps(older))
     assert reopened.get_table_state(T) == TableState(TableStateKind.DATA_SYNC)
     assert reopened.get_copy_progress(T) is None
+
+
+def test_settling_sets_the_exact_count_and_the_metric_only_grows() -> None:
+    metrics = PipelineMetrics()
+    tracker = CopyTracker("public.t", None, metrics, lambda p: None)
+
+    def counted() -> float | None:
+        return metrics.registry.get_sample_value("etl_copied_rows_total", {"table": "public.t"})
+
+    tracker.advance(600)  # estimated from the source while a destination copied: a retried task counted twice
+    tracker.settle(500)
+    assert (tracker.progress().rows, counted()) == (500, 600)
+    tracker.settle(800)
+    assert (tracker.progress().rows, counted()) == (800, 800)

@@ -1,6 +1,7 @@
 """Progress of one table's initial copy: rows, rate, share of the planner's estimate, time left.
 
-The table sync worker calls ``advance`` once per copied batch. The progress is handed to ``report``
+The table sync worker calls ``advance`` once per copied batch (for a copy that the destination runs itself,
+a watcher of the source calls it, and ``settle`` sets the exact count at the end). The progress is handed to ``report``
 (the store records it, so ``etl status`` in another process shows it) when the copy starts, every
 ``record_interval`` seconds and at the end, and logged every ``interval`` seconds. The metrics count
 every batch. ``CopyProgress`` itself lives in ``etl.store.base``: it is what the store records.
@@ -51,6 +52,8 @@ class CopyTracker:
         self._interval = interval
         self._record_interval = record_interval
         self._rows = 0
+        self._counted = 0
+        """The rows the metric counted (more than ``_rows`` once an estimate was settled lower)."""
         self._started_at = datetime.now(UTC)
         self._started = time.monotonic()  # elapsed time is measured on the monotonic clock
         self._next_log = self._started + interval
@@ -62,6 +65,7 @@ class CopyTracker:
 
     def advance(self, rows: int) -> None:
         self._rows += rows
+        self._counted += rows
         self._counter.inc(rows)
         now = time.monotonic()
         if now >= self._next_log:
@@ -70,6 +74,14 @@ class CopyTracker:
         if now >= self._next_record:
             self._next_record = now + self._record_interval
             self._report(self.progress())
+
+    def settle(self, rows: int) -> None:
+        """The copy's exact row count, once known, replaces what was counted so far (an estimate, for a copy
+        that a destination ran itself: ``copy_watch``); the metric only grows."""
+        if rows > self._counted:
+            self._counter.inc(rows - self._counted)
+            self._counted = rows
+        self._rows = rows
 
     def finish(self) -> CopyProgress:
         """The final progress, reported (the caller logs the copy's end)."""

@@ -28,6 +28,7 @@ from etl.postgres.replication import (
     slot_state,
 )
 from etl.replication.context import WorkerContext
+from etl.replication.copy_watch import CopyWatch, copy_application_name
 from etl.replication.progress import CopyTracker
 from etl.replication.slots import table_sync_slot
 from etl.replication.stream import StreamWorker
@@ -121,9 +122,13 @@ class TableSyncWorker:
             ctx.store.store_table_schema(schema)
             tracker = CopyTracker(str(self.table.name), estimate, ctx.metrics, ctx.copy_progress(table_id))
             if isinstance(ctx.destination, TableCopier):
+                named = copy_application_name(source, ctx.pipeline_id, table_id)
+                copying = source.model_copy(update={"application_name": named})
                 parts = copy_parts(ctx.config.pipeline.copy_connections)
-                plan = plan_copy(source, schema, self.table, slot.snapshot_name, parts, stop=ctx.stop)
-                tracker.advance(ctx.destination.copy_table(plan, ctx.stop))
+                plan = plan_copy(copying, schema, self.table, slot.snapshot_name, parts, stop=ctx.stop)
+                with CopyWatch(source, named, tracker.advance):
+                    rows = ctx.destination.copy_table(plan, ctx.stop)
+                tracker.settle(rows)
             elif not self._copy_rows(schema, slot.snapshot_name, tracker):
                 return
         ctx.states.set(table_id, TableState(TableStateKind.FINISHED_COPY))
