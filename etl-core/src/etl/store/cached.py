@@ -105,14 +105,18 @@ class CachedStore:
     def _release(self) -> None:
         """Release the lock and connections (called once, by ``close``)."""
 
+    def _check_open(self) -> None:
+        """Raise ``StoreError`` once the store is closed (call it holding ``_mutex``)."""
+        if self._closed:
+            raise StoreError(
+                f"{self.describe()} for pipeline {self.pipeline_id} is closed",
+                hint="open a new store; a closed one no longer holds the pipeline lock",
+            )
+
     @contextmanager
     def _writing(self) -> Iterator[None]:
         with self._mutex:
-            if self._closed:
-                raise StoreError(
-                    f"{self.describe()} for pipeline {self.pipeline_id} is closed",
-                    hint="open a new store; a closed one no longer holds the pipeline lock",
-                )
+            self._check_open()
             self._check_lock()
             yield
 
@@ -274,8 +278,7 @@ class CachedStore:
     def request_resync(self, table_id: TableId) -> None:
         _check_table_id(table_id)
         with self._mutex:
-            if self._closed:
-                raise StoreError(f"{self.describe()} for pipeline {self.pipeline_id} is closed")
+            self._check_open()
             self._persist_resync_request(table_id)
 
     def take_resync_requests(self) -> set[TableId]:

@@ -579,6 +579,15 @@ class DurableStoreContract(StoreContract):
         holder.close()
         other.acquire_lock()
 
+    def test_a_closed_store_takes_no_lock(self, make_store: MakeStore) -> None:
+        """A store once closed (by its owner, or by a failed read under the lock) refuses the lock: one it took
+        then would never be let go, and no later run could take it."""
+        closed = make_store(7)
+        closed.close()
+        with pytest.raises(StoreError, match="closed"):
+            closed.acquire_lock()
+        make_store(7).acquire_lock()
+
     def test_the_next_lock_holder_goes_on_from_the_last_state(self, make_store: MakeStore) -> None:
         """A store opened while another held the lock reads the state again once it takes the lock: the holder
         may have written until it let go (``etl run`` started while the previous one was stopping)."""

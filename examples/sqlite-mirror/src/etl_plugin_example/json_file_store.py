@@ -62,6 +62,7 @@ class JsonFileStore(SnapshotStore):
         else changes it; going on from the stale one would write it over the previous holder's changes.
         """
         with self._mutex:
+            self._check_open()  # a closed store (say, one whose document was unreadable) takes no lock
             if self._lock_fd is not None:
                 return
             lock_path = self.path.with_name(f"{self.path.name}.pipeline-{self.pipeline_id}.lock")
