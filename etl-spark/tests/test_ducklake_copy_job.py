@@ -19,7 +19,7 @@ from etl.postgres.catalog import publication_tables, table_schema
 from etl.postgres.connection import connect
 from etl.postgres.copy import CopyPlan, CopyStopped, plan_copy
 from etl.testing.pytest_plugin import TestDatabase
-from etl_spark.ducklake.copy_job import _Ranges
+from etl_spark.ducklake.copy_job import _Ranges, copy_tasks
 from etl_spark.testing import comparable_source_rows, duckdb_rows
 
 TYPED = """
@@ -102,6 +102,14 @@ def test_ranges_are_spread_over_a_task_per_core(pg_database: TestDatabase, lake:
     assert destination.copy_table(plan, threading.Event()) == 3000
     assert lake_typed(lake) == source_typed(pg_database)
     assert lake.query("SELECT count(*) FROM ducklake_list_files('lake', 'typed', schema => 'public')") == [(2,)]
+
+
+def test_a_copy_runs_a_task_per_core_and_at_least_one_per_copy_connection() -> None:
+    assert copy_tasks(8, 2) == 2  # copy_connections = 2 on two cores
+    assert copy_tasks(8, 64) == 8  # never more tasks than ranges
+    assert copy_tasks(128, 2) == 32  # copy_connections = 32 while the cluster's executors still register
+    assert copy_tasks(1, 2) == 1
+    assert copy_tasks(3, 2) == 2  # three leaves copied whole (copy_connections = 1), on two cores
 
 
 def test_copy_tasks_take_every_range_once_each_in_turn(
