@@ -17,7 +17,8 @@ import pytest
 
 from etl.postgres.catalog import publication_tables, table_schema
 from etl.postgres.connection import connect
-from etl.postgres.copy import CopyPlan, CopyStopped, plan_copy
+from etl.postgres.copy import CopyPlan, CopyRange, CopyStopped, plan_copy
+from etl.schema import TableName
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.ducklake.copy_job import _Ranges, copy_tasks
 from etl_spark.testing import comparable_source_rows, duckdb_rows
@@ -105,11 +106,15 @@ def test_ranges_are_spread_over_a_task_per_core(pg_database: TestDatabase, lake:
 
 
 def test_a_copy_runs_a_task_per_core_and_at_least_one_per_copy_connection() -> None:
-    assert copy_tasks(8, 2) == 2  # copy_connections = 2 on two cores
-    assert copy_tasks(8, 64) == 8  # never more tasks than ranges
-    assert copy_tasks(128, 2) == 32  # copy_connections = 32 while the cluster's executors still register
-    assert copy_tasks(1, 2) == 1
-    assert copy_tasks(3, 2) == 2  # three leaves copied whole (copy_connections = 1), on two cores
+    def ranges(sources: int, each: int) -> list[CopyRange]:
+        return [CopyRange(TableName("public", f"leaf_{s}"), None) for s in range(sources) for _ in range(each)]
+
+    assert copy_tasks(ranges(1, 8), 2) == 2  # copy_connections = 2 on two cores
+    assert copy_tasks(ranges(1, 8), 64) == 8  # never more tasks than ranges
+    assert copy_tasks(ranges(1, 128), 2) == 32  # copy_connections = 32 while the cluster's executors still register
+    assert copy_tasks(ranges(100, 16), 16) == 16  # 100 leaves, copy_connections = 4: the cores, not 400 tasks
+    assert copy_tasks(ranges(3, 1), 2) == 2  # three leaves copied whole (copy_connections = 1), on two cores
+    assert copy_tasks([], 2) == 0
 
 
 def test_copy_tasks_take_every_range_once_each_in_turn(

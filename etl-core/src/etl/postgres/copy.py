@@ -321,7 +321,12 @@ class _CopySession:
         self.read_timeout = read_timeout
         self.pgconn, self._waiter = self._connect()
         try:
-            self._command("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "start the copy")
+            # A session that copies several ranges sits idle in its transaction between them while its owner
+            # writes what it read: the source's idle_in_transaction_session_timeout must not end it.
+            self._command(
+                "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET LOCAL idle_in_transaction_session_timeout = 0",
+                "start the copy",
+            )
             if snapshot is not None:
                 self._command(import_snapshot(snapshot), "start the copy")
         except psycopg.Error as exc:

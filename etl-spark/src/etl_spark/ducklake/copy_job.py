@@ -17,12 +17,13 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from etl.errors import EtlError, TableError, TransientError
-from etl.postgres.copy import RANGES_PER_CONNECTION, CopyPlan, CopyStopped
+from etl.postgres.copy import RANGES_PER_CONNECTION, CopyPlan, CopyRange, CopyStopped
 from etl_spark.ducklake.catalog import NewFile
 from etl_spark.ducklake.datafiles import DataFileSpec
 from etl_spark.ducklake.files import write_indexed
@@ -39,7 +40,7 @@ def copy_files(spark: SparkSession, plan: CopyPlan, spec: DataFileSpec, stop: th
     """Copy every range of ``plan`` into data files (``spec``) on Spark's executors; their metadata."""
     if not plan.ranges:
         return []
-    tasks = copy_tasks(len(plan.ranges), spark.sparkContext.defaultParallelism)
+    tasks = copy_tasks(plan.ranges, spark.sparkContext.defaultParallelism)
     description = f"etl: copy {plan.schema.name} ({len(plan.ranges)} ranges in {tasks} tasks)"
     try:
         return cancellable(spark, stop, description, lambda: write_indexed(spark, tasks, spec, _Ranges(plan, tasks)))
@@ -49,12 +50,15 @@ def copy_files(spark: SparkSession, plan: CopyPlan, spec: DataFileSpec, stop: th
         raise task_error(exc, f"the Spark copy of {plan.schema.name}") from None
 
 
-def copy_tasks(ranges: int, parallelism: int) -> int:
-    """The tasks of a copy of ``ranges`` ranges: one per executor core (``parallelism``), at most one per range,
-    and at least one per copy connection the ranges were planned for (``[pipeline] copy_connections``). On a
-    cluster whose executors have not all registered yet Spark counts only those that have (or 2), and a copy
-    started then would run on that few cores for good."""
-    return min(ranges, max(parallelism, ranges // RANGES_PER_CONNECTION, 1))
+def copy_tasks(ranges: Sequence[CopyRange], parallelism: int) -> int:
+    """The tasks of a copy of ``ranges``: one per executor core (``parallelism``), at most one per range, and at
+    least one per copy connection the ranges were planned for (``[pipeline] copy_connections``: the ranges of one
+    source table over ``RANGES_PER_CONNECTION``). On a cluster whose executors have not all registered yet Spark
+    counts only those that have (or 2), and a copy started then would run on that few cores for good."""
+    if not ranges:
+        return 0
+    connections = max(Counter(piece.source for piece in ranges).values()) // RANGES_PER_CONNECTION
+    return min(len(ranges), max(parallelism, connections, 1))
 
 
 @dataclass(frozen=True)
