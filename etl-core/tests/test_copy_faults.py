@@ -12,7 +12,7 @@ import pytest
 from etl.errors import TransientError
 from etl.postgres.catalog import PublishedTable, publication_tables, table_schema
 from etl.postgres.connection import connect
-from etl.postgres.copy import CopyStopped, _Unblock, copy_range, copy_table
+from etl.postgres.copy import CopyPlan, CopyRange, CopyStopped, _Unblock, copy_table
 from etl.schema import TableSchema
 from etl.testing.pytest_plugin import TestDatabase
 
@@ -59,9 +59,8 @@ def test_a_silent_server_is_a_lost_connection(
     pg_database: TestDatabase, big: tuple[PublishedTable, TableSchema]
 ) -> None:
     table, schema = big
-    batches = copy_range(
-        pg_database.connection(), schema, table.name, None, None, None, batch_rows=1000, read_timeout=2
-    )
+    whole = CopyPlan(pg_database.connection(), None, schema, (CopyRange(table.name, None),), None)
+    batches = whole.copy(0, batch_rows=1000, read_timeout=2)
     next(batches)
     with pg_database.cluster.frozen():
         frozen_at = time.monotonic()
@@ -84,7 +83,7 @@ def test_stop_while_connecting_to_a_frozen_server(
 
     def copy() -> None:
         try:
-            drain(copy_range(config, schema, table.name, None, None, None, stop=stop))
+            drain(CopyPlan(config, None, schema, (CopyRange(table.name, None),), None).copy(0, stop=stop))
         except BaseException as exc:
             outcome.append(exc)
 

@@ -5,18 +5,19 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
 import pytest
 import structlog
 
+from etl.config import PostgresConnection
 from etl.errors import SourceError, TableError
 from etl.postgres.catalog import CtidRange, PublishedTable, ctid_ranges, publication_tables, table_schema
 from etl.postgres.codecs import arrow_field
 from etl.postgres.connection import connect
-from etl.postgres.copy import copy_range, copy_table, plan_copy
+from etl.postgres.copy import CopyPlan, CopyRange, copy_table, plan_copy
 from etl.postgres.replication import ReplicationConnection
 from etl.schema import TableName, TableSchema
 from etl.testing.pytest_plugin import TestDatabase
@@ -48,6 +49,19 @@ def published(db: TestDatabase, table: str, publication: str = "pub") -> tuple[P
     with connect(db.connection()) as conn:
         (entry,) = [t for t in publication_tables(conn, publication) if t.name.name == table]
         return entry, table_schema(conn, entry.id, entry.column_list)
+
+
+def copy_range(  # noqa: PLR0917 - the order of the COPY's parts, as the tests name them
+    config: PostgresConnection,
+    schema: TableSchema,
+    source: TableName,
+    snapshot: str | None,
+    ctid_range: CtidRange | None,
+    row_filter: str | None,
+    **options: Any,
+) -> Iterator[pa.RecordBatch]:
+    """One range of ``source``, copied as a copy plan's range is (``CopyPlan.copy``)."""
+    return CopyPlan(config, snapshot, schema, (CopyRange(source, ctid_range),), row_filter).copy(0, **options)
 
 
 def copy_threads() -> list[threading.Thread]:

@@ -145,7 +145,6 @@ def test_no_copied_row_reaches_the_driver(
 
     # Spark tasks run in Python workers of their own, which these patches of the driver do not reach.
     monkeypatch.setattr(SparkSession, "createDataFrame", trap)
-    monkeypatch.setattr(etl.postgres.copy, "copy_range", trap)
     monkeypatch.setattr(etl.postgres.copy._CopySession, "copy", trap)
     monkeypatch.setattr(etl_spark.ducklake.files, "write_data_files", trap)
     assert destination.copy_table(plan, threading.Event()) == 3000

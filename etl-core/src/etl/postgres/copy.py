@@ -74,29 +74,6 @@ class CopyStopped(TransientError):
     """The caller's ``stop`` event was set before the copy finished; the table was not copied in full."""
 
 
-def copy_range(  # noqa: PLR0917 - the order of the COPY's parts
-    config: PostgresConnection,
-    schema: TableSchema,
-    source: TableName,
-    snapshot: str | None,
-    ctid_range: CtidRange | None,
-    row_filter: str | None,
-    *,
-    batch_rows: int = 65536,
-    stop: threading.Event | None = None,
-    read_timeout: float = COPY_READ_TIMEOUT_S,
-) -> Generator[pa.RecordBatch, None, None]:
-    """Copy the rows of ``source`` in ``ctid_range`` (``None``: all) that pass ``row_filter``.
-
-    Runs on its own connection in a ``REPEATABLE READ`` transaction that imports ``snapshot`` (``None``:
-    a fresh snapshot). Batches hold ``schema``'s columns in order, at most ``batch_rows`` rows each; an
-    empty range yields no batch. ``source`` is the table itself or, for a partitioned table, a leaf.
-    Setting ``stop`` makes it raise ``CopyStopped`` within a second; ``read_timeout``: see the module.
-    """
-    with _CopySession(config, snapshot, cancel=stop, read_timeout=read_timeout) as session:
-        yield from session.copy(schema, source, ctid_range, row_filter, batch_rows)
-
-
 @dataclass(frozen=True)
 class CopyRange:
     """One piece of a table's copy: a ctid range of the table or of one of its leaf partitions."""
@@ -145,9 +122,12 @@ class CopyPlan:
         stop: threading.Event | None = None,
         read_timeout: float = COPY_READ_TIMEOUT_S,
     ) -> Generator[pa.RecordBatch, None, None]:
-        """Copy the ranges ``indexes``, one after another, on one connection of their own (one transaction that
-        imports the snapshot): Arrow batches of the schema's columns. A server backend per range would cost a
-        connection, and the catalog lookups of its first query, each time."""
+        """Copy the ranges ``indexes``, one after another, on one connection of their own: Arrow batches of the
+        schema's columns in order, at most ``batch_rows`` rows each (an empty range yields none), of the rows
+        that pass the row filter. One ``REPEATABLE READ`` transaction imports the snapshot (``None``: a fresh
+        one) for all of them; a server backend per range would cost a connection, and the catalog lookups of
+        its first query, each time. Setting ``stop`` makes it raise ``CopyStopped`` within a second;
+        ``read_timeout``: see the module."""
         with _CopySession(self.connection, self.snapshot, cancel=stop, read_timeout=read_timeout) as session:
             for index in indexes:
                 piece = self.ranges[index]

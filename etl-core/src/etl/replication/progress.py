@@ -1,10 +1,10 @@
 """Progress of one table's initial copy: rows, rate, share of the planner's estimate, time left.
 
-The table sync worker calls ``advance`` once per copied batch (for a copy that the destination runs itself,
-a watcher of the source calls it, and ``settle`` sets the exact count at the end). The progress is handed to ``report``
-(the store records it, so ``etl status`` in another process shows it) when the copy starts, every
-``record_interval`` seconds and at the end, and logged every ``interval`` seconds. The metrics count
-every batch. ``CopyProgress`` itself lives in ``etl.store.base``: it is what the store records.
+The table sync worker calls ``advance`` once per copied batch (for a copy that the destination runs
+itself, a watcher of the source calls it, and ``settle`` sets the exact count at the end). The progress
+is handed to ``report`` (the store records it, so ``etl status`` in another process shows it) when the
+copy starts, every ``record_interval`` seconds and at the end, and logged every ``interval`` seconds.
+The metrics count every batch. ``CopyProgress`` itself lives in ``etl.store.base``: it is what the store records.
 """
 
 from __future__ import annotations
