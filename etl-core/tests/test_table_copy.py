@@ -6,6 +6,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -190,7 +191,18 @@ def test_copy_keeps_text_exactly(pg_database: TestDatabase) -> None:
     assert Counter(values.to_pylist()) == Counter(v for _, v in TRICKY)
 
 
-def test_copy_sees_the_exported_snapshot(pg_database: TestDatabase) -> None:
+@dataclass(frozen=True)
+class Exported:
+    """The ``big`` table, its rows as of an exported snapshot, and the snapshot; rows changed after it."""
+
+    table: PublishedTable
+    schema: TableSchema
+    rows: Counter[Row]
+    snapshot: str
+
+
+@pytest.fixture
+def exported(pg_database: TestDatabase) -> Iterator[Exported]:
     make_big_table(pg_database, 2000)
     table, schema = published(pg_database, "big")
     expected = source_rows(pg_database, "SELECT id, v FROM big")
@@ -200,39 +212,38 @@ def test_copy_sees_the_exported_snapshot(pg_database: TestDatabase) -> None:
         pg_database.execute("INSERT INTO big SELECT i, 'late' FROM generate_series(5001, 6000) i")
         pg_database.execute("DELETE FROM big WHERE id <= 100")
         pg_database.execute("UPDATE big SET v = 'changed' WHERE id BETWEEN 200 AND 300")
-        for connections in (1, 3):
-            batches = copy_table(pg_database.connection(), schema, table, slot.snapshot_name, connections)
-            assert copied_rows(batches, schema) == expected
-        ranged = copy_range(pg_database.connection(), schema, table.name, slot.snapshot_name, None, None)
-        assert copied_rows(ranged, schema) == expected
+        yield Exported(table, schema, expected, slot.snapshot_name)
         repl.drop_slot("copy_slot")
 
 
-def test_a_plans_ranges_copy_on_one_connection_in_its_snapshot(pg_database: TestDatabase) -> None:
+def test_copy_sees_the_exported_snapshot(pg_database: TestDatabase, exported: Exported) -> None:
+    table, schema = exported.table, exported.schema
+    for connections in (1, 3):
+        batches = copy_table(pg_database.connection(), schema, table, exported.snapshot, connections)
+        assert copied_rows(batches, schema) == exported.rows
+    ranged = copy_range(pg_database.connection(), schema, table.name, exported.snapshot, None, None)
+    assert copied_rows(ranged, schema) == exported.rows
+
+
+def test_a_plans_ranges_copy_on_one_connection_in_its_snapshot(pg_database: TestDatabase, exported: Exported) -> None:
     """``copy_ranges`` copies several ranges of a plan, as of its snapshot, on one backend."""
-    make_big_table(pg_database, 2000)
-    table, schema = published(pg_database, "big")
-    expected = source_rows(pg_database, "SELECT id, v FROM big")
-    with ReplicationConnection.connect(pg_database.connection()) as repl:
-        slot = repl.create_slot("copy_slot", snapshot="export")
-        assert slot.snapshot_name is not None
-        pg_database.execute("UPDATE big SET v = 'changed' WHERE id <= 500")
-        plan = plan_copy(pg_database.connection(), schema, table, slot.snapshot_name, 4)
-        assert len(plan.ranges) == 4
-        backends: set[int] = set()
-        rows: Counter[Row] = Counter()
-        for batch in plan.copy_ranges([3, 1, 0, 2], batch_rows=100):
-            backends |= {
-                pid
-                for (pid,) in pg_database.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE query LIKE 'COPY%' AND pid <> pg_backend_pid()"
-                )
-            }
-            rows += copied_rows([batch], schema)
-        assert rows == expected
-        assert len(backends) == 1
-        assert copied_rows(plan.copy(2), schema) == copied_rows(plan.copy_ranges([2]), schema) != Counter()
-        repl.drop_slot("copy_slot")
+    plan = plan_copy(pg_database.connection(), exported.schema, exported.table, exported.snapshot, 4)
+    assert len(plan.ranges) == 4
+    backends: set[int] = set()
+    rows: Counter[Row] = Counter()
+    for batch in plan.copy_ranges([3, 1, 0, 2], batch_rows=100):
+        backends |= {
+            pid
+            for (pid,) in pg_database.execute(
+                "SELECT pid FROM pg_stat_activity WHERE query LIKE 'COPY%' AND pid <> pg_backend_pid()"
+            )
+        }
+        rows += copied_rows([batch], exported.schema)
+    assert rows == exported.rows
+    assert len(backends) == 1
+    assert (
+        copied_rows(plan.copy(2), exported.schema) == copied_rows(plan.copy_ranges([2]), exported.schema) != Counter()
+    )
 
 
 def test_invalid_snapshot_is_a_clear_error(pg_database: TestDatabase) -> None:
