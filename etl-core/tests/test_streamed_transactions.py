@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from etl.events import DeleteEvent, InsertEvent, UpdateEvent
 from etl.lsn import Lsn
 from etl.postgres import pgoutput as pg
 from etl.replication.changes import ChangeBuilder
+from etl.replication.spill_dir import LOCK, PREFIX, SpillDirectory
 from etl.replication.streamed import StreamedTransactions
 from etl.schema import ColumnSchema, TableName, TableSchema
 from etl.testing.pgoutput_capture import capture
@@ -23,12 +25,13 @@ def payload(n: int, size: int = 100) -> bytes:
     return n.to_bytes(4, "big") * (size // 4)
 
 
-def spill_files(directory: Path) -> list[Path]:
-    return sorted(directory.iterdir())
+def spill_files(base: Path) -> list[Path]:
+    """The spill files in the spill directories under ``base``."""
+    return sorted(p for directory in base.glob(f"{PREFIX}*") for p in directory.iterdir() if p.name != LOCK)
 
 
 def test_spills_past_the_threshold_and_keeps_order(tmp_path: Path) -> None:
-    buffers = StreamedTransactions(tmp_path, spill_threshold_bytes=1000)
+    buffers = StreamedTransactions(SpillDirectory(tmp_path), spill_threshold_bytes=1000)
     for n in range(9):  # 900 bytes: under the threshold, all in memory
         buffers.append(1, 1, payload(n))
     assert buffers.memory_bytes == 900 and spill_files(tmp_path) == []
@@ -46,7 +49,7 @@ def test_spills_past_the_threshold_and_keeps_order(tmp_path: Path) -> None:
 
 def test_spill_files_replay_across_read_blocks(tmp_path: Path) -> None:
     """Spill files are read back in blocks of 1 MiB: frames that straddle blocks or exceed one come back whole."""
-    buffers = StreamedTransactions(tmp_path, spill_threshold_bytes=64 * 1024)
+    buffers = StreamedTransactions(SpillDirectory(tmp_path), spill_threshold_bytes=64 * 1024)
     sizes = [1 + (n * 7919) % 40_000 for n in range(200)]
     sizes[77] = 3 * 1024 * 1024  # one payload larger than a read block
     expected = [n.to_bytes(4, "big") + bytes([n % 251]) * size for n, size in enumerate(sizes)]
@@ -58,7 +61,7 @@ def test_spill_files_replay_across_read_blocks(tmp_path: Path) -> None:
 
 
 def test_a_truncated_spill_file_is_an_error(tmp_path: Path) -> None:
-    buffers = StreamedTransactions(tmp_path, spill_threshold_bytes=1000)
+    buffers = StreamedTransactions(SpillDirectory(tmp_path), spill_threshold_bytes=1000)
     for n in range(30):
         buffers.append(1, 1, payload(n))
     (spilled,) = spill_files(tmp_path)
@@ -70,7 +73,7 @@ def test_a_truncated_spill_file_is_an_error(tmp_path: Path) -> None:
 
 
 def test_the_largest_transaction_spills_first(tmp_path: Path) -> None:
-    buffers = StreamedTransactions(tmp_path, spill_threshold_bytes=1000)
+    buffers = StreamedTransactions(SpillDirectory(tmp_path), spill_threshold_bytes=1000)
     for n in range(3):
         buffers.append(7, 7, payload(n))  # 300 bytes
     for n in range(8):
@@ -83,7 +86,7 @@ def test_the_largest_transaction_spills_first(tmp_path: Path) -> None:
 
 
 def test_subtransaction_abort_in_memory(tmp_path: Path) -> None:
-    buffers = StreamedTransactions(tmp_path, spill_threshold_bytes=10_000)
+    buffers = StreamedTransactions(SpillDirectory(tmp_path), spill_threshold_bytes=10_000)
     buffers.append(1, 1, payload(0))
     buffers.append(1, 2, payload(1))  # subtransaction 2
     buffers.append(1, 3, payload(2))  # 3, nested in 2
@@ -97,7 +100,7 @@ def test_subtransaction_abort_in_memory(tmp_path: Path) -> None:
 
 
 def test_subtransaction_abort_cuts_the_spill_file(tmp_path: Path) -> None:
-    buffers = StreamedTransactions(tmp_path, spill_threshold_bytes=250)
+    buffers = StreamedTransactions(SpillDirectory(tmp_path), spill_threshold_bytes=250)
     buffers.append(1, 1, payload(0))
     buffers.append(1, 1, payload(1))
     buffers.append(1, 2, payload(2))  # subtransaction 2 starts; 300 bytes: everything spills
@@ -115,7 +118,7 @@ def test_subtransaction_abort_cuts_the_spill_file(tmp_path: Path) -> None:
 
 
 def test_whole_abort_and_close_remove_files(tmp_path: Path) -> None:
-    buffers = StreamedTransactions(tmp_path, spill_threshold_bytes=100)
+    buffers = StreamedTransactions(SpillDirectory(tmp_path), spill_threshold_bytes=100)
     for n in range(5):
         buffers.append(1, 1, payload(n))
         buffers.append(2, 2, payload(n))
@@ -128,21 +131,23 @@ def test_whole_abort_and_close_remove_files(tmp_path: Path) -> None:
     buffers.close()
 
 
-def test_default_spill_directory_is_private_and_removed() -> None:
-    buffers = StreamedTransactions(None, spill_threshold_bytes=0)
+def test_the_default_spill_directory_is_under_the_system_temporary_directory_and_removed() -> None:
+    spill = SpillDirectory()
+    buffers = StreamedTransactions(spill, spill_threshold_bytes=0)
     buffers.append(1, 1, payload(0))
-    directory = buffers._own_dir
-    assert directory is not None and len(spill_files(directory)) == 1
+    directory = spill.path
+    assert directory.parent == Path(tempfile.gettempdir()) and directory.name.startswith(PREFIX)
+    assert (directory / "xid-1.pgoutput").exists()
     buffers.close()
     assert not directory.exists()
 
 
 def test_spill_errors_say_what_to_check(tmp_path: Path) -> None:
     missing = tmp_path / "gone"
-    buffers = StreamedTransactions(missing, spill_threshold_bytes=0)
-    with pytest.raises(EtlError, match="could not write the spill file") as error:
+    buffers = StreamedTransactions(SpillDirectory(missing), spill_threshold_bytes=0)
+    with pytest.raises(EtlError, match=f"could not make a spill directory in {missing}") as error:
         buffers.append(1, 1, payload(0))
-    assert error.value.hint is not None and "spill directory" in error.value.hint
+    assert error.value.hint is not None and "spill_directory" in error.value.hint
 
 
 def test_streamed_transactions_from_postgres_end_to_end(pg_database: TestDatabase, tmp_path: Path) -> None:
@@ -172,7 +177,7 @@ def test_streamed_transactions_from_postgres_end_to_end(pg_database: TestDatabas
 
     decoder = pg.PgOutputDecoder(2)
     threshold = 64 * 1024
-    buffers = StreamedTransactions(tmp_path, spill_threshold_bytes=threshold)
+    buffers = StreamedTransactions(SpillDirectory(tmp_path), spill_threshold_bytes=threshold)
     schemas: dict[int, TableSchema] = {}
     builder = ChangeBuilder(schemas.__getitem__)
     stream_xid: int | None = None
@@ -195,7 +200,7 @@ def test_streamed_transactions_from_postgres_end_to_end(pg_database: TestDatabas
     for raw in payloads:
         if stream_xid is not None and raw[:1] in pg.STREAMABLE:
             buffers.append(stream_xid, pg.stream_xid(raw), raw)
-            most_files = max(most_files, len(list(tmp_path.iterdir())))
+            most_files = max(most_files, len(spill_files(tmp_path)))
             peak_memory = max(peak_memory, buffers.memory_bytes)
             continue
         message = decoder.decode(raw)
@@ -220,7 +225,7 @@ def test_streamed_transactions_from_postgres_end_to_end(pg_database: TestDatabas
 
     assert most_files >= 1, "the large transactions spilled to disk"
     assert peak_memory <= threshold
-    assert len(buffers) == 0 and list(tmp_path.iterdir()) == []
+    assert len(buffers) == 0 and spill_files(tmp_path) == []
     rows: dict[int, str] = {}
     for event in builder.build().events():
         if isinstance(event, InsertEvent):

@@ -166,6 +166,14 @@ class BatchSection(Section):
         ge=1024,
         description="Large in-progress transactions (protocol 2 streaming) spill to local files past this.",
     )
+    spill_directory: str | None = Field(
+        None,
+        min_length=1,
+        description="Where the spill files go: a directory of the pipeline's own is made in it on first use, and"
+        " removed when the pipeline stops. Those of pipelines that died (killed, out of memory) are removed when a"
+        " pipeline using the same place starts. Default: the system's temporary directory (`TMPDIR`); choose one"
+        " on a disk with room for the largest transactions, not a memory-backed `/tmp`.",
+    )
 
 
 class PluginSection(BaseModel):

@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from etl.config import Integer, validate
 from etl.errors import PipelineLockedError, StoreError
+from etl.filelock import FileLock
 from etl.store.migrations import driver_message
 from etl.store.sql import SqlStore
-from etl_store_sqlite.lock import FileLock
 
 APPLICATION_ID = 0x45544C31  # "ETL1"
 

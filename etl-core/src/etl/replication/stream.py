@@ -7,7 +7,6 @@ server informed with standby status updates, also while reading is paused for ba
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from etl.postgres.frames import Keepalive, XLogData
 from etl.postgres.replication import ReplicationConnection
 from etl.replication.changes import ChangeBuilder
 from etl.replication.schemas import SchemaTracker
+from etl.replication.spill_dir import SpillDirectory, remove_abandoned
 from etl.replication.streamed import StreamedTransactions
 from etl.replication.writer import BatchWriter
 from etl.schema import TableId
@@ -64,8 +64,9 @@ class StreamWorker:
         self.stop = stop
         self.decoder = pg.PgOutputDecoder(protocol_version)
         self.builder = ChangeBuilder(schemas.current)
-        self._spill_dir = tempfile.TemporaryDirectory(prefix="etl-spill-")
-        self.streamed = StreamedTransactions(Path(self._spill_dir.name), batch.spill_threshold_bytes)
+        spill_base = Path(batch.spill_directory) if batch.spill_directory is not None else None
+        remove_abandoned(spill_base)
+        self.streamed = StreamedTransactions(SpillDirectory(spill_base), batch.spill_threshold_bytes)
         self.received_lsn = Lsn.ZERO
         self.final_lsn = Lsn.ZERO  # final LSN of the transaction being decoded
         self.in_transaction = False
@@ -157,7 +158,6 @@ class StreamWorker:
             self.send_status(force=True)
         finally:
             self.streamed.close()
-            self._spill_dir.cleanup()
 
     def _read_once(self) -> None:
         """One turn: wait for a message, handle it and every message already received after it (a burst),

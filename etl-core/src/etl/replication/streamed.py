@@ -5,7 +5,8 @@ committed yet, in chunks, possibly interleaved with other transactions. They are
 pgoutput payloads until StreamCommit releases them in order, or StreamAbort drops the whole
 transaction or one subtransaction. Past ``spill_threshold_bytes`` held in memory (across all
 transactions) the largest buffers move to one file per transaction (length-prefixed payloads,
-appended), so memory stays bounded however large the transactions grow.
+appended), in the worker's spill directory (``spill_dir``), so memory stays bounded however large the
+transactions grow.
 
 A subtransaction abort cuts the transaction back to where that subtransaction's first change was
 recorded, as Postgres's own apply worker does: changes recorded after that point belong to it or
@@ -15,9 +16,7 @@ to subtransactions nested in it, which the abort also ends.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import struct
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, Final
@@ -25,6 +24,7 @@ from typing import BinaryIO, Final
 import structlog
 
 from etl.errors import EtlError
+from etl.replication.spill_dir import SpillDirectory
 
 log = structlog.get_logger(__name__)
 
@@ -53,11 +53,10 @@ class _Transaction:
 class StreamedTransactions:
     """Raw payloads of streamed in-progress transactions, by toplevel xid."""
 
-    def __init__(self, spill_dir: Path | None, spill_threshold_bytes: int) -> None:
+    def __init__(self, spill_dir: SpillDirectory, spill_threshold_bytes: int) -> None:
         if spill_threshold_bytes < 0:
             raise ValueError("spill_threshold_bytes must not be negative")
         self._spill_dir = spill_dir
-        self._own_dir: Path | None = None
         self._threshold = spill_threshold_bytes
         self._transactions: dict[int, _Transaction] = {}
         self._memory = 0
@@ -126,14 +125,12 @@ class StreamedTransactions:
         return self._replay(transaction)
 
     def close(self) -> None:
-        """Drop every buffered transaction and remove the spill files. Idempotent."""
+        """Drop every buffered transaction and remove the spill directory. Idempotent."""
         for transaction in self._transactions.values():
             _remove(transaction)
         self._transactions.clear()
         self._memory = 0
-        if self._own_dir is not None:
-            shutil.rmtree(self._own_dir, ignore_errors=True)
-            self._own_dir = None
+        self._spill_dir.close()
 
     # -- internals -------------------------------------------------------------------------------------
     def _spill(self) -> None:
@@ -141,7 +138,7 @@ class StreamedTransactions:
         while self._memory > self._threshold // 2:
             transaction = max(self._transactions.values(), key=lambda t: t.memory_bytes)
             if transaction.path is None:
-                transaction.path = self._directory() / f"xid-{transaction.xid}.pgoutput"
+                transaction.path = self._spill_dir.path / f"xid-{transaction.xid}.pgoutput"
             with _spill_file(transaction, "write") as file:
                 for payload in transaction.memory:  # frame by frame: no second copy of the buffer in memory
                     file.write(_LENGTH.pack(len(payload)))
@@ -158,13 +155,6 @@ class StreamedTransactions:
             transaction.file_count = transaction.count
             transaction.memory.clear()
             transaction.memory_bytes = 0
-
-    def _directory(self) -> Path:
-        if self._spill_dir is not None:
-            return self._spill_dir
-        if self._own_dir is None:
-            self._own_dir = Path(tempfile.mkdtemp(prefix="etl-streamed-"))
-        return self._own_dir
 
     @staticmethod
     def _replay(transaction: _Transaction) -> Iterator[bytes]:

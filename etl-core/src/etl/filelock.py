@@ -1,4 +1,4 @@
-"""An exclusive, non-blocking OS file lock that the kernel releases when its holder dies."""
+"""An exclusive, non-blocking OS file lock that the kernel releases when its holder dies (a SIGKILL included)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,25 @@ class FileLock:
             text = self.path.read_text().strip()
             return text if text.isdigit() else None
         return None
+
+    @staticmethod
+    def abandoned(path: Path) -> bool:
+        """Whether the lock file at ``path`` names a holder that no longer holds it: its process died.
+
+        A file that names no holder yet is not abandoned: its maker is between creating and locking it.
+        """
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # gone, or not ours to read
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        else:
+            return os.read(fd, 32).strip().isdigit()
+        finally:
+            os.close(fd)
 
     def release(self) -> None:
         if self._fd is not None:
