@@ -46,16 +46,19 @@ def test_the_directory_of_a_killed_process_is_removed_and_live_ones_kept(tmp_pat
         assert list(tmp_path.iterdir()) == []
     finally:
         child.kill()
+        child.wait(timeout=30)
 
 
 def test_directories_without_a_named_holder_stay(tmp_path: Path) -> None:
-    """A lock file naming no process: its maker is between making and locking it. No lock file: not ours."""
-    making, foreign = tmp_path / f"{PREFIX}making", tmp_path / f"{PREFIX}foreign"
+    """A lock file naming no process: its maker is between making and locking it. No lock file, or one that is
+    not a file: not ours."""
+    making, foreign, odd = (tmp_path / f"{PREFIX}{name}" for name in ("making", "foreign", "odd"))
     making.mkdir()
     (making / LOCK).touch()
     foreign.mkdir()
+    (odd / LOCK).mkdir(parents=True)
     assert remove_abandoned(tmp_path) == []
-    assert making.exists() and foreign.exists()
+    assert making.exists() and foreign.exists() and odd.exists()
 
 
 def test_made_on_first_use_and_removed_on_close(tmp_path: Path) -> None:

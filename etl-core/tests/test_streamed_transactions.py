@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,15 @@ def test_spill_errors_say_what_to_check(tmp_path: Path) -> None:
     missing = tmp_path / "gone"
     buffers = StreamedTransactions(SpillDirectory(missing), spill_threshold_bytes=0)
     with pytest.raises(EtlError, match=f"could not make a spill directory in {missing}") as error:
+        buffers.append(1, 1, payload(0))
+    assert error.value.hint is not None and "spill_directory" in error.value.hint
+
+
+def test_a_spill_directory_gone_under_the_pipeline_says_what_to_check(tmp_path: Path) -> None:
+    spill = SpillDirectory(tmp_path)
+    buffers = StreamedTransactions(spill, spill_threshold_bytes=0)
+    shutil.rmtree(spill.path)
+    with pytest.raises(EtlError, match="could not write the spill file") as error:
         buffers.append(1, 1, payload(0))
     assert error.value.hint is not None and "spill_directory" in error.value.hint
 

@@ -169,10 +169,11 @@ class BatchSection(Section):
     spill_directory: str | None = Field(
         None,
         min_length=1,
-        description="Where the spill files go: a directory of the pipeline's own is made in it on first use, and"
-        " removed when the pipeline stops. Those of pipelines that died (killed, out of memory) are removed when a"
-        " pipeline using the same place starts. Default: the system's temporary directory (`TMPDIR`); choose one"
-        " on a disk with room for the largest transactions, not a memory-backed `/tmp`.",
+        description="An existing directory on a local disk (relative to the working directory) where the spill files"
+        " go: each stream of the pipeline makes a directory of its own in it on first use, and removes it when it"
+        " ends. Those of pipelines that died (killed, out of memory) are removed when a pipeline using the same place"
+        " starts. Default: the system's temporary directory (`TMPDIR`); choose one with room for the largest"
+        " transactions, not a memory-backed `/tmp`, and not storage shared between hosts.",
     )
 
 

@@ -26,14 +26,14 @@ class FileLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
         except BlockingIOError:
             os.close(fd)
             return False
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
         return True
 
@@ -51,15 +51,14 @@ class FileLock:
         A file that names no holder yet is not abandoned: its maker is between creating and locking it.
         """
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:  # gone, or not ours to read
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)  # writable: NFS locks need it for an exclusive lock
+        except OSError:  # gone, not a file, or not ours
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        else:
             return os.read(fd, 32).strip().isdigit()
+        except OSError:  # held (BlockingIOError), or not lockable here
+            return False
         finally:
             os.close(fd)
 

@@ -10,6 +10,7 @@ directories of live pipelines on the same host stay.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from pathlib import Path
@@ -44,7 +45,7 @@ class SpillDirectory:
     def close(self) -> None:
         """Remove the directory and everything in it. Idempotent."""
         if self._path is not None:
-            shutil.rmtree(self._path, ignore_errors=True)
+            _remove(self._path)
             self._path = None
         if self._lock is not None:
             self._lock.release()
@@ -55,16 +56,36 @@ def _make(base: Path) -> tuple[Path, FileLock]:
     while True:
         try:
             path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=base))
+        except OSError as exc:
+            raise _unusable(base, exc) from exc
+        try:
             lock = FileLock(path / LOCK)
             if lock.try_acquire():
                 return path, lock
         except OSError as exc:
-            raise EtlError(
-                f"could not make a spill directory in {base}: {exc.strerror or exc}",
-                hint="check that [batch] spill_directory exists, has free space, and the pipeline may write in it",
-            ) from exc
+            shutil.rmtree(path, ignore_errors=True)
+            raise _unusable(base, exc) from exc
         # Another worker's removal of abandoned directories took the lock file before this process locked it.
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _unusable(base: Path, exc: OSError) -> EtlError:
+    return EtlError(
+        f"could not make a spill directory in {base}: {exc.strerror or exc}",
+        hint="check that [batch] spill_directory exists, has free space, and the pipeline may write in it",
+    )
+
+
+def _remove(path: Path) -> None:
+    """Remove a spill directory, its lock file last: a process killed half-way leaves one the next sweep finds."""
+    try:
+        entries = [entry for entry in path.iterdir() if entry.name != LOCK]
+    except OSError:
+        return
+    for entry in [*entries, path / LOCK]:
+        with contextlib.suppress(OSError):
+            entry.unlink()
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def remove_abandoned(base: Path | None = None) -> list[Path]:
@@ -77,7 +98,7 @@ def remove_abandoned(base: Path | None = None) -> list[Path]:
         return []
     for path in candidates:
         if FileLock.abandoned(path / LOCK):
-            shutil.rmtree(path, ignore_errors=True)
+            _remove(path)
             removed.append(path)
     if removed:
         log.info("removed spill directories of stopped processes", directories=[str(p) for p in removed])

@@ -189,7 +189,7 @@ def _spill_file(transaction: _Transaction, action: str) -> Iterator[BinaryIO]:
         raise EtlError(
             f"could not {action} the spill file {transaction.path} of streamed transaction"
             f" {transaction.xid}: {exc.strerror or exc}",
-            hint="check the free space and permissions of the spill directory",
+            hint="check the free space and permissions of the spill directory ([batch] spill_directory)",
         ) from exc
 
 
