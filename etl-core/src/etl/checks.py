@@ -91,6 +91,8 @@ def _checks(conn: psycopg.Connection[Any], config: PipelineConfig) -> Iterator[C
         "ALTER SYSTEM SET wal_level = logical; then restart Postgres",
     )
 
+    yield from _standby_checks(conn)
+
     user = config.source.user
     may_replicate = _one(conn, "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user")
     yield Check(
@@ -155,17 +157,20 @@ def _checks(conn: psycopg.Connection[Any], config: PipelineConfig) -> Iterator[C
 
     if config.pipeline.install_ddl_trigger:
         installed = ddl_trigger_installed(conn)
-        superuser = bool(_one(conn, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"))
+        may_install = bool(
+            _one(conn, "SELECT rolsuper AND NOT pg_is_in_recovery() FROM pg_roles WHERE rolname = current_user")
+        )
         yield Check(
             "schema change trigger",
-            installed or superuser,
+            installed or may_install,
             "installed"
             if installed
             else "will be installed when the pipeline starts"
-            if superuser
-            else "not installed and the role may not install it: nullability, defaults and renames of columns"
-            " are not seen",
-            "have a superuser run the SQL in docs/schema-changes.md, or set [pipeline] install_ddl_trigger = false",
+            if may_install
+            else "not installed, and the pipeline may not install it (a standby, or a role that is not a superuser):"
+            " nullability, defaults and renames of columns are not seen",
+            "have a superuser run the SQL in docs/schema-changes.md on the primary, or set [pipeline]"
+            " install_ddl_trigger = false",
             advisory=True,
         )
 
@@ -192,4 +197,34 @@ def _checks(conn: psycopg.Connection[Any], config: PipelineConfig) -> Iterator[C
         free_senders >= needed_slots,
         f"{free_senders} of {max_senders} WAL senders free; the pipeline needs up to {needed_slots}",
         f"raise max_wal_senders to at least {used_senders + needed_slots} and restart Postgres",
+    )
+
+
+def _standby_checks(conn: psycopg.Connection[Any]) -> Iterator[Check]:
+    """A standby can be the source from Postgres 16 on, and keeps its slots valid only with feedback to the
+    primary."""
+    if not _one(conn, "SELECT pg_is_in_recovery()"):
+        return
+    major = conn.info.server_version // 10000
+    yield Check(
+        "standby",
+        major >= 16,
+        f"the source is a standby of Postgres {major}"
+        + (
+            ": the slots live here; the publication and the schema change trigger are made on the primary"
+            if major >= 16
+            else ", and logical decoding on a standby needs Postgres 16 or later"
+        ),
+        "point [source] at the primary, or upgrade to Postgres 16 or later",
+    )
+    if major < 16:
+        return
+    feedback = _one(conn, "SHOW hot_standby_feedback") == "on"
+    yield Check(
+        "hot_standby_feedback",
+        feedback,
+        "on" if feedback else "off: the primary may remove catalog rows the slots here need, which invalidates them",
+        "ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf(); (on the standby; and give it a"
+        " physical slot on the primary: primary_slot_name)",
+        advisory=True,
     )

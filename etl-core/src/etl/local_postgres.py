@@ -173,12 +173,44 @@ class TemporaryCluster:
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> TemporaryCluster:
+        datadir = self._make_root()
+        self._run("initdb", "-D", str(datadir), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-locale")
+        return self._launch()
+
+    def start_standby(self, settings: Mapping[str, str] | None = None) -> TemporaryCluster:
+        """A hot standby of this running cluster, started: a base backup that streams the WAL from here, with
+        ``hot_standby_feedback`` on (and ``settings``). ``stop()`` it like this one."""
+        primary = f"host=127.0.0.1 port={self.port} user=postgres"
+        standby = TemporaryCluster(
+            self.install,
+            {
+                **self.settings,
+                "hot_standby": "on",
+                "hot_standby_feedback": "on",
+                "primary_conninfo": primary,
+                **(settings or {}),
+            },
+        )
+        datadir = standby._make_root()
+        standby._run(
+            "pg_basebackup", "-D", str(datadir), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-c", "fast"
+        )
+        (datadir / "standby.signal").touch()
+        if standby.user is not None:
+            shutil.chown(datadir / "standby.signal", standby.user)
+        return standby._launch()
+
+    def _make_root(self) -> Path:
+        """A directory of the cluster's own (the service user's); the path of its data directory in it."""
         self._root = Path(tempfile.mkdtemp(prefix=f"etl-test-pg{self.major}-", dir="/tmp"))
         self._root.chmod(0o755)
         self.datadir = self._root / "data"
         if self.user is not None:
             shutil.chown(self._root, self.user)
-        self._run("initdb", "-D", str(self.datadir), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-locale")
+        return self.datadir
+
+    def _launch(self) -> TemporaryCluster:
+        assert self.datadir is not None and self._root is not None
         self.port = free_port()
         self._write_settings()
         self._run("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.datadir), "-l", str(self._root / "server.log"))

@@ -19,6 +19,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import psycopg
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -26,6 +27,7 @@ from etl.config import PostgresConnection
 from etl.errors import EtlError
 from etl.lsn import Lsn
 from etl.metrics import PipelineMetrics
+from etl.postgres.catalog import WAL_POSITION
 from etl.postgres.connection import connect
 from etl.replication.slots import slot_prefix
 
@@ -111,19 +113,24 @@ class Sampler:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        failure = None
         while not self._stop.is_set():
             try:
                 self.sample()
-            except EtlError as exc:  # the source is away: the apply worker says so; keep the last values
-                log.debug("metrics sample failed", error=exc.message)
+                failure = None
+            except (EtlError, psycopg.Error) as exc:  # keep the last values and go on sampling
+                # The source being away is the apply worker's to report; any other failure is told once.
+                reported, failure = failure, str(exc)
+                quiet = isinstance(exc, EtlError) or reported == failure
+                (log.debug if quiet else log.warning)("metrics sample failed", error=failure)
             self._stop.wait(self._interval)
 
     def sample(self) -> None:
         apply_name, sync_prefix = self._prefixes
         with connect(self._source) as conn:
             rows = conn.execute(
-                "SELECT pg_current_wal_lsn()::text, slot_name,"
-                " pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint"
+                f"SELECT {WAL_POSITION}::text, slot_name,"
+                f" pg_wal_lsn_diff({WAL_POSITION}, restart_lsn)::bigint"
                 " FROM (SELECT 1) one LEFT JOIN pg_catalog.pg_replication_slots"
                 " ON slot_name = %s OR starts_with(slot_name, %s)",
                 (apply_name, sync_prefix),

@@ -22,6 +22,7 @@ from etl.config import PipelineConfig
 from etl.errors import EtlError
 from etl.lsn import Lsn
 from etl.pipeline import apply_slot_was_used
+from etl.postgres.catalog import WAL_POSITION
 from etl.postgres.connection import connect
 from etl.replication.slots import apply_slot, slot_prefix
 from etl.schema import TableId, TableName
@@ -166,7 +167,7 @@ def status_report(config: PipelineConfig, store: Store, *, config_path: str | No
     with connect(config.source) as conn:
         rows = conn.execute(
             "SELECT slot_name, active, confirmed_flush_lsn::text, wal_status,"
-            " pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint"
+            f" pg_wal_lsn_diff({WAL_POSITION}, confirmed_flush_lsn)::bigint"
             " FROM pg_catalog.pg_replication_slots WHERE slot_name = %s OR starts_with(slot_name, %s) ORDER BY 1",
             (apply_name, sync_prefix),
         ).fetchall()

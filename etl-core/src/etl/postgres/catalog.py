@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 import structlog
@@ -16,6 +16,13 @@ from etl.errors import SourceError, TableError
 from etl.schema import ColumnSchema, ReplicaIdentity, TableId, TableName, TableSchema, quote_ident
 
 log = structlog.get_logger(__name__)
+
+WAL_POSITION: Final = (
+    "(CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()"
+    " ELSE pg_catalog.pg_current_wal_lsn() END)"
+)
+"""SQL for the end of the WAL that the server's slots may decode: where it writes, or on a standby (whose slots
+decode what it replayed), where its replay has got to. ``pg_current_wal_lsn()`` fails during recovery."""
 
 
 @dataclass(frozen=True)

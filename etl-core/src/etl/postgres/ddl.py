@@ -194,11 +194,11 @@ def install_ddl_trigger(conn: psycopg.Connection[Any]) -> InstallResult:
         "SELECT rolsuper, pg_catalog.pg_is_in_recovery() FROM pg_catalog.pg_roles WHERE rolname = current_user"
     ).fetchone()
     superuser, standby = bool(row and row[0]), bool(row and row[1])
-    if standby:
-        return InstallResult(False, "the source is a standby; install the trigger on the primary")
-    if not superuser:
-        if ddl_trigger_installed(conn):
-            return InstallResult(True, "already installed by a superuser")
+    if standby or not superuser:
+        if ddl_trigger_installed(conn):  # a standby has what was installed on its primary
+            return InstallResult(True, "installed on the primary" if standby else "already installed by a superuser")
+        if standby:
+            return InstallResult(False, "the source is a standby; install the trigger on the primary")
         return InstallResult(False, f"role {conn.info.user!r} is not a superuser (CREATE EVENT TRIGGER needs one)")
     try:
         with conn.transaction():

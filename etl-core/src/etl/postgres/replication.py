@@ -433,8 +433,15 @@ def replication_error(error: psycopg.Error, target: str, doing: str) -> EtlError
             hint="the slot was invalidated (its WAL was removed, see max_slot_wal_keep_size); drop it and copy the"
             " tables again (pipeline.invalidated_slot = 'recreate')",
         )
+    if "logical decoding cannot be used while in recovery" in lowered:  # before Postgres 16
+        return SourceError(
+            message,
+            hint="the source is a standby, and logical decoding on a standby needs Postgres 16 or later: point"
+            " [source] at the primary, or upgrade",
+        )
     if sqlstate == "55000" and "wal_level" in lowered:
-        return SourceError(message, hint="set wal_level = logical on the source and restart it")
+        where = "the primary" if "primary" in lowered else "the source"
+        return SourceError(message, hint=f"set wal_level = logical on {where} and restart it")
     if sqlstate == "53400":
         return SourceError(message, hint="raise max_replication_slots / max_wal_senders, or drop unused slots")
     if sqlstate == "42710":
