@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -341,40 +340,6 @@ def test_the_trigger_records_its_messages_and_no_other_role_can(db: TestDatabase
     with connect(db.connection(user=role)) as reader:  # the pipeline's role need not be a superuser
         assert schema_change_recorded(reader, messages[0].lsn)
         assert messages[1].lsn == forged_lsn and not schema_change_recorded(reader, forged_lsn)
-
-
-def records(db: TestDatabase) -> list[Lsn]:
-    return [Lsn.parse(row[0]) for row in db.execute(f"SELECT lsn::text FROM {MESSAGES_TABLE} ORDER BY lsn")]
-
-
-def restart_lsn(db: TestDatabase, slot: str) -> Lsn:
-    row = db.execute("SELECT restart_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,))[0]
-    return Lsn.parse(row[0])
-
-
-def test_records_below_every_slots_restart_lsn_are_removed(db: TestDatabase, slot: str) -> None:
-    """The record table does not grow for good: each run of the trigger removes the records that no logical slot
-    of the database decodes again, and keeps those a lagging slot may still send."""
-    db.execute("SELECT pg_create_logical_replication_slot('lagging', 'pgoutput')")
-    run(db, "ALTER TABLE t ADD COLUMN b int")
-    (first,) = records(db)
-    deadline = time.monotonic() + 60
-    while restart_lsn(db, slot) <= first:  # the slot decodes past it, and a running-xacts record moves it on
-        assert time.monotonic() < deadline, "the slot's restart_lsn did not move"
-        db.execute("CHECKPOINT")
-        decoded(db, slot)
-    run(db, "ALTER TABLE t ADD COLUMN c int")
-    kept = records(db)
-    assert len(kept) == 2 and kept[0] == first, "the lagging slot may still send the first message"
-
-    db.execute("SELECT pg_drop_replication_slot('lagging')")
-    run(db, "ALTER TABLE t ADD COLUMN d int")
-    latest = records(db)
-    assert first not in latest and kept[1] in latest and len(latest) == 2
-    messages = [m for m in decoded(db, slot) if isinstance(m, pg.LogicalMessage) and m.prefix == MESSAGE_PREFIX]
-    assert [m.lsn for m in messages] == latest[:1] + latest[1:], "what the slot sends next is still recorded"
-    with db.connect() as conn:
-        assert all(schema_change_recorded(conn, m.lsn) for m in messages)
 
 
 def test_messages_of_a_trigger_that_records_nothing_are_not_trusted(pg_database: TestDatabase) -> None:

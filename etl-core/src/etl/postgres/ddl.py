@@ -17,8 +17,7 @@ the WAL. So the trigger also records the LSN of each message it emits, in the sa
 ``etl.schema_change_messages``, a table only its owner (the superuser who installed the trigger) can
 write; the function runs as that owner (``SECURITY DEFINER``, with a fixed ``search_path``). The
 engine acts on a message only when its LSN is recorded there (``schema_change_recorded``): a forged
-message has an LSN the table never holds. Each run of the trigger also removes the records below the
-``restart_lsn`` of every logical slot of the database, which no slot decodes again, so the table stays small.
+message has an LSN the table never holds.
 """
 
 from __future__ import annotations
@@ -119,17 +118,6 @@ BEGIN
             INSERT INTO {MESSAGES_TABLE} (lsn, table_oid) VALUES (message_lsn, rel);
         END IF;
     END LOOP;
-    -- No slot of this database decodes below its restart_lsn again: records of older messages are never
-    -- looked up. Rows another DDL is removing are skipped (no wait, no deadlock between two DDLs).
-    BEGIN
-        DELETE FROM {MESSAGES_TABLE} WHERE lsn IN (
-            SELECT m.lsn FROM {MESSAGES_TABLE} m
-            WHERE m.lsn < (SELECT min(s.restart_lsn) FROM pg_replication_slots s
-                           WHERE s.slot_type = 'logical' AND s.database = current_database())
-            FOR UPDATE SKIP LOCKED);
-    EXCEPTION WHEN OTHERS THEN
-        RAISE WARNING 'etl: old schema change records not removed: %', SQLERRM;
-    END;
 END;
 """
 
