@@ -5,6 +5,7 @@ WAL position. Before 16, ``etl check`` and the pipeline say that it takes a prim
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -118,13 +119,15 @@ def test_a_standby_as_the_source(clusters: tuple[TestDatabase, TestDatabase], tm
                 assert time.monotonic() < deadline, f"no WAL position sampled from the standby: {sorted(metrics(port))}"
                 time.sleep(0.5)
             status = subprocess.run(
-                [sys.executable, "-m", "etl.cli", "status", "-c", str(config_path)],
+                [sys.executable, "-m", "etl.cli", "status", "-c", str(config_path), "--format", "json"],
                 capture_output=True,
                 text=True,
                 timeout=120,
                 check=False,
             )
             assert status.returncode == 0, status.stdout + status.stderr
+            [slot] = json.loads(status.stdout)["slots"]
+            assert slot["name"] == "etl_apply_1" and slot["active"] and slot["lag_bytes"] >= 0
     finally:
         stop.set()
         kicker.join()

@@ -211,7 +211,8 @@ def _standby_checks(conn: psycopg.Connection[Any]) -> Iterator[Check]:
         major >= 16,
         f"the source is a standby of Postgres {major}"
         + (
-            ": the slots live here; the publication and the schema change trigger are made on the primary"
+            ": the slots live here (making one waits for the primary's next WAL write); the publication and the"
+            " schema change trigger are made on the primary"
             if major >= 16
             else ", and logical decoding on a standby needs Postgres 16 or later"
         ),

@@ -19,7 +19,6 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import psycopg
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -118,9 +117,9 @@ class Sampler:
             try:
                 self.sample()
                 failure = None
-            except (EtlError, psycopg.Error) as exc:  # keep the last values and go on sampling
+            except Exception as exc:  # keep the last values and go on sampling
                 # The source being away is the apply worker's to report; any other failure is told once.
-                reported, failure = failure, str(exc)
+                reported, failure = failure, f"{type(exc).__name__}: {exc}"
                 quiet = isinstance(exc, EtlError) or reported == failure
                 (log.debug if quiet else log.warning)("metrics sample failed", error=failure)
             self._stop.wait(self._interval)
@@ -135,10 +134,9 @@ class Sampler:
                 " ON slot_name = %s OR starts_with(slot_name, %s)",
                 (apply_name, sync_prefix),
             ).fetchall()
-        current = Lsn.parse(rows[0][0])
-        durable = self._durable()
-        if durable is not None:
-            self._metrics.replication_lag_bytes.set(max(0, current - durable))
+        position, durable = rows[0][0], self._durable()
+        if position is not None and durable is not None:  # a standby that has replayed nothing yet has none
+            self._metrics.replication_lag_bytes.set(max(0, Lsn.parse(position) - durable))
         slots = {slot: held for _, slot, held in rows if slot is not None}
         for gone in self._slots - slots.keys():
             self._metrics.slot_retained_wal_bytes.remove(gone)
