@@ -15,7 +15,7 @@ from etl.events import DeleteEvent, InsertEvent, UpdateEvent
 from etl.lsn import Lsn
 from etl.postgres import pgoutput as pg
 from etl.replication.changes import ChangeBuilder
-from etl.replication.spill_dir import LOCK, PREFIX, SpillDirectory
+from etl.replication.spill_dir import LOCK, PREFIX, SpillDirectory, spill_base
 from etl.replication.streamed import StreamedTransactions
 from etl.schema import ColumnSchema, TableName, TableSchema
 from etl.testing.pgoutput_capture import capture
@@ -133,7 +133,7 @@ def test_whole_abort_and_close_remove_files(tmp_path: Path) -> None:
 
 
 def test_the_default_spill_directory_is_under_the_system_temporary_directory_and_removed() -> None:
-    spill = SpillDirectory()
+    spill = SpillDirectory(spill_base(None))
     buffers = StreamedTransactions(spill, spill_threshold_bytes=0)
     buffers.append(1, 1, payload(0))
     directory = spill.path

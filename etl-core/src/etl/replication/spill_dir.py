@@ -27,12 +27,16 @@ PREFIX: Final = "etl-spill-"
 LOCK: Final = ".lock"
 
 
-class SpillDirectory:
-    """A directory of this process's own under ``base`` (the system's temporary directory by default), made on
-    first use and removed by ``close``."""
+def spill_base(configured: str | None) -> Path:
+    """Where spill directories go: ``[batch] spill_directory``, or the system's temporary directory."""
+    return Path(configured if configured is not None else tempfile.gettempdir())
 
-    def __init__(self, base: Path | None = None) -> None:
-        self.base = base if base is not None else Path(tempfile.gettempdir())
+
+class SpillDirectory:
+    """A directory of this process's own under ``base``, made on first use and removed by ``close``."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
         self._path: Path | None = None
         self._lock: FileLock | None = None
 
@@ -88,9 +92,8 @@ def _remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def remove_abandoned(base: Path | None = None) -> list[Path]:
+def remove_abandoned(base: Path) -> list[Path]:
     """Remove the spill directories under ``base`` whose process died; those removed."""
-    base = base if base is not None else Path(tempfile.gettempdir())
     removed = []
     try:
         candidates = sorted(base.glob(PREFIX + "*"))

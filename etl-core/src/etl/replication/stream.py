@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -25,7 +24,7 @@ from etl.postgres.frames import Keepalive, XLogData
 from etl.postgres.replication import ReplicationConnection
 from etl.replication.changes import ChangeBuilder
 from etl.replication.schemas import SchemaTracker
-from etl.replication.spill_dir import SpillDirectory, remove_abandoned
+from etl.replication.spill_dir import SpillDirectory, remove_abandoned, spill_base
 from etl.replication.streamed import StreamedTransactions
 from etl.replication.writer import BatchWriter
 from etl.schema import TableId
@@ -64,9 +63,9 @@ class StreamWorker:
         self.stop = stop
         self.decoder = pg.PgOutputDecoder(protocol_version)
         self.builder = ChangeBuilder(schemas.current)
-        spill_base = Path(batch.spill_directory) if batch.spill_directory is not None else None
-        remove_abandoned(spill_base)
-        self.streamed = StreamedTransactions(SpillDirectory(spill_base), batch.spill_threshold_bytes)
+        spill = spill_base(batch.spill_directory)
+        remove_abandoned(spill)
+        self.streamed = StreamedTransactions(SpillDirectory(spill), batch.spill_threshold_bytes)
         self.received_lsn = Lsn.ZERO
         self.final_lsn = Lsn.ZERO  # final LSN of the transaction being decoded
         self.in_transaction = False
