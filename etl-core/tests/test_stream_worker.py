@@ -5,6 +5,9 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
+
+import pytest
 
 from etl.config import BatchSection
 from etl.destination.base import WriteResult
@@ -127,7 +130,8 @@ def test_a_burst_stops_at_the_commit_that_finishes_the_worker(pg_database: TestD
 def test_a_burst_ends_when_the_batch_is_full(pg_database: TestDatabase) -> None:
     conn, protocol = streaming(pg_database, ["INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(1, 50) g"])
     with conn:
-        worker = FirstTransactions(conn, protocol, 1, BatchSection(max_bytes=2000))
+        # busy_max_bytes too: else the batch after the first grows while the first is written
+        worker = FirstTransactions(conn, protocol, 1, BatchSection(max_bytes=2000, busy_max_bytes=2000))
         worker.run()
         rows = worker.destination.rows("public.t")
         assert sorted(r["id"] for r in rows) == list(range(1, 51))
@@ -201,6 +205,46 @@ def test_batches_due_while_a_write_runs_are_merged_into_the_next_write(pg_databa
         assert destination.ids == [[1], [2, 3, 4, 5, 6]]  # read while the first write ran, handed over as one
 
 
+def wait_for(condition: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["transaction", "streamed transaction"])
+@pytest.mark.parametrize(("busy_max_bytes", "merged"), [(10_000_000, True), (2000, False)])
+def test_a_batch_keeps_filling_past_max_bytes_while_a_write_runs(
+    pg_database: TestDatabase, busy_max_bytes: int, merged: bool, streamed: bool
+) -> None:
+    if streamed:  # the server sends the transaction in chunks before its commit (protocol 2), replayed at it
+        pg_database.execute(f"ALTER DATABASE {pg_database.name} SET logical_decoding_work_mem = '64kB'")
+    conn, protocol = streaming(pg_database, ["INSERT INTO t VALUES (1, 'a')"])
+    with conn:
+        destination = HeldDestination()
+        batch = BatchSection(max_bytes=2000, busy_max_bytes=busy_max_bytes)
+        worker = FirstTransactions(conn, protocol, 2, batch, destination)
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        try:
+            assert destination.written.wait(15)  # the first batch is being written, and held
+            # About 150 kB of changes (75 times max_bytes), above logical_decoding_work_mem.
+            pg_database.execute("INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(100, 1599) g")
+            if merged:
+                wait_for(lambda: worker.commits >= 2)  # all of it read while the first write is held
+        finally:
+            destination.release.set()
+            thread.join(timeout=15)
+        assert not thread.is_alive()
+        assert destination.ids[0] == [1]
+        if merged:  # read while the first write ran, and handed over as one
+            assert destination.ids[1:] == [list(range(100, 1600))]
+        else:  # cut at max_bytes (checked every 512 inserts of a replay): reading paused until the write ended
+            most = 530 if streamed else 25
+            assert len(destination.ids) > 3 and max(len(ids) for ids in destination.ids[1:]) <= most
+        assert sorted(i for ids in destination.ids for i in ids) == [1, *range(100, 1600)]
+
+
 class PacedDestination(CountingDestination):
     """Asks for at least ``min_write_interval_s`` between the starts of two writes (``Paced``)."""
 
@@ -220,7 +264,8 @@ def test_a_paced_destination_gets_merged_batches_at_its_interval_but_full_ones_a
     conn, protocol = streaming(pg_database, ["INSERT INTO t VALUES (1, 'a')"])
     with conn:
         destination = PacedDestination(1.0)
-        worker = FirstTransactions(conn, protocol, 13, BatchSection(max_fill_ms=20, max_bytes=2000), destination)
+        batch = BatchSection(max_fill_ms=20, max_bytes=2000, busy_max_bytes=2000)
+        worker = FirstTransactions(conn, protocol, 13, batch, destination)
         thread = threading.Thread(target=worker.run)
         thread.start()
         try:

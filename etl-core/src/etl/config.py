@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from etl.errors import ConfigError
 from etl.log import redact_text, redact_value
@@ -154,12 +154,23 @@ class BatchSection(Section):
         ge=1,
         description="A batch is handed to the destination this long after its first change, or as soon after as the"
         " previous write has ended and the destination's least interval between writes has passed, if it has one"
-        " (the `bigquery` destination's `min_apply_interval_s`); until then it keeps filling, up to `max_bytes`.",
+        " (the `bigquery` destination's `min_apply_interval_s`); until then it keeps filling, up to `max_bytes`"
+        " (`busy_max_bytes` while that write runs or that interval lasts).",
     )
     max_bytes: Integer = Field(
         8 * 1024 * 1024,
         ge=1024,
-        description="A batch is also handed over once it holds this many bytes of change data.",
+        description="A batch is also handed over once it holds this many bytes of change data, as soon as the"
+        " destination is free for it.",
+    )
+    busy_max_bytes: Integer = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="While the destination is busy (the previous write still runs, or its least interval between"
+        " writes lasts), the next batch keeps filling past `max_bytes`, up to this many bytes (never less than"
+        " `max_bytes`); only then does it go, once the write has ended, and reading pauses meanwhile. Changes arriving"
+        " faster than the destination writes them thus go in fewer, larger writes, which pay each write's fixed costs"
+        " (per table, per job, per quota unit) less often. Set it to `max_bytes` to cut every batch there.",
     )
     spill_threshold_bytes: Integer = Field(
         64 * 1024 * 1024,
@@ -175,6 +186,21 @@ class BatchSection(Section):
         " starts. Default: the system's temporary directory (`TMPDIR`); choose one with room for the largest"
         " transactions, not a memory-backed `/tmp`, and not storage shared between hosts.",
     )
+
+    @model_validator(mode="after")
+    def _busy_not_below_max(self) -> BatchSection:
+        if "busy_max_bytes" in self.model_fields_set and self.busy_max_bytes < self.max_bytes:
+            raise ValueError(
+                f"busy_max_bytes ({self.busy_max_bytes}) is below max_bytes ({self.max_bytes}): a batch grows past"
+                " max_bytes while the destination is busy, up to busy_max_bytes; set it to max_bytes or more"
+            )
+        return self
+
+    @property
+    def busy_limit(self) -> int:
+        """The size a batch fills up to while the destination is busy: ``busy_max_bytes``, at least ``max_bytes``
+        (which may be set above the default ``busy_max_bytes`` alone)."""
+        return max(self.max_bytes, self.busy_max_bytes)
 
 
 class PluginSection(BaseModel):

@@ -64,9 +64,9 @@ class Paced(Protocol):
     """Optional for destinations: a least time between the starts of two batch writes of one writer.
 
     The engine then hands a batch over once ``max_fill_ms`` has passed *and* the interval since the
-    writer's previous write began; changes arriving meanwhile join the batch. A batch that reaches
-    ``max_bytes`` goes at once, so a busy source is never held back. For destinations whose writes
-    count against quotas or cost per write (BigQuery's load jobs and DML).
+    writer's previous write began; changes arriving meanwhile join the batch, up to ``busy_max_bytes``. A batch
+    that reaches it goes as soon as the write in flight has ended, so a busy source is never held back.
+    For destinations whose writes count against quotas or cost per write (BigQuery's load jobs and DML).
     """
 
     min_write_interval_s: float

@@ -179,7 +179,7 @@ class StreamWorker:
         # Ends when nothing more was received, after BURST_MESSAGES, when the batch is full, or between
         # transactions when the worker is finished or its tick is overdue.
         tick_due = time.monotonic() - self._last_tick >= TICK_INTERVAL_S
-        max_bytes = self.batch_config.max_bytes
+        max_bytes, busy_limit = self.batch_config.max_bytes, self.batch_config.busy_limit
         builder = self.builder
         poll = self.conn.poll
         budget = BURST_MESSAGES
@@ -191,7 +191,10 @@ class StreamWorker:
             else:
                 self._keepalive(item)
             budget -= 1
-            if not budget or builder.size_bytes >= max_bytes:
+            if not budget:
+                break
+            size = builder.size_bytes
+            if size >= max_bytes and (size >= busy_limit or not self._busy()):
                 break
             if not self.in_transaction and (tick_due or self.finished()):
                 break
@@ -212,9 +215,11 @@ class StreamWorker:
         if self._batch_started is None:
             return 1.0
         filling = self.batch_config.max_fill_ms / 1000 - (time.monotonic() - self._batch_started)
-        remaining = max(filling, self.writer.next_write_in())
-        if remaining <= 0 and self.writer.busy:
-            return BUSY_POLL_S  # a due batch keeps reading while it waits for the writer
+        interval = self.writer.next_write_in()
+        remaining = max(filling, interval)
+        full = self.builder.size_bytes >= self.batch_config.max_bytes
+        if self.writer.busy and (remaining <= 0 or (full and interval <= 0)):
+            return BUSY_POLL_S  # a due or full batch keeps reading while it waits for the writer
         return max(0.0, min(1.0, remaining))
 
     def stalled_for(self) -> float:
@@ -269,14 +274,13 @@ class StreamWorker:
 
     def _on_stream_commit(self, msg: pg.StreamCommit) -> None:
         self._begin(msg.xid, msg.commit_lsn, msg.commit_ts)
-        max_bytes = self.batch_config.max_bytes
         for table_id, run in pg.streamed_insert_runs(self.streamed.commit(msg.xid), REPLAY_RUN):
             if table_id is None:
                 self._handle(self.decoder.decode_streamed(run[0]))
             elif self.applies(table_id, self.final_lsn):
                 self._mark_batch()
                 self.builder.insert_tuples(table_id, run, pg.STREAMED_INSERT_TUPLE_START, self.final_lsn)
-            if self.builder.size_bytes >= max_bytes:
+            if self.builder.size_bytes >= self._full_at():
                 self.flush()
         self._commit(msg.commit_lsn, msg.end_lsn, msg.commit_ts)
 
@@ -317,18 +321,25 @@ class StreamWorker:
         """Hand the batch over when it is full, or when it is due and the writer takes it.
 
         A batch due while the previous write still runs, or before the destination's
-        ``min_write_interval_s`` since that write began, keeps filling (up to ``max_bytes``): batches
-        arriving faster than the destination writes are merged into fewer, larger writes, and the
-        stream is read meanwhile instead of waiting.
+        ``min_write_interval_s`` since that write began, keeps filling; so does a batch past ``max_bytes``
+        meanwhile, up to ``busy_max_bytes``. Batches arriving faster than the destination writes are merged
+        into fewer, larger writes, and the stream is read meanwhile instead of waiting.
         """
         if self.builder.is_empty:
             return
-        full = self.builder.size_bytes >= self.batch_config.max_bytes
         due = self._batch_started is not None and (
             time.monotonic() - self._batch_started >= self.batch_config.max_fill_ms / 1000
         )
-        if full or (due and not self.writer.busy and self.writer.next_write_in() <= 0):
+        if self.builder.size_bytes >= self._full_at() or (due and not self._busy()):
             self.flush()
+
+    def _busy(self) -> bool:
+        """Whether the destination cannot take a batch yet: a write runs, or its least interval between writes lasts."""
+        return self.writer.busy or self.writer.next_write_in() > 0
+
+    def _full_at(self) -> int:
+        """The size at which the batch is full: ``max_bytes``, or while the destination is busy ``busy_max_bytes``."""
+        return self.batch_config.busy_limit if self._busy() else self.batch_config.max_bytes
 
     def flush(self) -> None:
         """Hand the current batch to the writer (waiting for the write in flight first)."""

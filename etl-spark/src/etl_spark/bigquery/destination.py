@@ -131,7 +131,7 @@ class BigQueryConfig(BaseModel):
         ge=0,
         le=3600,
         description="At least this long between the starts of two batch applies of one writer (the apply worker, a"
-        " table's catch-up), unless the batch is full (`[batch] max_bytes`). The engine merges what arrives"
+        " table's catch-up), unless the batch is full (`[batch] busy_max_bytes`). The engine merges what arrives"
         " meanwhile into the next batch, so each table gets at most one DML transaction, and the pipeline one load"
         " job, per interval; it is also about the latency (a change waits up to the interval). `0` applies every"
         " batch as it comes. See [Quotas](#quotas).",
