@@ -213,6 +213,17 @@ def test_shutdown_timeout_defaults_to_30_and_is_at_least_1(tmp_path: Path) -> No
     assert "pipeline.shutdown_timeout_s: Input should be greater than or equal to 1" in err.value.message
 
 
+def test_a_batch_grows_while_busy_up_to_busy_max_bytes_never_below_max_bytes(tmp_path: Path) -> None:
+    batch = load_config(write(tmp_path, GOOD), environ={"PGPASSWORD": "x"}).batch
+    assert (batch.max_bytes, batch.busy_limit) == (8 * 2**20, 64 * 2**20)
+    raised = GOOD.replace("max_bytes = 8388608", "max_bytes = 134217728")  # above the default busy_max_bytes
+    assert load_config(write(tmp_path, raised), environ={"PGPASSWORD": "x"}).batch.busy_limit == 128 * 2**20
+    both = GOOD.replace("max_bytes = 8388608", "max_bytes = 8388608\nbusy_max_bytes = 1048576")
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, both), environ={"PGPASSWORD": "x"})
+    assert "batch: busy_max_bytes (1048576) is below max_bytes (8388608)" in err.value.message
+
+
 def test_messages_about_secret_keys_survive_log_redaction(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as unset:
         load_config(write(tmp_path, GOOD), environ={})
