@@ -144,7 +144,9 @@ def setup(
     config = pipeline_config(
         db,
         pipeline_id=9,
-        batch={"max_fill_ms": 300},
+        # Batches cut at 8 MiB even while a write runs: the flush and maintenance phases below need a batch or so
+        # per transaction, where batches grown meanwhile would carry all of a phase's transactions in one or two.
+        batch={"max_fill_ms": 300, "busy_max_bytes": 8 * 1024 * 1024},
         store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
         destination={
             "type": "ducklake",
