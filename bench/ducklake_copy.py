@@ -19,8 +19,11 @@ Fills the workload table (default 2M rows), then:
 DuckDB 1.5.5 reads each lake's row count back: it must equal the table's. The null and DuckLake
 sides alternate ``--repeat`` times; the best run of each is reported.
 
+The lake has no Parquet options unless ``--compression`` sets ``parquet_compression`` (through DuckDB, which
+then creates the lake), so data files are snappy, as DuckDB writes them by default.
+
     .venv/bin/python bench/ducklake_copy.py [--rows 2000000] [--catalog sqlite|postgres] [--repeat 1]
-        [--masters 'local[2]' 'local-cluster[2,1,1024]']
+        [--masters 'local[2]' 'local-cluster[2,1,1024]'] [--compression zstd]
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from etl.pipeline import Pipeline
 from etl.store.base import Store, TableStateKind
 from etl.store.memory import MemoryStore
 from etl_spark.ducklake.destination import SPARK_CONF, DuckLakeConfig, DuckLakeDestination
-from etl_spark.ducklake.reader import open_lake
+from etl_spark.ducklake.reader import connect_duckdb, open_lake
 from etl_spark.session import SparkSettings, get_spark, stop_spark
 
 
@@ -90,17 +93,29 @@ SPARK = SparkSettings(master="local[*]")
 
 
 @contextlib.contextmanager
-def lake(src: benchlib.Source, kind: str, name: str, spark: SparkSettings = SPARK) -> Iterator[DuckLakeConfig]:
-    """A new, empty lake: SQLite catalog in a temporary directory, or a new database on the source server."""
+def lake(
+    src: benchlib.Source, kind: str, name: str, spark: SparkSettings = SPARK, compression: str | None = None
+) -> Iterator[DuckLakeConfig]:
+    """A new, empty lake: SQLite catalog in a temporary directory, or a new database on the source server; made by
+    DuckDB with ``parquet_compression`` set when ``compression`` is given."""
     with tempfile.TemporaryDirectory(prefix="etl-bench-lake-") as directory:
         if kind == "sqlite":
             catalog = f"sqlite:///{directory}/catalog.sqlite"
+            target = f"sqlite:{directory}/catalog.sqlite"
         else:
             with src.connect("postgres") as conn:
                 conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
                 conn.execute(f"CREATE DATABASE {name}")
             catalog = f"postgresql://postgres@127.0.0.1:{src.port}/{name}"
+            target = f"postgres:host=127.0.0.1 port={src.port} dbname={name} user=postgres"
         try:
+            if compression is not None:
+                con = connect_duckdb("sqlite", "postgres")
+                try:
+                    con.execute(f"ATTACH 'ducklake:{target}' AS lake (DATA_PATH '{directory}/data/')")
+                    con.execute("CALL lake.set_option('parquet_compression', ?)", [compression])
+                finally:
+                    con.close()
             yield DuckLakeConfig.model_validate(
                 {"catalog": catalog, "data_path": f"{directory}/data/", "spark": spark.model_dump()}
             )
@@ -130,14 +145,18 @@ def start_spark(settings: SparkSettings = SPARK) -> float:
     return time.perf_counter() - started
 
 
-def lake_count(config: DuckLakeConfig, table: str = TABLE) -> tuple[int, int]:
-    """Rows of a lake table as DuckDB reads them, and its data files."""
+def lake_count(config: DuckLakeConfig, table: str = TABLE) -> tuple[int, int, int]:
+    """Rows of a lake table as DuckDB reads them, its data files and their bytes."""
     con = open_lake(config.catalog.get_secret_value())
     try:
         rows = con.execute(f"SELECT count(*) FROM lake.public.{table}").fetchone()
-        files = con.execute(f"SELECT count(*) FROM ducklake_list_files('lake', '{table}', schema => 'public')")
-        found = files.fetchone()
-        return (int(rows[0]) if rows else 0), (int(found[0]) if found else 0)
+        files = con.execute(
+            "SELECT count(*), sum(data_file_size_bytes)"
+            f" FROM ducklake_list_files('lake', '{table}', schema => 'public')"
+        ).fetchone()
+        if rows is None or files is None:
+            raise RuntimeError(f"DuckDB found no lake table {table}")
+        return int(rows[0]), int(files[0]), int(files[1] or 0)
     finally:
         con.close()
 
@@ -198,17 +217,20 @@ def fill(src: benchlib.Source, rows: int) -> float:
     return time.perf_counter() - started
 
 
-def ducklake_copy(src: benchlib.Source, rows: int, pipeline_id: int, catalog: str, spark: SparkSettings) -> Line:
-    with lake(src, catalog, f"bench_lake_{pipeline_id}", spark) as lake_config:
+def ducklake_copy(
+    src: benchlib.Source, rows: int, pipeline_id: int, catalog: str, spark: SparkSettings, *, compression: str | None
+) -> Line:
+    with lake(src, catalog, f"bench_lake_{pipeline_id}", spark, compression) as lake_config:
         seconds, _ = run_ducklake(
             pipeline_config(src, pipeline_id), lake_config, rows, MemoryStore(pipeline_id), "copied"
         )
-        counted, files = lake_count(lake_config)
+        counted, files, size = lake_count(lake_config)
     src.drop_slots()
     if counted != rows:
         raise RuntimeError(f"DuckDB reads {counted} rows in the lake, the table has {rows}")
-    note = f"DuckDB reads {counted:,} rows in {files} data files"
-    return Line(f"engine -> DuckLake ({catalog} catalog, {spark.master})", counted, seconds, note=note)
+    note = f"DuckDB reads {counted:,} rows in {files} data files of {size / 2**20:.0f} MiB"
+    codec = compression or "snappy"
+    return Line(f"engine -> DuckLake ({catalog} catalog, {spark.master}, {codec})", counted, seconds, note=note)
 
 
 def duckdb_writer(src: benchlib.Source, rows: int) -> Line:
@@ -217,7 +239,6 @@ def duckdb_writer(src: benchlib.Source, rows: int) -> Line:
     from etl.postgres.catalog import publication_tables, table_schema
     from etl.postgres.connection import connect
     from etl.postgres.copy import copy_table
-    from etl_spark.ducklake.reader import connect_duckdb
 
     with connect(src.connection()) as conn:
         (table,) = publication_tables(conn, PUBLICATION)
@@ -245,6 +266,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each side; the best is reported")
     parser.add_argument("--catalog", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--masters", nargs="+", default=["local[2]", "local-cluster[2,1,1024]"])
+    parser.add_argument(
+        "--compression", help="the lake's parquet_compression option (default: none set, so DuckLake's snappy)"
+    )
     args = parser.parse_args()
     with benchlib.source(args) as src:
         print(f"machine: {benchlib.machine()}")
@@ -261,7 +285,16 @@ def main() -> int:
             lakes = []
             for run in range(args.repeat):
                 nulls.append(bench_copy.engine(src, args.rows, pipeline_id := pipeline_id + 1))
-                lakes.append(ducklake_copy(src, args.rows, pipeline_id := pipeline_id + 1, args.catalog, spark))
+                lakes.append(
+                    ducklake_copy(
+                        src,
+                        args.rows,
+                        pipeline_id := pipeline_id + 1,
+                        args.catalog,
+                        spark,
+                        compression=args.compression,
+                    )
+                )
                 print(f"  run {run + 1}: null {nulls[-1].seconds:.2f} s, DuckLake {lakes[-1].seconds:.2f} s")
             best.append(min(lakes, key=lambda line: line.seconds))
         stop_spark()

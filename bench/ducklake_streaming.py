@@ -20,7 +20,10 @@ by side. Compare its rates with a run of one table: the issue asks for 0.8x of i
 
 Afterwards DuckDB 1.5.5 reads every lake's row counts back; they must equal the source tables'.
 
-    .venv/bin/python bench/ducklake_streaming.py [--rows 500000] [--base 200000] [--tables 1]
+Data files are snappy, as DuckDB writes them, unless ``--compression`` sets the lakes' ``parquet_compression``
+(runs before 2026-11-27 wrote zstd).
+
+    .venv/bin/python bench/ducklake_streaming.py [--rows 500000] [--base 200000] [--tables 1] [--compression zstd]
 """
 
 from __future__ import annotations
@@ -91,6 +94,9 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=500_000, help="row changes (a multiple of 10)")
     parser.add_argument("--base", type=int, default=200_000, help="rows in the tables before the workload")
     parser.add_argument("--tables", type=int, default=1, help="tables the workload spreads over")
+    parser.add_argument(
+        "--compression", help="the lakes' parquet_compression option (default: none set, so DuckLake's snappy)"
+    )
     args = parser.parse_args()
     transactions = args.rows // CHANGES_PER_TRANSACTION
     per_table = args.base // args.tables
@@ -116,7 +122,7 @@ def main() -> int:
         null_run(src, "ready", 1, stores[0])
         configs = []
         for index, (_, batch) in enumerate(LAKES, start=2):
-            lake_config = lakes.enter_context(lake(src, "sqlite", f"bench_lake_{index}"))
+            lake_config = lakes.enter_context(lake(src, "sqlite", f"bench_lake_{index}", compression=args.compression))
             config = pipeline_config(src, index, **batch)
             started = time.perf_counter()
             run_ducklake(config, lake_config, per_table * len(tables), SqliteStore(stores[index - 1], index), "copied")

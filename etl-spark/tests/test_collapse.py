@@ -89,12 +89,12 @@ def test_last_change_per_key_with_key_change(kit: Any, spark: Any) -> None:
 
 def spark_frame(spark: Any, schema: TableSchema, table: pa.Table) -> Any:
     """Changes as the destination hands them to Spark (``Lake.to_spark``); no catalog or files needed."""
-    from etl_spark.ducklake.catalog import LakeColumn
+    from etl_spark.ducklake.catalog import LakeColumn, LakeOptions
     from etl_spark.ducklake.lake import Lake
     from etl_spark.ducklake.types import lake_type
 
     columns = [LakeColumn(i, c.name, lake_type(c).name, c.nullable) for i, c in enumerate(schema.columns, start=1)]
-    return Lake(None, None, lambda: spark, 0).to_spark(table, columns)  # type: ignore[arg-type]
+    return Lake(None, None, lambda: spark, 0, LakeOptions({}, {}, {})).to_spark(table, columns)  # type: ignore[arg-type]
 
 
 def test_last_change_per_key_in_arrow_with_key_changes(kit: Any) -> None:

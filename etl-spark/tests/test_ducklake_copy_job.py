@@ -15,13 +15,12 @@ from typing import Any
 
 import pytest
 
-from etl.postgres.catalog import publication_tables, table_schema
 from etl.postgres.connection import connect
-from etl.postgres.copy import CopyPlan, CopyRange, CopyStopped, plan_copy
+from etl.postgres.copy import CopyPlan, CopyRange, CopyStopped
 from etl.schema import TableName
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.ducklake.copy_job import _Ranges, copy_tasks
-from etl_spark.testing import comparable_source_rows, duckdb_rows
+from etl_spark.testing import comparable_source_rows, duckdb_rows, published_plan
 
 TYPED = """
     CREATE TABLE typed (id int PRIMARY KEY, tags text[], nums int[], grid int[][], uid uuid, at time,
@@ -43,11 +42,7 @@ TYPED = """
 
 
 def typed_plan(db: TestDatabase, parts: int) -> CopyPlan:
-    db.execute(TYPED)
-    with connect(db.connection()) as conn:
-        (table,) = publication_tables(conn, "pub")
-        schema = table_schema(conn, table.id, table.column_list)
-    return plan_copy(db.connection(), schema, table, None, parts)
+    return published_plan(db, TYPED, parts)
 
 
 def lake_typed(lake: Any) -> list[dict[str, Any]]:
@@ -152,15 +147,12 @@ def test_no_copied_row_reaches_the_driver(
 
 
 def test_a_stopped_copy_leaves_no_table_and_no_file(pg_database: TestDatabase, lake: Any, kit: Any) -> None:
-    pg_database.execute(
+    setup = (
         "CREATE TABLE big (id int PRIMARY KEY, v text);"
         " INSERT INTO big SELECT g, repeat('v', 200) FROM generate_series(1, 200000) g;"
         " CREATE PUBLICATION pub FOR TABLE big"
     )
-    with connect(pg_database.connection()) as conn:
-        (table,) = publication_tables(conn, "pub")
-        schema = table_schema(conn, table.id, table.column_list)
-    plan = plan_copy(pg_database.connection(), schema, table, None, 8)
+    plan = published_plan(pg_database, setup, 8)
     destination = kit.make_destination(lake)
     stop = threading.Event()
 

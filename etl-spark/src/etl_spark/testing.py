@@ -1,4 +1,5 @@
-"""Helpers for tests of pipelines into DuckLake: read a lake's tables with real DuckDB, compare with the source.
+"""Helpers for tests of pipelines into DuckLake: plan a table's copy, read a lake's tables with real DuckDB,
+compare with the source.
 
 Rows come back as dicts sorted like ``etl.testing.compare.source_rows``, with timestamps with a time
 zone in UTC and uuids as text on both sides, so a lake table and its source table compare with ``==``.
@@ -11,12 +12,27 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from etl.destination.memory import row_sort_key
+from etl.postgres.catalog import publication_tables, table_schema
+from etl.postgres.connection import connect
+from etl.postgres.copy import CopyPlan, plan_copy
 from etl.schema import TableName
 from etl.testing.compare import source_rows
 
 if TYPE_CHECKING:
     import duckdb
     import psycopg
+
+    from etl.testing.pytest_plugin import TestDatabase
+
+
+def published_plan(db: TestDatabase, setup: str, parts: int, publication: str = "pub") -> CopyPlan:
+    """Run ``setup`` (SQL that makes a table and ``publication`` of it), then plan the table's copy in up to
+    ``parts`` ranges, without a snapshot."""
+    db.execute(setup)
+    with connect(db.connection()) as conn:
+        (table,) = publication_tables(conn, publication)
+        schema = table_schema(conn, table.id, table.column_list)
+    return plan_copy(db.connection(), schema, table, None, parts)
 
 
 def comparable(value: Any) -> Any:

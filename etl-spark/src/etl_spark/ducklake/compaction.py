@@ -75,7 +75,7 @@ def merge_small_files(lake: Lake, table: LakeTable, below_bytes: int, min_files:
     groups = _groups(small, lake.target_file_size_bytes)[:1]
     if not groups:
         return 0
-    spec = lake.storage.spec(table.directory, [*table.columns, ROW_ID, SNAPSHOT], ONE_FILE)
+    spec = lake.table_spec(table, [*table.columns, ROW_ID, SNAPSHOT], ONE_FILE)
     sources = [[Source(f.path, f.row_id_start, f.begin_snapshot) for f in group] for group in groups]
     written = _run(lake, spec, sources, f"etl: merge {len(small)} files of {table.schema_name}.{table.name}")
     composed: list[Composed] = []
@@ -106,7 +106,7 @@ def rewrite_deleted(lake: Lake, table: LakeTable, ratio: float) -> int:
     live = [f for f in doomed if f.delete is not None and f.delete.delete_count < f.record_count]
     written: list[NewFile] = []
     if live:
-        spec = lake.storage.spec(table.directory, [*table.columns, ROW_ID], ONE_FILE)
+        spec = lake.table_spec(table, [*table.columns, ROW_ID], ONE_FILE)
         sources = [
             [Source(f.path, f.row_id_start, f.begin_snapshot, f.delete.path if f.delete else None)] for f in live
         ]

@@ -5,7 +5,8 @@ described by its footer (rows, sizes, column statistics) for the catalog. It is 
 catalog only later, by the driver, so a writer that dies leaves at worst an unregistered file. Names
 start with a prefix chosen per job (``job_prefix``), so the files of a failed task attempt are found
 and removed. Every column, list elements included, carries its DuckLake column id as Parquet field
-id, and values are in their file form (``types.Form.FILE``): DuckDB reads these files as its own.
+id, and values are in their file form (``types.Form.FILE``): DuckDB reads these files as its own. Codec and
+row groups follow the lake's Parquet options (``ParquetOptions``).
 """
 
 from __future__ import annotations
@@ -21,17 +22,74 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from etl.errors import DestinationError
 from etl_spark.ducklake.catalog import LakeColumn, NewFile
 from etl_spark.ducklake.stats import ColumnStats, file_stats, stats_kind
 from etl_spark.ducklake.types import FIELD_ID, LIST, Form, Stats, arrow_of, convert
 
-ROW_GROUP_ROWS: Final = 122_880
-"""Rows per row group, as DuckDB writes them."""
-COMPRESSION: Final = "zstd"
 DICTIONARY_PAGE_BYTES: Final = 64 * 1024
 """A column chunk stops dictionary encoding once its dictionary passes this size. Low-cardinality columns
 keep their dictionaries; high-cardinality ones fall back to plain pages early, instead of after pyarrow's
 1 MiB default: measured on the copy bench's table, that halves the write time and shrinks the files."""
+MIN_ROW_GROUP_ROWS: Final = 2048
+"""The fewest rows DuckDB puts in a row group whatever ``parquet_row_group_size`` says (its vector size)."""
+_CODECS: Final = {
+    "uncompressed": "none",
+    "snappy": "snappy",
+    "gzip": "gzip",
+    "zstd": "zstd",
+    "brotli": "brotli",
+    "lz4": "lz4",  # pyarrow writes LZ4_RAW, as DuckDB does for both names
+    "lz4_raw": "lz4",
+}
+
+
+@dataclass(frozen=True)
+class ParquetOptions:
+    """How data files are encoded: the lake's ``parquet_*`` options (``CALL lake.set_option(...)`` in DuckDB),
+    with DuckLake's defaults where a lake sets none, so files come out as DuckDB would write them there."""
+
+    compression: str = "snappy"
+    """pyarrow's name of the codec."""
+    compression_level: int | None = None
+    """For zstd (DuckLake's default there: 3); other codecs take their own default."""
+    row_group_rows: int = 122_880
+
+    @classmethod
+    def of(cls, options: Mapping[str, str], schema: str | None = None, table: str | None = None) -> ParquetOptions:
+        """The encoding ``options`` ask for: a table's (``LakeOptions.of_table``), or those of one scope (the lake's,
+        ``schema``'s or ``table``'s, which messages name). ``DestinationError`` for a value this writer cannot
+        apply. Every value is checked whatever the codec, so options that pass scope by scope pass merged."""
+
+        def bad(key: str, what: str) -> DestinationError:
+            scope = f", schema => '{schema}'" if schema is not None else ""
+            scope += f", table_name => '{table}'" if table is not None else ""
+            owner = "" if schema is None else f" of schema {schema}" if table is None else f" of table {schema}.{table}"
+            return DestinationError(
+                f"the lake's option {key}{owner} is {options[key]!r}, which this writer cannot apply",
+                hint=f"set it to {what} (in DuckDB: CALL lake.set_option('{key}', ...{scope})), then start the"
+                " pipeline again",
+            )
+
+        def integer(key: str, default: int, allowed: range, what: str) -> int:
+            text = options.get(key)
+            if text is None:
+                return default
+            try:
+                value = int(text)
+            except ValueError:
+                raise bad(key, what) from None
+            if value not in allowed:
+                raise bad(key, what)
+            return value
+
+        codec = options.get("parquet_compression", "snappy").strip().lower()
+        if codec not in _CODECS:
+            raise bad("parquet_compression", "one of " + ", ".join(_CODECS))
+        level = integer("parquet_compression_level", 3, range(-131072, 23), "an integer up to 22")
+        rows = integer("parquet_row_group_size", cls.row_group_rows, range(1, 2**31), "a positive integer")
+        return cls(_CODECS[codec], level if codec == "zstd" else None, max(rows, MIN_ROW_GROUP_ROWS))
+
 
 METADATA_SCHEMA: Final = pa.schema(
     [
@@ -66,6 +124,7 @@ class DataFileSpec:
     """A file is closed once it holds about this many bytes, and the next one started."""
     prefix: str
     """Every file name starts with it (``job_prefix``)."""
+    parquet: ParquetOptions
 
 
 def job_prefix() -> str:
@@ -99,14 +158,14 @@ def write_data_files(spec: DataFileSpec, parts: Iterable[pa.RecordBatch | pa.Tab
     written: list[NewFile] = []
     file: _OpenFile | None = None
     try:
-        for rows in _row_groups(parts):
+        for rows in _row_groups(parts, spec.parquet.row_group_rows):
             table = pa.Table.from_arrays(
                 [convert(rows[c.name], c, Form.FILE).cast(f.type) for c, f in zip(spec.columns, schema, strict=True)],
                 schema=schema,
             )
             if file is None:
                 file = _OpenFile(fs, root, spec, schema)
-            file.writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+            file.writer.write_table(table, row_group_size=spec.parquet.row_group_rows)
             if file.sink.tell() >= spec.target_size_bytes:
                 written.append(file.close(spec.columns))
                 file = None
@@ -119,19 +178,21 @@ def write_data_files(spec: DataFileSpec, parts: Iterable[pa.RecordBatch | pa.Tab
     return written
 
 
-def _row_groups(parts: Iterable[pa.RecordBatch | pa.Table]) -> Iterator[pa.Table]:
-    """The rows of ``parts`` in tables of about ``ROW_GROUP_ROWS`` rows (copy batches are smaller)."""
+def _row_groups(parts: Iterable[pa.RecordBatch | pa.Table], size: int) -> Iterator[pa.Table]:
+    """The rows of ``parts`` in tables of ``size`` rows, the last one smaller: one row group each (copy batches are
+    smaller, a batch of streamed upserts may be larger). Slices, no copies."""
     pending: list[pa.Table] = []
     rows = 0
     for part in parts:
         table = pa.Table.from_batches([part]) if isinstance(part, pa.RecordBatch) else part
-        if table.num_rows == 0:
-            continue
-        pending.append(table)
-        rows += table.num_rows
-        if rows >= ROW_GROUP_ROWS:
-            yield pa.concat_tables(pending)
-            pending, rows = [], 0
+        while table.num_rows:
+            taken = table.slice(0, size - rows)
+            pending.append(taken)
+            rows += taken.num_rows
+            table = table.slice(taken.num_rows)
+            if rows == size:
+                yield pa.concat_tables(pending)
+                pending, rows = [], 0
     if pending:
         yield pa.concat_tables(pending)
 
@@ -143,8 +204,13 @@ class _OpenFile:
         self.path = local_path(root, spec.data_path, spec.directory + self.name)
         fs.create_dir(self.path.rsplit("/", 1)[0])
         self.sink = fs.open_output_stream(self.path)
+        parquet = spec.parquet
         self.writer = pq.ParquetWriter(
-            self.sink, schema, compression=COMPRESSION, dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES
+            self.sink,
+            schema,
+            compression=parquet.compression,
+            compression_level=parquet.compression_level,
+            dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES,
         )
 
     def close(self, columns: Sequence[LakeColumn]) -> NewFile:

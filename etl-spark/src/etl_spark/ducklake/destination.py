@@ -33,6 +33,7 @@ from etl.schema import TableName, TableSchema
 from etl_spark.ducklake.catalog import (
     Catalog,
     CommitConflict,
+    LakeOptions,
     LakeTable,
     NewFile,
     Transaction,
@@ -40,7 +41,7 @@ from etl_spark.ducklake.catalog import (
     redacted,
 )
 from etl_spark.ducklake.copy_job import copy_files
-from etl_spark.ducklake.datafiles import DataFileSpec
+from etl_spark.ducklake.datafiles import DataFileSpec, ParquetOptions
 from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.inline_flush import FlushTimer, flush_inlined
 from etl_spark.ducklake.lake import Lake
@@ -163,6 +164,7 @@ class DuckLakeDestination:
             config.catalog.get_secret_value(), config.data_path, pipeline_id, config.author, self.metrics
         )
         self._storage: LakeStorage | None = None
+        self._options = LakeOptions({}, {}, {})
         self._spark: SparkSession | None = None
         self._spark_lock = threading.Lock()
         self._writing = Turns()
@@ -190,6 +192,13 @@ class DuckLakeDestination:
         if self._upkeep is not None:
             return
         self.catalog.open()
+        try:
+            self._options = self.catalog.options()
+            for schema, table, options in self._options.scopes():  # a bad value stops it here, not mid-copy
+                ParquetOptions.of(options, schema, table)
+        except BaseException:
+            self.catalog.close()
+            raise
         self._storage = LakeStorage(self.catalog.data_path, self.metrics, self.config.key_cache_bytes)
         for table_id in self.catalog.tables_with_inlined_rows():
             self._flush_timer.inlined(table_id)
@@ -256,12 +265,7 @@ class DuckLakeDestination:
     @property
     def lake(self) -> Lake:
         """What planning works on: the catalog, the files and the Spark session (started on first use)."""
-        return Lake(
-            self.catalog,
-            self.storage,
-            lambda: self.spark,
-            self.config.target_file_size_bytes,
-        )
+        return Lake(self.catalog, self.storage, lambda: self.spark, self.config.target_file_size_bytes, self._options)
 
     # -- writes ----------------------------------------------------------------------------------
     def drop_table_for_copy(self, schema: TableSchema) -> None:

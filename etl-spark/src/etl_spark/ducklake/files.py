@@ -25,6 +25,7 @@ from etl_spark.ducklake.datafiles import (
     METADATA_SCHEMA,
     SNAPSHOT,
     DataFileSpec,
+    ParquetOptions,
     describe,
     from_metadata,
     job_prefix,
@@ -62,9 +63,11 @@ class LakeStorage:
     def _local(self, path: str) -> str:
         return local_path(self._root, self.data_path, path)
 
-    def spec(self, directory: str, columns: Sequence[LakeColumn], target_size_bytes: int) -> DataFileSpec:
+    def spec(
+        self, directory: str, columns: Sequence[LakeColumn], target_size_bytes: int, parquet: ParquetOptions
+    ) -> DataFileSpec:
         """How to write one job's data files into ``directory`` (a fresh name prefix each time)."""
-        return DataFileSpec(self.data_path, directory, tuple(columns), target_size_bytes, job_prefix())
+        return DataFileSpec(self.data_path, directory, tuple(columns), target_size_bytes, job_prefix(), parquet)
 
     # -- data files ------------------------------------------------------------------------------
     def write_rows(self, spec: DataFileSpec, rows: pa.Table) -> list[NewFile]:

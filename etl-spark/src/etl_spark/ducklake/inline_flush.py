@@ -51,7 +51,7 @@ def write_flush(lake: Lake, table: LakeTable, name: str) -> InlinedFlush | None:
     ended = rows["end_snapshot"].is_valid()
     shape = (rows.num_rows, int(pc.sum(ended).as_py() or 0))
     last_row_id = rows["row_id"][-1].as_py()
-    spec = lake.storage.spec(table.directory, [*table.columns, ROW_ID, SNAPSHOT], ONE_FILE)
+    spec = lake.table_spec(table, [*table.columns, ROW_ID, SNAPSHOT], ONE_FILE)
     task = FlushRows(lake.catalog.task_url, name, tuple(table.columns), last_row_id)
     description = f"flush inlined rows of {table.schema_name}.{table.name}"
     files = lake.storage.write_job(lake.spark, spec, 1, task, description)

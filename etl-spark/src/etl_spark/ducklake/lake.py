@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN
-from etl_spark.ducklake.catalog import Catalog, LakeColumn
+from etl_spark.ducklake.catalog import Catalog, LakeColumn, LakeOptions, LakeTable
+from etl_spark.ducklake.datafiles import DataFileSpec, ParquetOptions
 from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.types import Form, convert
 
@@ -26,10 +27,29 @@ class Lake:
     """The Spark session, started on first use (a batch that needs no Spark work starts none)."""
     target_file_size_bytes: int
     """Data files are closed at about this size."""
+    options: LakeOptions
+    """The lake's options, as read when the destination started."""
 
     @property
     def spark(self) -> SparkSession:
         return self.session()
+
+    def spec(
+        self,
+        directory: str,
+        columns: Sequence[LakeColumn],
+        schema_name: str,
+        table_id: int | None,
+        target_size_bytes: int = 0,
+    ) -> DataFileSpec:
+        """How to write data files of a table (``table_id`` ``None``: one its commit creates) into ``directory``:
+        encoded as its options ask, closed at ``target_size_bytes`` (0: the lake's ``target_file_size_bytes``)."""
+        parquet = ParquetOptions.of(self.options.of_table(schema_name, table_id))
+        return self.storage.spec(directory, columns, target_size_bytes or self.target_file_size_bytes, parquet)
+
+    def table_spec(self, table: LakeTable, columns: Sequence[LakeColumn], target_size_bytes: int) -> DataFileSpec:
+        """``spec`` for files of a lake table as it stands, in its directory."""
+        return self.spec(table.directory, columns, table.schema_name, table.table_id, target_size_bytes)
 
     def to_spark(self, table: pa.Table, columns: Sequence[LakeColumn]) -> DataFrame:
         """Rows or changes (``etl.events`` columns) as a Spark frame, row columns in their Spark form."""

@@ -274,7 +274,9 @@ def plan_copy(lake: Lake, schema: TableSchema, write: Callable[[DataFileSpec], l
 
 
 def _spec(lake: Lake, plan: TablePlan, columns: list[LakeColumn]) -> DataFileSpec:
-    return lake.storage.spec(plan.directory, columns, lake.target_file_size_bytes)
+    """The plan's data files: under the schema the table is in after the plan's commit (moved there by a rename)."""
+    table_id = plan.handle.table.table_id if plan.handle is not None else None
+    return lake.spec(plan.directory, columns, plan.schema.name.schema, table_id)
 
 
 def inline_limits(changes: Sequence[int], budget: int) -> list[int]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +79,32 @@ class Handle:
     table: LakeTable
     watermark: tuple[int, int]
     """``(commit_lsn, tx_ordinal)`` of the last change applied."""
+
+
+@dataclass(frozen=True)
+class LakeOptions:
+    """The lake's options (``ducklake_metadata``) as DuckDB's ``set_option`` keeps them: lake-wide, per schema
+    and per table; a table's override its schema's, which override the lake's. Those of dropped schemas and
+    tables are left out."""
+
+    lake: Mapping[str, str]
+    schemas: Mapping[str, Mapping[str, str]]
+    """By schema name."""
+    tables: Mapping[int, tuple[str, str, Mapping[str, str]]]
+    """By table id: the table's schema and name, and its options."""
+
+    def of_table(self, schema_name: str, table_id: int | None) -> dict[str, str]:
+        """The options that hold for a table (``table_id`` ``None``: one not created yet)."""
+        own = self.tables[table_id][2] if table_id is not None and table_id in self.tables else {}
+        return {**self.lake, **self.schemas.get(schema_name, {}), **own}
+
+    def scopes(self) -> Iterator[tuple[str | None, str | None, Mapping[str, str]]]:
+        """The options of each scope on their own, with its schema and table name (``None`` where it has none)."""
+        yield None, None, self.lake
+        for schema, options in self.schemas.items():
+            yield schema, None, options
+        for schema, table, options in self.tables.values():
+            yield schema, table, options
 
 
 @dataclass(frozen=True)

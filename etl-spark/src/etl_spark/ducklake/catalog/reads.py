@@ -25,7 +25,15 @@ from etl_spark.ducklake.catalog.bootstrap import check_lake, create_lake
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES
 from etl_spark.ducklake.catalog.engine import engine_for, masked, one_of, redacted, writing
 from etl_spark.ducklake.catalog.migrations import migrate
-from etl_spark.ducklake.catalog.model import DataFile, DeleteFile, Handle, LakeColumn, LakeTable, table_directory
+from etl_spark.ducklake.catalog.model import (
+    DataFile,
+    DeleteFile,
+    Handle,
+    LakeColumn,
+    LakeOptions,
+    LakeTable,
+    table_directory,
+)
 from etl_spark.ducklake.catalog.transaction import Transaction
 from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.types import LIST, Form
@@ -119,6 +127,30 @@ class Catalog:
         else:
             with self.engine.connect() as own:
                 yield own
+
+    def options(self) -> LakeOptions:
+        """The lake's options, lake-wide and of its current schemas and tables."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT m.key, m.value, m.scope, m.scope_id, s.schema_name, t.table_name FROM ducklake_metadata m"
+                    " LEFT JOIN ducklake_table t ON m.scope = 'table' AND t.table_id = m.scope_id"
+                    " AND t.end_snapshot IS NULL"
+                    " LEFT JOIN ducklake_schema s ON s.end_snapshot IS NULL AND s.schema_id ="
+                    " CASE WHEN m.scope = 'schema' THEN m.scope_id ELSE t.schema_id END"
+                )
+            ).all()
+        lake: dict[str, str] = {}
+        schemas: dict[str, dict[str, str]] = {}
+        tables: dict[int, tuple[str, str, dict[str, str]]] = {}
+        for key, value, scope, scope_id, schema_name, table_name in rows:
+            if scope is None:
+                lake[key] = value
+            elif scope == "schema" and schema_name is not None:
+                schemas.setdefault(schema_name, {})[key] = value
+            elif scope == "table" and table_name is not None and schema_name is not None:
+                tables.setdefault(int(scope_id), (schema_name, table_name, {}))[2][key] = value
+        return LakeOptions(lake, schemas, tables)
 
     def latest_snapshot(self) -> int:
         with self.engine.connect() as conn:
