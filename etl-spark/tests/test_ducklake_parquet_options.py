@@ -148,38 +148,58 @@ def test_a_tables_options_override_its_schemas_which_override_the_lakes(lake: An
 
 ALLOWED = {
     "parquet_compression": "one of uncompressed, snappy, gzip, zstd, brotli, lz4, lz4_raw",
-    "parquet_row_group_size": "a positive integer",
-    "parquet_compression_level": "an integer up to 22",
+    "parquet_row_group_size": "an integer from 1 to 2147483647",
+    "parquet_compression_level": "an integer from -131072 to 22",
 }
 
 
+def bad_option(lake: Any, key: str, value: str, scope: str, table: str = "kept") -> None:
+    """A lake DuckDB made, with ``main.<table>``, and ``key`` set to ``value`` (lake-wide, for schema ``main`` or for
+    that table) in the catalog by hand: DuckDB itself refuses such values."""
+    con = lake.duckdb_bare()
+    con.execute(f"ATTACH 'ducklake:{lake.duckdb_target}' AS lake (DATA_PATH '{lake.data_path}')")
+    con.execute(f"CREATE TABLE lake.main.{table} (a int)")
+    con.close()
+    engine = engine_for(lake.url)
+    with engine.begin() as conn:
+        table_id = conn.execute(sa.text("SELECT table_id FROM ducklake_table WHERE table_name = :n"), {"n": table})
+        scope_id = {"lake": None, "schema": 0, "table": table_id.scalar_one()}[scope]
+        conn.execute(
+            sa.text("INSERT INTO ducklake_metadata (key, value, scope, scope_id) VALUES (:k, :v, :scope, :id)"),
+            {"k": key, "v": value, "scope": None if scope == "lake" else scope, "id": scope_id},
+        )
+    engine.dispose()
+
+
 @pytest.mark.parametrize(
-    ("key", "value", "schema"),
+    ("key", "value", "scope"),
     [
-        ("parquet_compression", "LZO", None),
-        ("parquet_row_group_size", "many", None),
-        ("parquet_compression_level", "99", None),
-        # a level the schema's codec (the lake's snappy) would not use: wrong all the same
-        ("parquet_compression_level", "99", "main"),
+        ("parquet_compression", "LZO", "lake"),
+        ("parquet_row_group_size", "many", "lake"),
+        ("parquet_compression_level", "99", "lake"),
+        # levels the lake's codec (snappy) would not use: wrong all the same
+        ("parquet_compression_level", "99", "schema"),
+        ("parquet_compression_level", "-200000", "table"),
     ],
 )
 def test_an_option_this_writer_cannot_apply_stops_it_at_start(
-    lake: Any, kit: Any, key: str, value: str, schema: str | None
+    lake: Any, kit: Any, key: str, value: str, scope: str
 ) -> None:
-    """Values DuckDB would refuse, written into the catalog by hand (or by another writer)."""
-    set_options(lake, "'parquet_row_group_size', 100000")  # DuckDB makes the lake
-    engine = engine_for(lake.url)
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text("INSERT INTO ducklake_metadata (key, value, scope, scope_id) VALUES (:k, :v, :scope, :id)"),
-            {"k": key, "v": value, "scope": "schema" if schema else None, "id": 0 if schema else None},
-        )
-        if key == "parquet_row_group_size":
-            conn.execute(sa.text("DELETE FROM ducklake_metadata WHERE key = :k AND value = '100000'"), {"k": key})
-    engine.dispose()
-    owner = f" of schema {schema}" if schema else ""
+    bad_option(lake, key, value, scope)
+    owner = {"lake": "", "schema": " of schema main", "table": " of table main.kept"}[scope]
+    call = {"lake": "", "schema": ", schema => 'main'", "table": ", schema => 'main', table_name => 'kept'"}[scope]
     with pytest.raises(DestinationError, match=f"the lake's option {key}{owner} is '{value}'") as raised:
         kit.make_destination(lake)
     hint = raised.value.hint or ""
     assert ALLOWED[key] in hint
-    assert f"CALL lake.set_option('{key}', ...{f', schema => {schema!r}' if schema else ''})" in hint
+    assert f"CALL lake.set_option('{key}', ...{call})" in hint
+
+
+def test_options_of_a_dropped_table_are_ignored(lake: Any, kit: Any) -> None:
+    bad_option(lake, "parquet_compression", "LZO", "table", table="gone")
+    con = lake.duckdb()
+    con.execute("DROP TABLE lake.main.gone")
+    con.close()
+    destination = kit.make_destination(lake)
+    destination.write_table_rows(numbered(TableName("public", "after"), 16504), rows(100))
+    assert file_layout(lake, "public", "after") == [("SNAPPY", [100])]

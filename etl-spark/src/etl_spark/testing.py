@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 def published_plan(db: TestDatabase, setup: str, parts: int, publication: str = "pub") -> CopyPlan:
     """Run ``setup`` (SQL that makes a table and ``publication`` of it), then plan the table's copy in up to
-    ``parts`` ranges, without a snapshot."""
+    ``parts`` ranges per source table (per leaf of a partitioned one), without a snapshot."""
     db.execute(setup)
     with connect(db.connection()) as conn:
         (table,) = publication_tables(conn, publication)

@@ -33,6 +33,8 @@ keep their dictionaries; high-cardinality ones fall back to plain pages early, i
 1 MiB default: measured on the copy bench's table, that halves the write time and shrinks the files."""
 MIN_ROW_GROUP_ROWS: Final = 2048
 """The fewest rows DuckDB puts in a row group whatever ``parquet_row_group_size`` says (its vector size)."""
+MAX_ROW_GROUP_ROWS: Final = 64 * 1024 * 1024
+"""The most rows pyarrow puts in a row group (its ``max_row_group_length``)."""
 _CODECS: Final = {
     "uncompressed": "none",
     "snappy": "snappy",
@@ -86,9 +88,11 @@ class ParquetOptions:
         codec = options.get("parquet_compression", "snappy").strip().lower()
         if codec not in _CODECS:
             raise bad("parquet_compression", "one of " + ", ".join(_CODECS))
-        level = integer("parquet_compression_level", 3, range(-131072, 23), "an integer up to 22")
-        rows = integer("parquet_row_group_size", cls.row_group_rows, range(1, 2**31), "a positive integer")
-        return cls(_CODECS[codec], level if codec == "zstd" else None, max(rows, MIN_ROW_GROUP_ROWS))
+        level = integer("parquet_compression_level", 3, range(-131072, 23), "an integer from -131072 to 22")
+        rows = integer("parquet_row_group_size", cls.row_group_rows, range(1, 2**31), "an integer from 1 to 2147483647")
+        return cls(
+            _CODECS[codec], level if codec == "zstd" else None, min(max(rows, MIN_ROW_GROUP_ROWS), MAX_ROW_GROUP_ROWS)
+        )
 
 
 METADATA_SCHEMA: Final = pa.schema(
