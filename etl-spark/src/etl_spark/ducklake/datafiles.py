@@ -49,7 +49,7 @@ _CODECS: Final = {
 @dataclass(frozen=True)
 class ParquetOptions:
     """How data files are encoded: the lake's ``parquet_*`` options (``CALL lake.set_option(...)`` in DuckDB),
-    with DuckLake's defaults where a lake sets none, so files come out as DuckDB would write them there."""
+    with DuckLake's defaults (its codec and row-group size) where a lake sets none."""
 
     compression: str = "snappy"
     """pyarrow's name of the codec."""
