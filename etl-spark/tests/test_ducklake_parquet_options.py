@@ -18,15 +18,20 @@ from etl_spark.ducklake.catalog import engine_for
 from etl_spark.testing import published_plan
 
 
-def set_options(lake: Any, *calls: str) -> None:
-    """Run ``CALL lake.set_option(...)`` statements in DuckDB (which creates the lake when it is new)."""
+def in_duckdb(lake: Any, *statements: str) -> None:
+    """Run ``statements`` in DuckDB, the lake attached as ``lake`` (DuckDB creates it when it is new)."""
     con = lake.duckdb_bare()
-    con.execute(f"ATTACH 'ducklake:{lake.duckdb_target}' AS lake (DATA_PATH '{lake.data_path}')")
     try:
-        for call in calls:
-            con.execute(f"CALL lake.set_option({call})")
+        con.execute(f"ATTACH 'ducklake:{lake.duckdb_target}' AS lake (DATA_PATH '{lake.data_path}')")
+        for statement in statements:
+            con.execute(statement)
     finally:
         con.close()
+
+
+def set_options(lake: Any, *calls: str) -> None:
+    """Run ``CALL lake.set_option(...)`` with each of ``calls`` as its arguments."""
+    in_duckdb(lake, *(f"CALL lake.set_option({call})" for call in calls))
 
 
 def file_layout(lake: Any, schema: str, table: str) -> list[tuple[str, list[int]]]:
@@ -59,7 +64,7 @@ def rows(count: int, start: int = 0) -> pa.Table:
     return pa.table({"id": ids, "name": pc.binary_join_element_wise("n", ids.cast(pa.string()), "")})
 
 
-def test_without_options_files_are_written_as_duckdb_writes_them(lake: Any, kit: Any) -> None:
+def test_without_options_files_get_ducklakes_default_codec_and_row_groups(lake: Any, kit: Any) -> None:
     """DuckLake's defaults: snappy, row groups of 122,880 rows."""
     destination = kit.make_destination(lake)
     destination.write_table_rows(numbered(TableName("public", "plain"), 16500), rows(250_000))
@@ -106,9 +111,7 @@ def data_file_bytes(lake: Any, schema: str, table: str) -> list[int]:
 
 def test_a_tables_options_override_its_schemas_which_override_the_lakes(lake: Any, kit: Any) -> None:
     set_options(lake, "'parquet_compression', 'zstd'", "'parquet_compression_level', 1")
-    con = lake.duckdb()
-    con.execute("CREATE SCHEMA lake.wide; CREATE SCHEMA lake.dense")
-    con.close()
+    in_duckdb(lake, "CREATE SCHEMA lake.wide", "CREATE SCHEMA lake.dense")
     set_options(
         lake,
         "'parquet_compression', 'gzip', schema => 'wide'",
@@ -156,10 +159,7 @@ ALLOWED = {
 def bad_option(lake: Any, key: str, value: str, scope: str, table: str = "kept") -> None:
     """A lake DuckDB made, with ``main.<table>``, and ``key`` set to ``value`` (lake-wide, for schema ``main`` or for
     that table) in the catalog by hand: DuckDB itself refuses such values."""
-    con = lake.duckdb_bare()
-    con.execute(f"ATTACH 'ducklake:{lake.duckdb_target}' AS lake (DATA_PATH '{lake.data_path}')")
-    con.execute(f"CREATE TABLE lake.main.{table} (a int)")
-    con.close()
+    in_duckdb(lake, f"CREATE TABLE lake.main.{table} (a int)")
     engine = engine_for(lake.url)
     with engine.begin() as conn:
         table_id = conn.execute(sa.text("SELECT table_id FROM ducklake_table WHERE table_name = :n"), {"n": table})
@@ -197,9 +197,7 @@ def test_an_option_this_writer_cannot_apply_stops_it_at_start(
 
 def test_options_of_a_dropped_table_are_ignored(lake: Any, kit: Any) -> None:
     bad_option(lake, "parquet_compression", "LZO", "table", table="gone")
-    con = lake.duckdb()
-    con.execute("DROP TABLE lake.main.gone")
-    con.close()
+    in_duckdb(lake, "DROP TABLE lake.main.gone")
     destination = kit.make_destination(lake)
     destination.write_table_rows(numbered(TableName("public", "after"), 16504), rows(100))
     assert file_layout(lake, "public", "after") == [("SNAPPY", [100])]
