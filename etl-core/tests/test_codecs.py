@@ -16,10 +16,14 @@ from etl.errors import TableError
 from etl.postgres.codecs import (
     BUILTIN_ARRAYS,
     BUILTIN_TYPES,
+    DATE_INFINITY,
+    DATE_MINUS_INFINITY,
     INT32_MAX,
     INT32_MIN,
     INT64_MAX,
     INT64_MIN,
+    TIMESTAMP_INFINITY,
+    TIMESTAMP_MINUS_INFINITY,
     arrow_field,
     arrow_type,
     decode_text_column,
@@ -223,12 +227,13 @@ def expected_of(conn: Conn, name: str, case: Case) -> list[Any]:
         return output_text(conn, f"SELECT {c} FROM matrix ORDER BY id")
     if case.expect == "days":
         sql = (
-            f"CASE WHEN {c} = 'infinity' THEN {INT32_MAX} WHEN {c} = '-infinity' THEN {INT32_MIN}"
+            f"CASE WHEN {c} = 'infinity' THEN {DATE_INFINITY} WHEN {c} = '-infinity' THEN {DATE_MINUS_INFINITY}"
             f" ELSE {c} - DATE '1970-01-01' END"
         )
     elif case.expect == "micros":
         sql = (
-            f"CASE WHEN {c} = 'infinity' THEN {INT64_MAX} WHEN {c} = '-infinity' THEN {INT64_MIN}"
+            f"CASE WHEN {c} = 'infinity' THEN {TIMESTAMP_INFINITY} WHEN {c} = '-infinity'"
+            f" THEN {TIMESTAMP_MINUS_INFINITY}"
             f" ELSE (extract(epoch FROM {c}) * 1000000)::bigint END"
         )
     elif case.expect == "interval":
@@ -332,6 +337,19 @@ def test_chunked_arrays_and_null_typed_input() -> None:
     assert decode_text_column(ColumnSchema("i", 23), pa.nulls(3)).to_pylist() == [None, None, None]
     big = pa.array(["2024-01-01 00:00:00"] * 3, pa.large_string())
     assert decode_text_column(ColumnSchema("t", 1114), big).type == pa.timestamp("us")
+
+
+def test_infinities_are_the_extremes_duckdb_reads_as_infinite() -> None:
+    """DuckDB's infinite dates and timestamps are the type's maximum and its negation (the minimum is a finite
+    date in 5877642 BC to DuckDB)."""
+    texts = pa.array(["infinity", "-infinity"])
+    assert decode_text_column(ColumnSchema("d", 1082), texts).cast(pa.int32()).to_pylist() == [2**31 - 1, -(2**31 - 1)]
+    for oid in (1114, 1184):
+        decoded = decode_text_column(ColumnSchema("t", oid), texts)
+        assert decoded.cast(pa.int64()).to_pylist() == [2**63 - 1, -(2**63 - 1)]
+        assert python_values(decoded) == ["infinity", "-infinity"]
+    assert (DATE_INFINITY, DATE_MINUS_INFINITY) == (2**31 - 1, -(2**31 - 1))
+    assert (TIMESTAMP_INFINITY, TIMESTAMP_MINUS_INFINITY) == (2**63 - 1, -(2**63 - 1))
 
 
 def test_arrow_field_carries_postgres_type() -> None:

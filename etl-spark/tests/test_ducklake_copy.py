@@ -11,10 +11,10 @@ import pytest
 
 from etl.destination.base import WriteResult
 from etl.errors import TableError
+from etl.postgres.codecs import decode_text_column
 from etl.schema import ColumnSchema, TableName, TableSchema
 
 NUMERIC_10_2 = ((10 << 16) | 2) + 4
-INFINITY_US = 2**63 - 1
 
 ALL_TYPES = TableSchema(
     id=16400,
@@ -168,21 +168,29 @@ def test_empty_table_is_created(lake: Any, kit: Any) -> None:
     assert lake.query("SELECT count(*) FROM lake.public.all_types") == [(0,)]
 
 
-def test_infinite_timestamps_keep_their_meaning(lake: Any, kit: Any) -> None:
+def test_infinite_dates_and_timestamps_read_back_infinite(lake: Any, kit: Any) -> None:
+    """Postgres's ``infinity`` and ``-infinity``, decoded as copies and streams decode them, are DuckDB's."""
     schema = TableSchema(
-        16401, TableName("public", "events"), (ColumnSchema("id", 23, primary_key=True), ColumnSchema("ts", 1184))
-    )
-    destination = kit.make_destination(lake)
-    ts = pa.array([INFINITY_US, -INFINITY_US, 0], pa.int64()).cast(pa.timestamp("us", tz="UTC"))
-    destination.write_table_rows(schema, pa.table({"id": pa.array([1, 2, 3], pa.int32()), "ts": ts}))
+        16401,
+        TableName("public", "events"),
+        (ColumnSchema("id", 23, primary_key=True), ColumnSchema("tz", 1184), ColumnSchema("ts", 1114),
+         ColumnSchema("d", 1082)),
+    )  # fmt: skip
+    texts = pa.array(["infinity", "-infinity", None])
+    ids = pa.array([1, 2, 3], pa.int32())
+    columns = {c.name: decode_text_column(c, texts) for c in schema.columns[1:]}
+    kit.make_destination(lake).write_table_rows(schema, pa.table({"id": ids, **columns}))
     assert lake.query(
-        "SELECT id, isinf(ts), ts > TIMESTAMPTZ '3000-01-01 00:00:00+00' FROM lake.public.events ORDER BY id"
+        "SELECT id, isinf(tz), isinf(ts), isinf(d), tz > TIMESTAMPTZ '3000-01-01 00:00:00+00', ts::varchar, d::varchar"
+        " FROM lake.public.events ORDER BY id"
     ) == [
-        (1, True, True),
-        (2, True, False),
-        (3, False, False),
+        (1, True, True, True, True, "infinity", "infinity"),
+        (2, True, True, True, False, "-infinity", "-infinity"),
+        (3, None, None, None, None, None, None),
     ]
-    assert lake.query("SELECT id FROM lake.public.events WHERE ts = 'infinity'::TIMESTAMPTZ") == [(1,)]
+    assert lake.query("SELECT id FROM lake.public.events WHERE tz = '-infinity'::TIMESTAMPTZ") == [(2,)]
+    assert lake.query("SELECT id FROM lake.public.events WHERE d = '-infinity'::DATE") == [(2,)]
+    assert lake.query("SELECT count(*) FROM lake.public.events WHERE ts < TIMESTAMP '0001-01-01'") == [(1,)]
 
 
 def test_each_handed_over_batch_is_durable_when_written(lake: Any, kit: Any) -> None:

@@ -17,6 +17,12 @@ built-in scalar types), ``numeric``, ``calendar`` (dates, times, timestamps, int
 
 from etl.postgres.codecs.arrays import parse_array
 from etl.postgres.codecs.base import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
+from etl.postgres.codecs.calendar import (
+    DATE_INFINITY,
+    DATE_MINUS_INFINITY,
+    TIMESTAMP_INFINITY,
+    TIMESTAMP_MINUS_INFINITY,
+)
 from etl.postgres.codecs.columns import (
     BUILTIN_ARRAYS,
     BUILTIN_TYPES,
@@ -31,11 +37,15 @@ from etl.postgres.codecs.python import python_values
 __all__ = [
     "BUILTIN_ARRAYS",
     "BUILTIN_TYPES",
+    "DATE_INFINITY",
+    "DATE_MINUS_INFINITY",
     "INT32_MAX",
     "INT32_MIN",
     "INT64_MAX",
     "INT64_MIN",
     "NUMERIC_OID",
+    "TIMESTAMP_INFINITY",
+    "TIMESTAMP_MINUS_INFINITY",
     "arrow_field",
     "arrow_type",
     "decode_text_column",

@@ -13,6 +13,12 @@ import pyarrow.compute as pc
 from etl.postgres.codecs.base import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, BadValue, show
 
 US_PER_DAY: Final = 86_400_000_000
+# Infinite dates and timestamps as DuckDB stores them (and reads them back as infinite): the type's maximum,
+# and its negation, not the minimum (DuckDB reads INT32_MIN days and INT64_MIN µs as far-BC finite values).
+DATE_INFINITY: Final = INT32_MAX
+DATE_MINUS_INFINITY: Final = -INT32_MAX
+TIMESTAMP_INFINITY: Final = INT64_MAX
+TIMESTAMP_MINUS_INFINITY: Final = -INT64_MAX
 _UNIX_EPOCH_DAYS: Final = 719_468  # days from 0000-03-01 to 1970-01-01 (proleptic Gregorian)
 
 
@@ -53,9 +59,9 @@ _TIMESTAMP: Final = re.compile(
 
 
 def parse_date(text: str) -> int:
-    """Days since 1970-01-01; +-infinity map to the int32 extremes."""
+    """Days since 1970-01-01; +-infinity map to ``DATE_INFINITY`` and ``DATE_MINUS_INFINITY``."""
     if text in ("infinity", "-infinity"):
-        return INT32_MAX if text == "infinity" else INT32_MIN
+        return DATE_INFINITY if text == "infinity" else DATE_MINUS_INFINITY
     body, bc = strip_bc(text)
     match = _DATE.fullmatch(body)
     if match is None:
@@ -65,9 +71,10 @@ def parse_date(text: str) -> int:
 
 
 def parse_timestamp(text: str) -> int:
-    """Microseconds since 1970-01-01 00:00 UTC; +-infinity map to the int64 extremes."""
+    """Microseconds since 1970-01-01 00:00 UTC; +-infinity map to ``TIMESTAMP_INFINITY`` and
+    ``TIMESTAMP_MINUS_INFINITY``."""
     if text in ("infinity", "-infinity"):
-        return INT64_MAX if text == "infinity" else INT64_MIN
+        return TIMESTAMP_INFINITY if text == "infinity" else TIMESTAMP_MINUS_INFINITY
     body, bc = strip_bc(text)
     match = _TIMESTAMP.fullmatch(body)
     if match is None:
@@ -80,7 +87,7 @@ def parse_timestamp(text: str) -> int:
     if sign is not None:
         offset = (int(offset_h) * 60 + int(offset_m or 0)) * 60 + int(offset_s or 0)
         micros -= (offset if sign == "+" else -offset) * 1_000_000
-    if not INT64_MIN < micros < INT64_MAX:  # the extremes stand for -infinity and infinity
+    if not TIMESTAMP_MINUS_INFINITY < micros < TIMESTAMP_INFINITY:  # those stand for -infinity and infinity
         raise BadValue(
             f"timestamp {text!r} is outside Arrow's range (microseconds since 1970 in 64 bits: up to 294247 AD)",
             hint="replace the value, or change the column's type to text",

@@ -7,8 +7,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from etl.postgres.codecs.base import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
-from etl.postgres.codecs.calendar import US_PER_DAY, civil_from_days, pg_date_text, strip_bc
+from etl.postgres.codecs.calendar import (
+    DATE_INFINITY,
+    DATE_MINUS_INFINITY,
+    TIMESTAMP_INFINITY,
+    TIMESTAMP_MINUS_INFINITY,
+    US_PER_DAY,
+    civil_from_days,
+    pg_date_text,
+    strip_bc,
+)
 
 
 def python_values(values: pa.Array | pa.ChunkedArray) -> list[Any]:
@@ -42,8 +50,8 @@ def python_values(values: pa.Array | pa.ChunkedArray) -> list[Any]:
 def _date_value(days: int | None) -> date | str | None:
     if days is None:
         return None
-    if days in (INT32_MAX, INT32_MIN):
-        return "infinity" if days == INT32_MAX else "-infinity"
+    if days in (DATE_INFINITY, DATE_MINUS_INFINITY):
+        return "infinity" if days == DATE_INFINITY else "-infinity"
     year, month, day = civil_from_days(days)
     if 1 <= year <= 9999:
         return date(year, month, day)
@@ -53,8 +61,8 @@ def _date_value(days: int | None) -> date | str | None:
 def _timestamp_value(micros: int | None, aware: bool) -> datetime | str | None:
     if micros is None:
         return None
-    if micros in (INT64_MAX, INT64_MIN):
-        return "infinity" if micros == INT64_MAX else "-infinity"
+    if micros in (TIMESTAMP_INFINITY, TIMESTAMP_MINUS_INFINITY):
+        return "infinity" if micros == TIMESTAMP_INFINITY else "-infinity"
     days, rest = divmod(micros, US_PER_DAY)
     year, month, day = civil_from_days(days)
     seconds, fraction = divmod(rest, 1_000_000)
