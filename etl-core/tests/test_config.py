@@ -54,6 +54,16 @@ def test_valid_file_loads_with_env_secret(tmp_path: Path) -> None:
     assert "s3cret-value" not in str(config)
 
 
+@pytest.mark.parametrize("pipeline_id", [2**63, 2**64, -1])
+def test_pipeline_id_outside_a_signed_64_bit_integer_is_refused(tmp_path: Path, pipeline_id: int) -> None:
+    """Stores keep the id in a signed 64-bit column: a larger one must fail the load, not ``etl status``."""
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, GOOD.replace("id = 1", f"id = {pipeline_id}")), environ={"PGPASSWORD": "x"})
+    assert "pipeline.id" in str(err.value)
+    config = load_config(write(tmp_path, GOOD.replace("id = 1", f"id = {2**63 - 1}")), environ={"PGPASSWORD": "x"})
+    assert config.pipeline.id == 2**63 - 1
+
+
 def test_missing_env_var_names_key_and_variable(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, GOOD), environ={})

@@ -104,8 +104,9 @@ class PostgresConnection(Section):
 class PipelineSection(Section):
     id: Integer = Field(
         ge=0,
-        description="Unique per store. Names the replication slots (`etl_apply_<id>`, `etl_sync_<id>_<table oid>`)"
-        " and scopes the stored state.",
+        le=2**63 - 1,  # stores keep it in a signed 64-bit column
+        description="Unique per store, from 0 to 2^63 - 1. Names the replication slots (`etl_apply_<id>`,"
+        " `etl_sync_<id>_<table oid>`) and scopes the stored state.",
     )
     publication: str = Field(min_length=1, description="The Postgres publication to replicate.")
     table_sync_workers: Integer = Field(
