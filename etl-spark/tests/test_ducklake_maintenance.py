@@ -209,11 +209,11 @@ def test_files_no_writer_registered_are_deleted_once_old(lake: Any, kit: Any) ->
     destination, reference = files_only(kit, lake), MemoryDestination()
     feed(destination, reference, kit, batches=2, start=0)
     directory = Path(destination.catalog.handle(ITEMS.id).table.directory)
-    old, fresh = directory / "ducklake-left-by-a-crash.parquet", directory / "ducklake-being-written.parquet"
-    for stray in (old, fresh):
+    old, fresh = (directory / f"ducklake-{uuid.uuid4()}.parquet" for _ in range(2))  # a crash's, one being written
+    foreign = directory / "important.conf"  # not named as the lake's files are: never deleted
+    for stray in (old, fresh, foreign):
         stray.write_bytes(b"PAR1")
     an_hour_ago = time.time() - 3600
-    os.utime(old, (an_hour_ago, an_hour_ago))
     for path in directory.iterdir():  # registered files as old: they stay
         if path != fresh:
             os.utime(path, (an_hour_ago, an_hour_ago))
@@ -222,7 +222,7 @@ def test_files_no_writer_registered_are_deleted_once_old(lake: Any, kit: Any) ->
     maintenance.orphans(destination.lake, copying=lambda: True)  # a copy under way: nothing is deleted
     assert old.exists()
     maintenance.orphans(destination.lake, copying=lambda: False)
-    assert not old.exists() and fresh.exists()
+    assert not old.exists() and fresh.exists() and foreign.exists()
     assert rows_at(lake) == expected(reference)
 
 

@@ -10,6 +10,7 @@ delete files use the field ids DuckDB gives them.
 from __future__ import annotations
 
 import functools
+import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -19,8 +20,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+import structlog
 
-from etl_spark.ducklake.catalog import Composed, DataFile, DeleteFile, LakeColumn, LakeTable, NewFile
+from etl.errors import TableError
+from etl_spark.ducklake.catalog import Composed, DataFile, DeleteFile, LakeColumn, LakeTable, NewFile, inside
 from etl_spark.ducklake.datafiles import (
     METADATA_SCHEMA,
     SNAPSHOT,
@@ -45,6 +48,12 @@ NATIVE_TYPES: Final = ("uuid", "time")
 """Lake types that files of earlier versions of this writer hold as text, and newer files (and DuckDB's) in
 Parquet's own UUID and TIME types."""
 DELETE_FIELD_IDS: Final = {"file_path": 2147483646, "pos": 2147483645, SNAPSHOT.name: SNAPSHOT.column_id}
+LAKE_FILE: Final = re.compile(
+    r"ducklake-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(-delete)?\.parquet"
+)
+"""The names of the files this writer and DuckDB write into a lake: the only files ``delete`` removes."""
+
+log = structlog.get_logger(__name__)
 
 
 class LakeStorage:
@@ -66,7 +75,15 @@ class LakeStorage:
     def spec(
         self, directory: str, columns: Sequence[LakeColumn], target_size_bytes: int, parquet: ParquetOptions
     ) -> DataFileSpec:
-        """How to write one job's data files into ``directory`` (a fresh name prefix each time)."""
+        """How to write one job's data files into ``directory`` (a fresh name prefix each time).
+
+        A directory outside the data path (a table a hostile name placed there before this writer made names
+        safe) is refused: nothing is written outside the lake."""
+        if not inside(self.data_path, directory):
+            raise TableError(
+                f"the lake table's directory {directory} lies outside the lake's data path {self.data_path}",
+                hint="resync the table (etl resync --table ...): its new lake table gets a directory inside the lake",
+            )
         return DataFileSpec(self.data_path, directory, tuple(columns), target_size_bytes, job_prefix(), parquet)
 
     # -- data files ------------------------------------------------------------------------------
@@ -126,9 +143,15 @@ class LakeStorage:
 
     def delete(self, paths: Iterable[str]) -> int:
         """Delete files of the lake (absolute paths) that the catalog no longer knows; those already gone are
-        skipped. How many were deleted."""
+        skipped. How many were deleted.
+
+        Only files this lake's writers name (``LAKE_FILE``) inside the data path are deleted; any other path
+        is left alone with a warning, whatever a catalog or a directory listing says."""
         deleted = 0
         for path in paths:
+            if not (inside(self.data_path, path) and LAKE_FILE.fullmatch(path.rsplit("/", 1)[-1])):
+                log.warning("left a file that is not the lake's in place", path=path)
+                continue
             try:
                 self.fs.delete_file(self._local(path))
             except FileNotFoundError:

@@ -28,6 +28,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from etl.config import Integer
+from etl_spark.ducklake.catalog import inside
 from etl_spark.ducklake.compaction import merge_small_files, rewrite_deleted
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.metrics import DuckLakeMetrics
@@ -143,7 +144,7 @@ class Maintenance:
         cutoff = time.time() - self.config.orphan_after_seconds
         with self.metrics.maintenance_seconds.labels("orphans").time():
             tables = [t for i in lake.catalog.pipeline_tables() if (t := lake.catalog.table(i)) is not None]
-            directories = sorted({t.directory for t in tables})
+            directories = sorted({t.directory for t in tables if inside(lake.storage.data_path, t.directory)})
             present = {path: at for d in directories for path, at in lake.storage.files_in(d).items()}
             known = lake.catalog.known_files([t.table_id for t in tables])
             orphans = [path for path, at in present.items() if at < cutoff and path not in known]

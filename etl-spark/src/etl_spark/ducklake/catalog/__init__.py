@@ -29,6 +29,7 @@ from etl_spark.ducklake.catalog.model import (
     NewFile,
     Placed,
     SourceColumn,
+    inside,
 )
 from etl_spark.ducklake.catalog.reads import Catalog
 from etl_spark.ducklake.catalog.transaction import CommitConflict, Transaction
@@ -53,5 +54,6 @@ __all__ = [
     "Transaction",
     "assign_column_ids",
     "engine_for",
+    "inside",
     "redacted",
 ]

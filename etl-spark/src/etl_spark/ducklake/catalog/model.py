@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from etl_spark.ducklake.stats import ColumnStats
 from etl_spark.ducklake.types import LakeType
@@ -161,6 +161,29 @@ class InlinedFlush:
     ``last_row_id`` are still so (rows are only ever inserted, with higher ids, ended, or removed)."""
     last_row_id: int
     written: Composed
+
+
+_PLAIN: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def directory_name(name: str) -> str:
+    """The directory, relative to its parent's and ending in ``/``, of a schema or table called ``name``.
+
+    Names come from the source and may be hostile (``../../etc``, ``a/b``, control characters). Letters,
+    digits, ``_`` and ``-`` stand for themselves, as in the directories DuckDB makes; every other byte of
+    the UTF-8 name becomes ``~`` and two hex digits. So the directory is one path segment that cannot
+    leave its parent, no two names share one, and no character needs quoting in a URI or an S3 key.
+    Postgres names have at most 63 bytes, so directory names at most 189 characters.
+    """
+    return "".join(chr(b) if b in _PLAIN else f"~{b:02X}" for b in name.encode()) + "/"
+
+
+def inside(data_path: str, directory: str) -> bool:
+    """Whether a directory (absolute, as the catalog resolves it) lies inside the lake's data path: below it,
+    with no ``.`` or ``..`` segment on the way."""
+    if not directory.startswith(data_path):
+        return False
+    return all(part not in (".", "..") for part in directory[len(data_path) :].split("/"))
 
 
 def table_directory(data_path: str, schema_path: str, schema_relative: Any, path: str, relative: Any) -> str:

@@ -32,6 +32,7 @@ from etl_spark.ducklake.catalog.model import (
     LakeColumn,
     LakeOptions,
     LakeTable,
+    directory_name,
     table_directory,
 )
 from etl_spark.ducklake.catalog.transaction import Transaction
@@ -279,9 +280,11 @@ class Catalog:
                 {"n": schema_name},
             ).one_or_none()
         schema_dir = (
-            _join(self.data_path, row.path, row.path_is_relative) if row else self.data_path + schema_name + "/"
+            _join(self.data_path, row.path, row.path_is_relative)
+            if row
+            else self.data_path + directory_name(schema_name)
         )
-        return schema_dir + table_name + "/"
+        return schema_dir + directory_name(table_name)
 
     def data_files(self, table: LakeTable, conn: Connection | None = None) -> list[DataFile]:
         """The table's active data files, each with its active delete file, oldest first."""

@@ -32,6 +32,7 @@ from etl_spark.ducklake.catalog.model import (
     NewFile,
     Placed,
     SourceColumn,
+    directory_name,
 )
 from etl_spark.ducklake.stats import ColumnStats, arrow_stats, stats_kind, widen
 from etl_spark.ducklake.types import LIST, Form, LakeType, convert
@@ -185,7 +186,7 @@ class Transaction:
                 "schema_uuid": str(uuid.uuid4()),
                 "begin_snapshot": self.snapshot_id,
                 "schema_name": name,
-                "path": name + "/",
+                "path": directory_name(name),
                 "path_is_relative": True,
             },
         )
@@ -227,7 +228,7 @@ class Transaction:
                 "begin_snapshot": self.snapshot_id,
                 "schema_id": schema_id,
                 "table_name": name,
-                "path": name + "/",
+                "path": directory_name(name),
                 "path_is_relative": True,
             },
         )
