@@ -25,7 +25,7 @@ def test_write_config_reads_back_as_the_same_config(pg_database: TestDatabase, t
         store={"type": "sqlite", "path": str(tmp_path / "state dir" / "state.sqlite")},
         destination={
             "type": "ducklake",
-            "catalog": "sqlite:///c.sqlite",
+            "catalog": "sqlite:////var/lake/c.sqlite",
             "ratio": 0.5,
             "tags": ["a", "b\n"],
             "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "2"}},

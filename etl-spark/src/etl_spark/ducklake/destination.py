@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import pyarrow as pa
 import structlog
@@ -30,6 +30,7 @@ from etl.errors import ConfigError, DestinationError, naming_table
 from etl.events import EventBatch, TableChanges
 from etl.postgres.copy import CopyPlan
 from etl.schema import TableName, TableSchema
+from etl.store.base import Store, TableStateKind
 from etl_spark.ducklake.catalog import (
     Catalog,
     CommitConflict,
@@ -61,6 +62,8 @@ log = structlog.get_logger(__name__)
 
 _PLANNER = "ducklake-plan"
 """The name prefix of planning threads."""
+_COPIED: Final = frozenset({TableStateKind.FINISHED_COPY, TableStateKind.SYNC_DONE, TableStateKind.READY})
+"""Table states whose copy is in the lake."""
 
 SPARK_CONF = {"spark.sql.parquet.fieldId.read.enabled": "true", "spark.scheduler.mode": "FAIR"}
 """Field ids pick the columns of the files read; the fair scheduler runs the Spark jobs of a batch's tables,
@@ -73,9 +76,10 @@ class DuckLakeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     catalog: SecretStr = Field(
-        description="`sqlite:///path/catalog.sqlite` or a `postgresql://` URL (psycopg 3). Treated as a secret: never"
-        " logged; messages show it with the password masked. An empty database becomes a new lake; a lake DuckDB"
-        " created is used as it is."
+        description="`sqlite:////absolute/path/catalog.sqlite` (an absolute path: four slashes) or a `postgresql://`"
+        " URL (psycopg 3). Treated as a secret: never logged; messages show it with the password masked. An empty"
+        " database becomes a new lake, unless the store says tables were copied (then the start stops); a lake"
+        " DuckDB created is used as it is."
     )
     data_path: str = Field(
         min_length=1,
@@ -156,8 +160,10 @@ class DuckLakeDestination:
     name: ClassVar[str] = "ducklake"
     Config: ClassVar[type[BaseModel]] = DuckLakeConfig
 
-    def __init__(self, config: DuckLakeConfig, pipeline_id: int) -> None:
+    def __init__(self, config: DuckLakeConfig, pipeline_id: int, store: Store | None = None) -> None:
         self.config = config
+        self._store = store
+        """The pipeline's store: what it says was copied must be in the lake (``startup``)."""
         self.metrics = DuckLakeMetrics()
         """The ``etl_ducklake_*`` series; on a private registry until ``register_metrics``."""
         self.catalog = Catalog(
@@ -182,7 +188,7 @@ class DuckLakeDestination:
     def from_config(cls, config: Any, context: DestinationContext) -> DuckLakeDestination:
         if not isinstance(config, DuckLakeConfig):
             config = validate(DuckLakeConfig, config, "destination", "destination")
-        return cls(config, context.pipeline_id)
+        return cls(config, context.pipeline_id, context.store)
 
     def __repr__(self) -> str:
         return f"DuckLakeDestination({redacted(self.config.catalog.get_secret_value())!r}, {self.config.data_path!r})"
@@ -193,6 +199,7 @@ class DuckLakeDestination:
             return
         self.catalog.open()
         try:
+            self._check_lake_holds_the_copies()
             self._options = self.catalog.options()
             for schema, table, options in self._options.scopes():  # a bad value stops it here, not mid-copy
                 ParquetOptions.of(options, schema, table)
@@ -208,6 +215,24 @@ class DuckLakeDestination:
             every = min(every, self.config.maintenance.every_seconds)
         self._upkeep = Upkeep(self.upkeep, every, self._writing)
         self._upkeep.start()
+
+    def _check_lake_holds_the_copies(self) -> None:
+        """Stop when the store says tables were copied that this lake has no record of: the catalog is not the
+        one the pipeline wrote (lost, moved, or another database). Going on would stream changes into a lake
+        without the copied rows, and move the store's progress past them."""
+        if self._store is None:
+            return
+        copied = {t for t, s in self._store.get_table_states().items() if s.kind in _COPIED}
+        missing = sorted(copied - self.catalog.kept_source_tables())
+        if missing:
+            raise DestinationError(
+                f"the DuckLake catalog {redacted(self.config.catalog.get_secret_value())} has no record of"
+                f" {len(missing)} of the {len(copied)} tables this pipeline's store says were copied into it (source"
+                f" table ids {', '.join(map(str, missing[:10]))}{', ...' if len(missing) > 10 else ''}): it is not"
+                " the lake this pipeline wrote, or it lost them",
+                hint="point `catalog` at the pipeline's lake; to copy every table again into this one instead, stop"
+                " the pipeline and run etl reset --recopy -c <pipeline file>",
+            )
 
     def shutdown(self) -> None:
         if self._upkeep is not None:

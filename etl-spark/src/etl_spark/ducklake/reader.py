@@ -45,7 +45,9 @@ def duckdb_target(catalog_url: str) -> tuple[str, str]:
     backend = url.get_backend_name()
     if backend == "sqlite":
         if not url.database:
-            raise ConfigError("a SQLite DuckLake catalog needs a file path", hint="sqlite:///path/catalog.sqlite")
+            raise ConfigError(
+                "a SQLite DuckLake catalog needs a file path", hint="sqlite:////absolute/path/catalog.sqlite"
+            )
         return f"ducklake:sqlite:{url.database}", "sqlite"
     if backend == "postgresql":
         parts = {

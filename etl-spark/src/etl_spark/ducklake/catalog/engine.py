@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -12,7 +13,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 
 from etl.errors import ConfigError
 
-_URL_HINT = "use sqlite:///path/catalog.sqlite or postgresql://user:password@host:port/database"
+_URL_HINT = "use sqlite:////absolute/path/catalog.sqlite or postgresql://user:password@host:port/database"
 
 
 def redacted(url: str) -> str:
@@ -58,6 +59,14 @@ def engine_for(url: str) -> Engine:
     if backend == "postgresql":
         engine = sa.create_engine(parsed.set(drivername="postgresql+psycopg"), pool_pre_ping=True)
     elif backend == "sqlite":
+        if not (parsed.database or "").startswith("/"):
+            # A relative file would be found from the working directory: started from another one, a pipeline
+            # would write into a new, empty lake while its store's progress moved on.
+            raise ConfigError(
+                f"the SQLite DuckLake catalog needs an absolute file path, not {parsed.database or 'none'!r}",
+                hint=f"sqlite:////absolute/path/catalog.sqlite (four slashes: sqlite:/// and the path's own /),"
+                f" for example sqlite:///{Path(parsed.database or 'catalog.sqlite').absolute()}",
+            )
         engine = sa.create_engine(parsed, connect_args={"timeout": 60})
 
         @sa.event.listens_for(engine, "connect")

@@ -453,6 +453,14 @@ class Catalog:
             ).all()
         return sorted(int(t) for (t,) in rows)
 
+    def kept_source_tables(self) -> set[int]:
+        """The source tables this pipeline has recorded a lake table for (replaced ones too)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(f"SELECT source_table_id FROM {STATE_TABLE} WHERE pipeline_id = :p"), {"p": self.pipeline_id}
+            ).all()
+        return {int(t) for (t,) in rows}
+
     def tables_with_inlined_rows(self) -> list[int]:
         """The lake tables this pipeline keeps that have inlined rows."""
         with self.engine.connect() as conn:
