@@ -203,8 +203,9 @@ def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
     def whole_ledger(conn: psycopg.Connection[Any], i: int) -> None:
         conn.execute("UPDATE ledger SET delta = delta + 1")
 
-    with concurrent_transactions(db, whole_ledger, count=80, pause=0.2):
+    with concurrent_transactions(db, whole_ledger, count=80, pause=0.2) as workload:
         setup.run.kill_mid_write(setup.staged_flushes, timeout=120)
+        workload.finish(after=3)  # a few changes while the pipeline is down; the rest would only add time
     setup.run.start()
     db.execute("TRUNCATE ledger")
     db.execute("INSERT INTO ledger (item, delta) SELECT g, g FROM generate_series(1, 3000) g")
@@ -220,8 +221,9 @@ def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
     # During maintenance: each batch writes a file of items, and once there are four they are merged
     # (the files with many deletes rewritten first); the merged file is written, the old ones still
     # registered.
-    with concurrent_transactions(db, transaction, count=600, pause=0.1):
+    with concurrent_transactions(db, transaction, count=600, pause=0.1) as workload:
         setup.run.kill_mid_write(setup.staged_compactions, timeout=120)
+        workload.finish(after=20)
     setup.run.start()
     setup.wait_equal()
     assert setup.duplicates() == 0

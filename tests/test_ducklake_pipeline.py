@@ -26,17 +26,24 @@ from etl.schema import TableName
 from etl.testing.pipelines import all_ready, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.ducklake.reader import open_lake
-from etl_spark.session import stop_spark
+from etl_spark.session import running_master, stop_spark
 from etl_spark.testing import comparable, comparable_source_rows, duckdb_rows, lake_rows, latest_snapshot, sorted_rows
 
 
-@pytest.fixture(scope="module", params=["local[2]", "local-cluster[2,1,1024]"])
+@pytest.fixture(
+    scope="module",
+    params=["local[2]", pytest.param("local-cluster[2,1,1024]", marks=pytest.mark.xdist_group("local-cluster"))],
+)
 def spark(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     """Spark settings for the pipeline: one JVM, or a standalone cluster of two executor JVMs. One session
-    runs per process, so a session of other settings is stopped first."""
-    stop_spark()
-    yield {"master": request.param, "conf": {"spark.sql.shuffle.partitions": "2"}}
-    stop_spark()
+    runs per process: a session of another master is stopped first, and a cluster's at the end (the
+    worker's other tests use ``local[2]``). The cluster's tests share one worker (``xdist_group``)."""
+    master = str(request.param)
+    if running_master() not in (None, master):
+        stop_spark()
+    yield {"master": master, "conf": {"spark.sql.shuffle.partitions": "2"}}
+    if master != "local[2]":
+        stop_spark()
 
 
 @dataclass

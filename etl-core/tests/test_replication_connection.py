@@ -204,6 +204,7 @@ def test_reply_request_gets_a_keepalive(pg_database: TestDatabase) -> None:
         assert message.wal_end > 0
 
 
+@pytest.mark.alone  # answers within a one-second wal_sender_timeout
 def test_answering_keepalives_keeps_the_stream_alive(pg_database: TestDatabase) -> None:
     pg_database.execute("CREATE TABLE t (id int)")
     pg_database.execute("CREATE PUBLICATION pub FOR TABLE t")
@@ -230,6 +231,7 @@ def test_unanswered_keepalives_end_the_stream(pg_database: TestDatabase) -> None
         assert pg_database.name in str(info.value) and info.value.hint
 
 
+@pytest.mark.alone  # times a one-second read
 def test_read_does_not_block_other_threads(pg_database: TestDatabase) -> None:
     pg_database.execute("CREATE PUBLICATION pub FOR ALL TABLES")
     with start_stream(pg_database) as repl:

@@ -97,6 +97,7 @@ def next_data(conn: ReplicationConnection, timeout: float = 10.0) -> XLogData:
     raise AssertionError("no XLogData in time")
 
 
+@pytest.mark.alone  # times each poll
 def test_poll_returns_received_messages_without_waiting(pg_database: TestDatabase) -> None:
     conn, _ = streaming(pg_database, ["INSERT INTO t VALUES (1, 'a')"])
     with conn:

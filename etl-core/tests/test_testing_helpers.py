@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,21 @@ def test_concurrent_transactions_commit_them_all(pg_database: TestDatabase) -> N
     assert pg_database.execute("SELECT sum(qty) - (SELECT sum(g % 100) FROM generate_series(1, 100) g) FROM items") == [
         (20,)
     ]
+
+
+def test_concurrent_transactions_end_early_after_a_few_more(pg_database: TestDatabase) -> None:
+    pg_database.execute("CREATE TABLE t (i int)")
+
+    def insert(conn: psycopg.Connection[Any], i: int) -> None:
+        conn.execute("INSERT INTO t VALUES (%s)", (i,))
+
+    with concurrent_transactions(pg_database, insert, count=1000, pause=0.01) as workload:
+        while workload.committed < 3:
+            time.sleep(0.01)
+        workload.finish(after=2)
+        seen = workload.committed
+    assert seen <= workload.committed <= seen + 2
+    assert pg_database.execute("SELECT count(*), max(i) FROM t") == [(workload.committed, workload.committed - 1)]
 
 
 def test_concurrent_transactions_raise_what_a_transaction_raised(pg_database: TestDatabase) -> None:

@@ -58,6 +58,7 @@ def test_deadline_and_silence_expire_apart(pair: tuple[socket.socket, socket.soc
     waiter.close()
 
 
+@pytest.mark.alone  # times the wait
 def test_a_check_ends_a_wait(pair: tuple[socket.socket, socket.socket]) -> None:
     ours, _ = pair
     waiter = Waiter(Socket(ours.fileno()))

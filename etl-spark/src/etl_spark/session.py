@@ -132,6 +132,12 @@ def get_spark(settings: SparkSettings, extra: dict[str, str] | None = None) -> S
         return _session
 
 
+def running_master() -> str | None:
+    """The master URL of the process's running session; None when none runs."""
+    with _lock:
+        return None if _session is None or _stopped(_session) else _session.sparkContext.master
+
+
 def stop_spark() -> None:
     """Stop the process's session, if one runs (at process end or between test sessions)."""
     global _session

@@ -1,12 +1,22 @@
-"""pytest fixtures: a throwaway Postgres cluster per session and major, a fresh database per test."""
+"""pytest fixtures: a throwaway Postgres cluster per session and major, a fresh database per test.
+
+Under pytest-xdist each worker process has its own clusters (and its own Spark session, for etl-spark's
+tests). A test marked ``alone`` runs while no other worker runs a test: for tests that measure time,
+which a neighbour's load would make flaky.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
-from collections.abc import Callable, Iterator
+import shutil
+import tempfile
+from collections.abc import Callable, Generator, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import psycopg
 import pytest
@@ -27,6 +37,57 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="Postgres major version to run database tests on (repeatable; env ETL_TEST_PG_MAJORS=15,18)",
     )
+
+
+_LOCK_DIR = "etl_lock_dir"  # the workerinput key
+_lock_dir = pytest.StashKey[Path]()  # the controller's
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "alone: run while no other test runs (under pytest-xdist): the test measures time"
+    )
+    if getattr(config, "workerinput", None) is None and getattr(config.option, "dist", "no") != "no":
+        config.stash[_lock_dir] = Path(tempfile.mkdtemp(prefix="etl-tests-"))  # pytest-xdist's controller
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist's controller hands each worker the directory of the locks they share."""
+    node.workerinput[_LOCK_DIR] = str(node.config.stash[_lock_dir])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    lock_dir = config.stash.get(_lock_dir, None)
+    if lock_dir is not None:
+        shutil.rmtree(lock_dir, ignore_errors=True)
+
+
+def _flock(files: ExitStack, path: Path, mode: int) -> IO[str]:
+    handle = files.enter_context(path.open("a"))
+    fcntl.flock(handle, mode)
+    return handle
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    """Under xdist, hold the run lock shared for a test's setup, call and teardown; exclusively for an ``alone``
+    test.
+
+    A writer-first lock from two ``flock`` files: every test passes the gate to take the run lock, and an
+    ``alone`` test keeps the gate until it ends, so the other workers wait for it rather than starve it.
+    """
+    workerinput: dict[str, Any] | None = getattr(item.config, "workerinput", None)
+    if workerinput is None or _LOCK_DIR not in workerinput:
+        return (yield)
+    lock_dir = Path(workerinput[_LOCK_DIR])
+    alone = item.get_closest_marker("alone") is not None
+    with ExitStack() as files:
+        gate = _flock(files, lock_dir / "gate", fcntl.LOCK_EX)
+        _flock(files, lock_dir / "run", fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        return (yield)
 
 
 def _majors(config: pytest.Config) -> list[int]:

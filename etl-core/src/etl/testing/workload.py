@@ -46,23 +46,48 @@ def churn(conn: psycopg.Connection[Any], i: int, *, key_updates: bool = False) -
     conn.execute("DELETE FROM ledger WHERE id = %s", (i * 7 + 1,))
 
 
+class Workload:
+    """The running transactions of ``concurrent_transactions``, which a test may end early."""
+
+    def __init__(self, count: int) -> None:
+        self._lock = threading.Lock()
+        self._limit = count
+        self.committed = 0
+
+    def finish(self, after: int = 0) -> None:
+        """Commit at most ``after`` more transactions (fewer when ``count`` comes first), then stop: for a test
+        that has seen what it waited for and wants only a few more changes before it goes on."""
+        with self._lock:
+            self._limit = min(self._limit, self.committed + after)
+
+    def _next(self) -> int | None:
+        with self._lock:
+            return self.committed if self.committed < self._limit else None
+
+    def _done(self) -> None:
+        with self._lock:
+            self.committed += 1
+
+
 @contextmanager
 def concurrent_transactions(
     db: TestDatabase, transaction: Transaction, count: int, pause: float = 0.01, timeout: float = 300
-) -> Iterator[None]:
+) -> Iterator[Workload]:
     """Commit ``count`` transactions, ``transaction(conn, i)`` each, on a thread while the block runs.
 
     Leaving the block waits for the last commit; it fails when a transaction raised or they did not
-    all commit within ``timeout`` seconds.
+    all commit within ``timeout`` seconds. ``Workload.finish`` ends them early.
     """
     errors: list[BaseException] = []
+    workload = Workload(count)
 
     def run() -> None:
         try:
             with db.connect() as conn:
-                for i in range(count):
+                while (i := workload._next()) is not None:
                     with conn.transaction():
                         transaction(conn, i)
+                    workload._done()
                     time.sleep(pause)
         except BaseException as exc:  # re-raised in the test's thread
             errors.append(exc)
@@ -70,9 +95,9 @@ def concurrent_transactions(
     writer = threading.Thread(target=run, name="source-workload", daemon=True)
     writer.start()
     try:
-        yield
+        yield workload
     finally:
         writer.join(timeout)
     if errors:
         raise errors[0]
-    assert not writer.is_alive(), f"the workload did not commit {count} transactions within {timeout:.0f}s"
+    assert not writer.is_alive(), f"the workload did not commit its transactions within {timeout:.0f}s"
