@@ -26,6 +26,8 @@ from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator
 from etl_spark.bigquery.names import table_id
 from etl_spark.testing import comparable_source_rows, sorted_rows
 
+pytestmark = pytest.mark.slow  # see docs/testing.md
+
 TABLES = ("public.items", "public.ledger")
 
 

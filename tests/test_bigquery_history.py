@@ -27,6 +27,8 @@ from etl.testing.workload import churn, concurrent_transactions, create_items_an
 from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator
 from etl_spark.bigquery.names import table_id
 
+pytestmark = pytest.mark.slow  # see docs/testing.md
+
 AUDIT = """
 CREATE TABLE audit (seq bigserial PRIMARY KEY, op text, id bigint, qty int);
 CREATE FUNCTION audit_items() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -134,6 +134,7 @@ def dataset_for(db: TestDatabase, test: str) -> str:
 TABLES = ("public.accounts", "public.ledger", "public.keyless")
 
 
+@pytest.mark.slow
 def test_copy_and_mixed_workload_equal_source(
     pg_database: TestDatabase, bigquery_emulator: BigQueryEmulator, tmp_path: Path
 ) -> None:
@@ -236,6 +237,7 @@ def test_copy_and_mixed_workload_equal_source(
 # -- values and columns BigQuery cannot hold -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_what_bigquery_cannot_hold_errors_its_table_only(
     pg_database: TestDatabase, bigquery_emulator: BigQueryEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -325,6 +327,7 @@ def apply_jobs(emulator: BigQueryEmulator, dataset: str, oids: dict[str, int]) -
     return {table: sum(f"table_oid = {oid}" in s for s in scripts) for table, oid in oids.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.first_major
 def test_ten_tables_at_one_second_batches_use_one_load_per_batch_and_pace_the_applies(
     pg_database: TestDatabase, bigquery_emulator: BigQueryEmulator, tmp_path: Path

@@ -89,6 +89,7 @@ def test_resync_rejects_a_table_outside_the_publication(source: TestDatabase, tm
     assert not (tmp_path / "state.sqlite").exists()  # the store is not opened (created, migrated) for nothing
 
 
+@pytest.mark.slow
 def test_resync_reaches_the_running_pipeline_through_the_store(source: TestDatabase, tmp_path: Path) -> None:
     config = write_pipeline(tmp_path, source)
     with PipelineProcess(config, log_level="info") as run:

@@ -85,6 +85,7 @@ def test_sigkill_during_copy_then_restart(pg_database: TestDatabase, setup: tupl
     wait_equal(pg_database, mirror, runner)
 
 
+@pytest.mark.slow
 def test_sigkill_during_streaming_then_restart(pg_database: TestDatabase, setup: tuple[PipelineProcess, Path]) -> None:
     runner, mirror = setup
     runner.start()

@@ -37,6 +37,8 @@ from etl_spark.ducklake.catalog import engine_for
 from etl_spark.ducklake.reader import open_lake
 from etl_spark.testing import comparable_source_rows, lake_rows
 
+pytestmark = pytest.mark.slow  # see docs/testing.md
+
 TABLES = ("public.items", "public.ledger", "public.keyless")
 
 

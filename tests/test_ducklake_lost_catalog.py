@@ -41,6 +41,7 @@ def progress(tmp_path: Path, db: TestDatabase) -> object:
         store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.first_major
 def test_a_catalog_without_the_copied_tables_stops_the_start(pg_database: TestDatabase, tmp_path: Path) -> None:
     db = pg_database

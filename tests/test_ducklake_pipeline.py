@@ -29,6 +29,8 @@ from etl_spark.ducklake.reader import open_lake
 from etl_spark.session import running_master, stop_spark
 from etl_spark.testing import comparable, comparable_source_rows, duckdb_rows, lake_rows, latest_snapshot, sorted_rows
 
+pytestmark = pytest.mark.slow  # see docs/testing.md
+
 
 @pytest.fixture(
     scope="module",

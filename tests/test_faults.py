@@ -386,6 +386,7 @@ def sync_slots(db: TestDatabase) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_a_table_whose_copy_failed_is_retried_on_a_timer_until_the_cause_is_gone(
     table_t: TestDatabase, run: Run
 ) -> None:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from etl.testing.pytest_plugin import TestDatabase
 
 ROWS = 1_000_000
@@ -44,6 +46,7 @@ ENGINE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_million_row_transaction_streams_with_bounded_memory(pg_database: TestDatabase) -> None:
     db = pg_database
     db.execute("CREATE TABLE big (id bigint PRIMARY KEY, payload text, n numeric(12,2), at timestamptz)")

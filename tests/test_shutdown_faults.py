@@ -86,6 +86,7 @@ def wait_for_copy_in_progress(runner: PipelineProcess, mirror: Path) -> None:
     [(3, [signal.SIGTERM]), (300, [signal.SIGTERM, signal.SIGINT])],
     ids=["drain-timeout", "second-signal"],
 )
+@pytest.mark.slow
 def test_sigterm_ends_run_against_a_frozen_source_then_restart_catches_up(
     pg_database: TestDatabase, tmp_path: Path, timeout_s: int, signals: list[signal.Signals]
 ) -> None:

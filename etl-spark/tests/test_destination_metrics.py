@@ -59,6 +59,7 @@ def lake_equals_source(db: TestDatabase, catalog: str, table: str) -> bool:
         con.close()
 
 
+@pytest.mark.slow
 def test_ducklake_series_count_the_files_and_snapshots_a_pipeline_wrote(
     pg_database: TestDatabase, tmp_path: Path, spark: Any
 ) -> None:
@@ -165,6 +166,7 @@ def source_rows(db: TestDatabase, table: str) -> list[tuple[Any, ...]]:
     return sorted(tuple(r) for r in db.execute(f"SELECT id, v FROM {table}"))
 
 
+@pytest.mark.slow
 def test_bigquery_series_count_load_jobs_per_table_and_the_dml(
     pg_database: TestDatabase, tmp_path: Path, spark: Any, emulator: BigQueryEmulator
 ) -> None:

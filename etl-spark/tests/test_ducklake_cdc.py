@@ -56,6 +56,7 @@ def snapshot(lake: Any) -> int:
     return int(lake.query("SELECT max(snapshot_id) FROM lake.snapshots()")[0][0])
 
 
+@pytest.mark.slow
 def test_mixed_workload_matches_source(lake: Any, kit: Any) -> None:
     destination = kit.make_destination(lake)
     reference = MemoryDestination()

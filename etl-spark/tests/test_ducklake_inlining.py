@@ -114,6 +114,7 @@ def inlined_rows(lake: Any, live: bool = True) -> int:
     return sum(catalog_count(lake, name, where) for (name,) in names)
 
 
+@pytest.mark.slow
 def test_small_batches_are_inlined_updated_deleted_and_flushed(lake: Any, kit: Any) -> None:
     destination = kit.make_destination(lake)
     reference = MemoryDestination()
