@@ -23,7 +23,7 @@ from etl.factory import build_destination, build_store
 from etl.pipeline import Pipeline
 from etl.schema import TableName
 from etl.store.base import TableStateKind
-from etl.testing.pipelines import all_ready, pipeline_config, wait_until
+from etl.testing.pipelines import all_ready, pipeline_config, poll_pause, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator
 from etl_spark.bigquery.names import table_id
@@ -112,6 +112,7 @@ def wait_equal(
     deadline = time.monotonic() + timeout
     last: Any = None
     while True:
+        began = time.monotonic()
         try:
             pairs = {t: read_both(db, emulator, dataset, t) for t in tables}
             last = {t: stored for t, (expected, stored) in pairs.items() if expected != stored}
@@ -122,7 +123,7 @@ def wait_equal(
             last = exc
         assert not pipeline.wait(timeout=0), "the pipeline stopped"
         assert time.monotonic() < deadline, f"BigQuery never returned the source's rows; last (source, bq): {last}"
-        time.sleep(0.5)
+        time.sleep(poll_pause(time.monotonic() - began, 0.5))
 
 
 def dataset_for(db: TestDatabase, test: str) -> str:

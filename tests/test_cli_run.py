@@ -14,7 +14,7 @@ from etl.errors import EtlError
 from etl.factory import build_store
 from etl.pipeline import request_resync
 from etl.schema import TableName
-from etl.testing.pipelines import pipeline_config
+from etl.testing.pipelines import pipeline_config, poll_pause
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
 
@@ -38,12 +38,13 @@ def etl(*args: str) -> subprocess.CompletedProcess[str]:
 def wait_for_status(config: Path, text: str, timeout: float = 60) -> str:
     deadline = time.monotonic() + timeout
     while True:
+        began = time.monotonic()
         out = etl("status", "-c", str(config)).stdout
         if text in out:
             return out
         if time.monotonic() > deadline:
             raise AssertionError(f"status never showed {text!r}:\n{out}")
-        time.sleep(0.5)
+        time.sleep(poll_pause(time.monotonic() - began, 0.5))
 
 
 @pytest.fixture

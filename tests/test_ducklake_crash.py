@@ -65,6 +65,16 @@ class Setup:
             }
         return on_disk - registered
 
+    def files(self) -> set[tuple[str, int]]:
+        """The lake's data files on disk with their sizes: what ``staged`` sees change first (a cheap probe)."""
+        found = set()
+        for path in self.data.rglob("ducklake-*.parquet"):
+            try:
+                found.add((path.name, path.stat().st_size))
+            except FileNotFoundError:  # deleted meanwhile
+                continue
+        return found
+
     @functools.cached_property
     def engine(self) -> Engine:
         """One engine for the test's catalog reads: a poll that connects anew is slow enough to miss a write."""
@@ -183,7 +193,7 @@ def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
     db = setup.db
     # During the copy: Spark tasks are writing the tables' data files.
     setup.run.start()
-    setup.run.kill_mid_write(setup.staged)
+    setup.run.kill_mid_write(setup.staged, probe=setup.files)
     db.execute("UPDATE items SET qty = -1 WHERE id % 1000 = 0; DELETE FROM ledger WHERE id % 10 = 0")
     setup.run.start()
     setup.wait_equal()
@@ -196,7 +206,7 @@ def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
 
     with concurrent_transactions(db, transaction, count=300):
         time.sleep(0.5)
-        setup.run.kill_mid_write(setup.staged)
+        setup.run.kill_mid_write(setup.staged, probe=setup.files)
         setup.run.start()
 
     # During a flush of inlined rows: their file is written, the catalog still holds them inlined. Each
@@ -206,7 +216,7 @@ def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
         conn.execute("UPDATE ledger SET delta = delta + 1")
 
     with concurrent_transactions(db, whole_ledger, count=80, pause=0.2) as workload:
-        setup.run.kill_mid_write(setup.staged_flushes, timeout=120)
+        setup.run.kill_mid_write(setup.staged_flushes, timeout=120, probe=setup.files)
         workload.finish(after=3)  # a few changes while the pipeline is down; the rest would only add time
     setup.run.start()
     db.execute("TRUNCATE ledger")
@@ -216,7 +226,7 @@ def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
     # During the flush that comes before a change of columns: the ledger's rows are inlined, and the batch
     # that adds a column flushes them first (their file written, the catalog still holding them inlined).
     db.execute("ALTER TABLE ledger ADD COLUMN note text; UPDATE ledger SET note = 'n' || id WHERE id % 2 = 0")
-    setup.run.kill_mid_write(setup.staged_flushes, timeout=120)
+    setup.run.kill_mid_write(setup.staged_flushes, timeout=120, probe=setup.files)
     setup.run.start()
     setup.wait_equal()
 
@@ -224,7 +234,7 @@ def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
     # (the files with many deletes rewritten first); the merged file is written, the old ones still
     # registered.
     with concurrent_transactions(db, transaction, count=600, pause=0.1) as workload:
-        setup.run.kill_mid_write(setup.staged_compactions, timeout=120)
+        setup.run.kill_mid_write(setup.staged_compactions, timeout=120, probe=setup.files)
         workload.finish(after=20)
     setup.run.start()
     setup.wait_equal()

@@ -23,7 +23,7 @@ from etl.destination.base import PreviewableDestination
 from etl.factory import build_destination, build_store
 from etl.pipeline import Pipeline
 from etl.schema import TableName
-from etl.testing.pipelines import all_ready, pipeline_config, wait_until
+from etl.testing.pipelines import all_ready, pipeline_config, poll_pause, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.ducklake.reader import open_lake
 from etl_spark.session import running_master, stop_spark
@@ -125,6 +125,7 @@ def wait_equal(db: TestDatabase, lake: Lake, tables: tuple[str, ...], pipeline: 
     deadline = time.monotonic() + timeout
     last: Any = None
     while True:
+        began = time.monotonic()
         try:
             expected = source_state(db, *tables)
             last = lake_state(lake, *tables)
@@ -134,7 +135,7 @@ def wait_equal(db: TestDatabase, lake: Lake, tables: tuple[str, ...], pipeline: 
             last = exc
         assert not pipeline.wait(timeout=0), "the pipeline stopped"
         assert time.monotonic() < deadline, f"DuckDB never read the source's rows; last read: {str(last)[:2000]}"
-        time.sleep(0.5)
+        time.sleep(poll_pause(time.monotonic() - began, 0.5))
 
 
 def source_where(db: TestDatabase, table: str, where: str) -> list[dict[str, Any]]:

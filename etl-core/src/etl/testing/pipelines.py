@@ -28,15 +28,25 @@ def pipeline_config(
     return PipelineConfig.model_validate(raw)
 
 
+def poll_pause(spent: float, least: float) -> float:
+    """How long to wait after a poll that took ``spent`` seconds: at least ``least``, and twice the poll's own
+    time. A poll that compares every row of the source with the destination then takes at most a third of a
+    core, which the pipeline under test needs more (the suite runs its tests side by side)."""
+    return max(least, 2 * spent)
+
+
 def wait_until(condition: Callable[[], bool], what: str, pipeline: Pipeline | None = None, timeout: float = 60) -> None:
     """Poll until ``condition()``; fail with ``what`` on timeout, or at once if the pipeline stopped."""
     deadline = time.monotonic() + timeout
-    while not condition():
+    while True:
+        began = time.monotonic()
+        if condition():
+            return
         if pipeline is not None and pipeline.wait(timeout=0):
             raise AssertionError(f"the pipeline stopped while waiting for {what}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(poll_pause(time.monotonic() - began, 0.05))
 
 
 def table_states(pipeline: Pipeline) -> dict[int, TableStateKind]:

@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from etl.config import PipelineConfig
+from etl.testing.pipelines import poll_pause
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -122,18 +123,35 @@ class PipelineProcess:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=30)
 
-    def kill_mid_write(self, staged: Callable[[], set[Any]], timeout: float = 240, attempts: int = 3) -> None:
+    def kill_mid_write(
+        self,
+        staged: Callable[[], set[Any]],
+        timeout: float = 240,
+        attempts: int = 3,
+        probe: Callable[[], object] | None = None,
+    ) -> None:
         """SIGKILL as soon as ``staged()`` lists an entry it did not list before; fail unless it still does after.
 
         For destinations that stage a write's files where they remove them once the write is committed: an
         entry still there after the kill proves the process died in the middle of a write. A write can commit
         between the poll that saw its entry and the kill; then ``etl run`` starts again (it resumes from what
         was committed) and the next write is tried, up to ``attempts`` kills in all.
+
+        The poll runs every 10 ms. When ``staged()`` costs much (a catalog query, file footers), ``probe`` gives a
+        cheap value that changes whenever ``staged()`` may have gained an entry (the names and sizes of the files
+        on disk): ``staged()`` is then asked only after it changed, and once more after the kill.
         """
         deadline = time.monotonic() + timeout
         for attempt in range(1, attempts + 1):
             earlier = staged()
-            while not staged() - earlier:
+            last = probe() if probe is not None else None
+            while True:
+                changed = True
+                if probe is not None:
+                    current = probe()
+                    changed, last = current != last, current
+                if changed and staged() - earlier:
+                    break
                 self.ensure_alive()
                 assert time.monotonic() < deadline, f"nothing was staged within {timeout:.0f}s"
                 time.sleep(0.01)
@@ -152,7 +170,8 @@ class PipelineProcess:
         timeout: float = 300,
         interval: float = 0.5,
     ) -> None:
-        """Poll until ``actual() == expected()`` (the destination's rows and the source's, say) while ``etl run`` runs.
+        """Poll until ``actual() == expected()`` (the destination's rows and the source's, say) while ``etl run`` runs,
+        every ``interval`` seconds or twice as long as a poll takes (``poll_pause``).
 
         ``actual`` raising one of ``not_yet`` (the destination has no table yet) counts as not equal. Fails with
         the rows that differ and the end of the log on timeout, and at once, with the end of the log, when the
@@ -160,6 +179,7 @@ class PipelineProcess:
         """
         deadline = time.monotonic() + timeout
         while True:
+            began = time.monotonic()
             wanted = expected()
             try:
                 last = actual()
@@ -171,7 +191,7 @@ class PipelineProcess:
             assert time.monotonic() < deadline, (
                 f"no match within {timeout:.0f}s; {difference(wanted, last)}\nthe log ends:\n{self.output()[-4000:]}"
             )
-            time.sleep(interval)
+            time.sleep(poll_pause(time.monotonic() - began, interval))
 
     def stop(self, timeout: float = 60) -> None:
         """SIGTERM, as an operator would, and fail unless ``etl run`` drains and exits with 0."""
