@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 import pytest
+
+if TYPE_CHECKING:
+    from etl_spark.bigquery.emulator import BigQueryEmulator
+
+
+@pytest.fixture(scope="session")
+def bigquery_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BigQueryEmulator]:
+    """One local BigQuery server (local-bigquery 0.4.0, loopback) per test process, for etl-spark's tests and the
+    end-to-end ones alike; tests use datasets of their own."""
+    from etl_spark.bigquery.emulator import running_emulator
+
+    with running_emulator(tmp_path_factory.mktemp("bigquery")) as server:
+        yield server
 
 
 @pytest.hookimpl(trylast=True)

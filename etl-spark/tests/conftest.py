@@ -16,7 +16,7 @@ from etl.store.memory import MemoryStore
 from etl.testing.batches import BatchBuilder, commit_time, rows_table
 from etl.testing.pytest_plugin import first_major_only
 from etl_spark.bigquery.destination import BigQueryConfig, BigQueryDestination
-from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator, running_emulator
+from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator
 from etl_spark.ducklake.destination import SPARK_CONF, DuckLakeConfig, DuckLakeDestination
 from etl_spark.ducklake.reader import connect_duckdb
 from etl_spark.session import SparkSettings, get_spark, stop_spark
@@ -93,13 +93,6 @@ def make_destination(lake: Lake, pipeline_id: int = 1, **options: Any) -> DuckLa
     destination.startup()
     _STARTED.append(destination)
     return destination
-
-
-@pytest.fixture(scope="session")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BigQueryEmulator]:
-    """One local BigQuery server (local-bigquery, loopback) for the session; tests use datasets of their own."""
-    with running_emulator(tmp_path_factory.mktemp("bigquery")) as server:
-        yield server
 
 
 def make_bigquery(emulator: BigQueryEmulator, dataset: str, **options: Any) -> BigQueryDestination:

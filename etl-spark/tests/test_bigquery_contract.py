@@ -16,8 +16,12 @@ from etl_spark.bigquery.names import table_id
 
 class TestBigQueryDestination(DestinationContract):
     @pytest.fixture
-    def destination(self, emulator: Any, spark: Any, kit: Any, request: pytest.FixtureRequest) -> BigQueryDestination:
-        return kit.make_bigquery(emulator, f"contract_{request.node.name}")  # shut down after the test by conftest
+    def destination(
+        self, bigquery_emulator: Any, spark: Any, kit: Any, request: pytest.FixtureRequest
+    ) -> BigQueryDestination:
+        return kit.make_bigquery(
+            bigquery_emulator, f"contract_{request.node.name}"
+        )  # shut down after the test by conftest
 
     def read_rows(self, destination: Destination, schema: TableSchema) -> list[dict[str, Any]]:
         from google.api_core.exceptions import NotFound

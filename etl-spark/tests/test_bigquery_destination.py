@@ -49,9 +49,9 @@ WIDE = TableSchema(
 
 @pytest.fixture
 def destination(
-    emulator: BigQueryEmulator, spark: Any, kit: Any, request: pytest.FixtureRequest
+    bigquery_emulator: BigQueryEmulator, spark: Any, kit: Any, request: pytest.FixtureRequest
 ) -> BigQueryDestination:
-    return kit.make_bigquery(emulator, f"d_{request.node.name}")
+    return kit.make_bigquery(bigquery_emulator, f"d_{request.node.name}")
 
 
 def bq_rows(destination: BigQueryDestination, schema: TableSchema) -> list[dict[str, Any]]:
@@ -149,7 +149,7 @@ def test_the_delete_of_touched_keys_is_bounded_by_their_range(destination: BigQu
 def test_wide_numeric_dates_and_bytes_round_trip(destination: BigQueryDestination, kit: Any) -> None:
     import pyarrow as pa
 
-    big = Decimal("12345678901234567890.123456789012345678")  # within the emulator's BIGNUMERIC (38,18)
+    big = Decimal("12345678901234567890.123456789012345678")  # within the bigquery_emulator's BIGNUMERIC (38,18)
     rows = pa.table(
         {
             "id": pa.array([1, 2], pa.int32()),
@@ -294,7 +294,7 @@ def test_table_without_key_keeps_identical_rows_apart(destination: BigQueryDesti
 
 
 def test_target_tables_are_clustered_by_their_key_and_partitioned_when_asked(
-    emulator: BigQueryEmulator, spark: Any, kit: Any
+    bigquery_emulator: BigQueryEmulator, spark: Any, kit: Any
 ) -> None:
     events = TableSchema(
         16610,
@@ -305,7 +305,7 @@ def test_target_tables_are_clustered_by_their_key_and_partitioned_when_asked(
             ColumnSchema("at", 1184),
         ),
     )
-    target = kit.make_bigquery(emulator, "d_clustered", partition_by={"public.events": "at"})
+    target = kit.make_bigquery(bigquery_emulator, "d_clustered", partition_by={"public.events": "at"})
     b = kit.BatchBuilder()
     target.write_events(
         b.commit().insert(events, {"tenant": 1, "id": 7, "at": dt.datetime(2026, 11, 24, 10, tzinfo=dt.UTC)}).build()

@@ -1,4 +1,4 @@
-"""BigQuery answering with real HTTP faults (``fault_proxy`` in front of the emulator): what passes is retried
+"""BigQuery answering with real HTTP faults (``fault_proxy`` in front of the bigquery_emulator): what passes is retried
 and the table ends equal to the reference, with no duplicate; an exceeded quota stops with its name."""
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ ORDERS = TableSchema(
 
 
 @pytest.fixture
-def proxy(emulator: BigQueryEmulator) -> Iterator[FaultProxy]:
-    with FaultProxy(emulator.endpoint).running() as running:
+def proxy(bigquery_emulator: BigQueryEmulator) -> Iterator[FaultProxy]:
+    with FaultProxy(bigquery_emulator.endpoint).running() as running:
         yield running
 
 
 @pytest.fixture
 def destination(
-    proxy: FaultProxy, emulator: Any, spark: Any, kit: Any, request: pytest.FixtureRequest
+    proxy: FaultProxy, bigquery_emulator: Any, spark: Any, kit: Any, request: pytest.FixtureRequest
 ) -> BigQueryDestination:
-    """The destination, talking to the emulator through ``proxy``."""
-    return kit.make_bigquery(emulator, f"d_{request.node.name}", endpoint=proxy.endpoint, api_retry_seconds=2)
+    """The destination, talking to the bigquery_emulator through ``proxy``."""
+    return kit.make_bigquery(bigquery_emulator, f"d_{request.node.name}", endpoint=proxy.endpoint, api_retry_seconds=2)
 
 
 def rows(destination: BigQueryDestination) -> list[tuple[Any, ...]]:

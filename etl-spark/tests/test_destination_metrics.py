@@ -151,8 +151,8 @@ def test_ducklake_counts_a_conflict_and_records_on_a_private_registry_until_regi
     destination.shutdown()
 
 
-def bigquery_rows(emulator: BigQueryEmulator, dataset: str, table: str) -> list[tuple[Any, ...]]:
-    client = emulator.client()
+def bigquery_rows(bigquery_emulator: BigQueryEmulator, dataset: str, table: str) -> list[tuple[Any, ...]]:
+    client = bigquery_emulator.client()
     try:
         path = f"{PROJECT}.{dataset}.{table_id(TableName.parse(table))}"
         return sorted(tuple(r.values()) for r in client.query_and_wait(f"SELECT id, v FROM `{path}`"))
@@ -168,22 +168,22 @@ def source_rows(db: TestDatabase, table: str) -> list[tuple[Any, ...]]:
 
 @pytest.mark.slow
 def test_bigquery_series_count_load_jobs_per_table_and_the_dml(
-    pg_database: TestDatabase, tmp_path: Path, spark: Any, emulator: BigQueryEmulator
+    pg_database: TestDatabase, tmp_path: Path, spark: Any, bigquery_emulator: BigQueryEmulator
 ) -> None:
     db = pg_database
     db.execute(
         "CREATE TABLE a (id int PRIMARY KEY, v text); INSERT INTO a SELECT g, 'a' || g FROM generate_series(1, 50) g"
     )
     db.execute("CREATE TABLE b (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE a, b")
-    dataset = f"metrics_pg{db.major}"  # the emulator serves every Postgres major's run of this module
+    dataset = f"metrics_pg{db.major}"  # the bigquery_emulator serves every Postgres major's run of this module
     destination = {
         "type": "bigquery",
         "project": PROJECT,
         "dataset": dataset,
         "staging_uri": "gs://staging/etl",
-        "staging_local_dir": str(emulator.bucket_dir("staging")),
+        "staging_local_dir": str(bigquery_emulator.bucket_dir("staging")),
         "min_apply_interval_s": 0,
-        "endpoint": emulator.endpoint,
+        "endpoint": bigquery_emulator.endpoint,
         "spark": SPARK,
     }
     pipeline = start(pipeline_config(db, destination=destination))
@@ -195,14 +195,14 @@ def test_bigquery_series_count_load_jobs_per_table_and_the_dml(
         db.execute("UPDATE a SET v = 'changed' WHERE id <= 5; INSERT INTO b VALUES (1, 'b1'), (2, 'b2')")
 
         def streamed(table: str) -> bool:
-            return bigquery_rows(emulator, dataset, f"public.{table}") == source_rows(db, table)
+            return bigquery_rows(bigquery_emulator, dataset, f"public.{table}") == source_rows(db, table)
 
         for table in ("a", "b"):
             wait_until(partial(streamed, table), f"{table} streamed", pipeline, timeout=240)
     finally:
         pipeline.shutdown()
 
-    client = emulator.client()
+    client = bigquery_emulator.client()
     try:
         loads = sum(
             1
