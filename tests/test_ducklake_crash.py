@@ -225,6 +225,10 @@ def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
 
     # During the flush that comes before a change of columns: the ledger's rows are inlined, and the batch
     # that adds a column flushes them first (their file written, the catalog still holding them inlined).
+    # A few rows streamed just before are inlined for certain: the rows above may have reached the flush
+    # threshold, and a flush of their own would leave nothing for this one to write.
+    db.execute("INSERT INTO ledger (item, delta) SELECT g, 1 FROM generate_series(1, 10) g")
+    setup.wait_equal()
     db.execute("ALTER TABLE ledger ADD COLUMN note text; UPDATE ledger SET note = 'n' || id WHERE id % 2 = 0")
     setup.run.kill_mid_write(setup.staged_flushes, timeout=120, probe=setup.files)
     setup.run.start()
