@@ -392,7 +392,9 @@ def test_a_table_whose_copy_failed_is_retried_on_a_timer_until_the_cause_is_gone
 ) -> None:
     db = table_t
     destination = OutageDestination()
-    p = run(destination, table_error_retry_delay_ms=300, table_error_retry_max_attempts=20)
+    # Each errored spell lasts the retry delay: long enough for the checks below to see the table errored and
+    # slot-less before the next attempt makes a slot again (300 ms was not, on a loaded machine).
+    p = run(destination, table_error_retry_delay_ms=2000, table_error_retry_max_attempts=20)
     states = p.states
     assert states is not None
     table = oid(db, "t")
