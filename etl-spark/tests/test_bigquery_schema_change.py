@@ -53,6 +53,7 @@ def test_a_changed_type_errors_the_table() -> None:
     with pytest.raises(TableError, match="column a changed type from STRING to INT64") as error:
         alter_statements(table_of(APPLIED), APPLIED, retyped)
     assert error.value.table_id == APPLIED.id
+    assert f"etl resync -c <pipeline file> --table {APPLIED.name}" in (error.value.hint or "")
 
 
 def test_a_history_table_keeps_dropped_columns_under_free_names() -> None:

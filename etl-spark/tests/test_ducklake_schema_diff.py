@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
+from etl.errors import TableError
 from etl.schema import ColumnSchema, TableName, TableSchema
 from etl_spark.ducklake.catalog import LakeColumn
 from etl_spark.ducklake.schema_diff import diff
@@ -76,3 +79,10 @@ def test_columns_of_unknown_source_match_by_name_only() -> None:
     assert [c.column_id for c in change.drops] == [3]
     assert [c.name for c in change.adds] == ["rating"]
     assert change.renames == []
+
+
+def test_a_type_the_files_cannot_be_read_as_errors_the_table_with_the_resync_command() -> None:
+    """``ALTER COLUMN ... TYPE ... USING`` to a type the existing files cannot be read as (text to integer)."""
+    with pytest.raises(TableError, match="column tier changed type from varchar to int32") as error:
+        diff(LAKE, schema(("id", 23, 1), ("active", 16, 2), ("score", 701, 3), ("tier", 23, 4)))
+    assert "etl resync -c <pipeline file> --table public.t" in (error.value.hint or "")

@@ -64,7 +64,7 @@ def alter_statements(
         if current[old] != ddl:
             raise TableError(
                 f"{schema.name}: column {column.name} changed type from {current[old]} to {ddl}",
-                hint="resync the table (etl resync) to copy it again with the new type",
+                hint=f"copy the table again with the new type: etl resync -c <pipeline file> --table {schema.name}",
                 table_id=schema.id,
             )
         kept[old] = column.name

@@ -57,7 +57,7 @@ def diff(current: tuple[LakeColumn, ...], target: TableSchema) -> SchemaDiff:
                 raise TableError(
                     f"{target.name}: column {column.name} changed type from {old} to {new},"
                     " which DuckLake cannot read from the existing files",
-                    hint="resync the table (etl resync) to copy it again with the new type",
+                    hint=f"copy the table again with the new type: etl resync -c <pipeline file> --table {target.name}",
                 )
             result.retypes.append((existing, new))
     result.drops = [c for i, c in enumerate(current) if i not in used]
