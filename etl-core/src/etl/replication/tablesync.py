@@ -73,9 +73,11 @@ class TableSyncWorker:
                 self.log.error("table sync failed", error=exc.message, hint=exc.hint)
             else:
                 self.log.exception("table sync failed")
+            # Drop first: an errored table must not hold WAL on the source, and once `etl status` shows it
+            # errored, it holds none.
+            self._drop_slot()
             state = self.ctx.table_failed(self.table_id, self.table.name, exc)
             self.log.info("table errored", retry=state.retry.value, retry_at=state.retry_at)
-            self._drop_slot()  # an errored table must not hold WAL on the source
 
     def _slot_recovery(self) -> str:
         return f'{self.ctx.resync_command(self.table.name)}; or set [pipeline] invalidated_slot = "recreate"'
