@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from etl.lsn import Lsn
@@ -115,3 +117,12 @@ def test_nothing_identity_ignores_the_key_flags_it_does_not_send() -> None:
     renamed = relation(("id", INT, False), ("a", TEXT, False), ("b2", INT, False), identity=ReplicaIdentity.NOTHING)
     schema = tracker.observe(renamed, Lsn(30))
     assert schema is not None and schema.key_columns == [BASE.columns[0]]  # the primary key is kept
+
+
+def test_later_versions_keep_the_partitions_the_copy_read() -> None:
+    """A message does not say which leaves the destination holds the rows of: the copy's record goes on."""
+    tracker, store = tracker_with(replace(BASE, partitions=(16390, 16400)))
+    schema = tracker.observe(relation(("id", INT, True), ("a", TEXT, False)), Lsn(20))
+    assert schema is not None and schema.partitions == (16390, 16400)
+    tracker.record_partitions(T, (16390,))
+    assert store.get_table_schema(T) == replace(schema, partitions=(16390,))

@@ -164,6 +164,9 @@ class TableSchema:
     columns: tuple[ColumnSchema, ...]
     replica_identity: ReplicaIdentity = ReplicaIdentity.DEFAULT
     snapshot_lsn: Lsn = field(default=Lsn.ZERO)
+    partitions: tuple[TableId, ...] | None = None
+    """For a table published through its partition root: the OIDs (sorted) of the leaf partitions whose rows
+    its copy read. Later versions carry it over; ``None`` when not recorded (other tables, older stores)."""
 
     @property
     def column_names(self) -> list[str]:

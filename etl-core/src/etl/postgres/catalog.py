@@ -6,7 +6,7 @@ Everything here runs over a normal connection (``etl.postgres.connection.connect
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import psycopg
@@ -39,6 +39,8 @@ class PublishedTable:
     """A partitioned table published through its root (``publish_via_partition_root``)."""
     leaves: tuple[TableName, ...]
     """For a partitioned table, the leaf partitions that hold its rows; empty otherwise."""
+    leaf_ids: tuple[TableId, ...] = ()
+    """The OIDs of ``leaves``, in their order: what ATTACH and DETACH PARTITION change (a rename does not)."""
 
     @property
     def sources(self) -> tuple[TableName, ...]:
@@ -138,15 +140,23 @@ def publication_tables(conn: psycopg.Connection[Any], publication: str) -> list[
                 row_filter=row_filter,
                 column_list=tuple(attnames) if has_column_list else None,
                 partitioned=partitioned,
-                leaves=_leaves(conn, oid) if partitioned else (),
+                leaves=(),
             )
         )
-    return tables
+    return [with_current_leaves(conn, t) for t in tables]
 
 
-def _leaves(conn: psycopg.Connection[Any], root: TableId) -> tuple[TableName, ...]:
+def with_current_leaves(conn: psycopg.Connection[Any], table: PublishedTable) -> PublishedTable:
+    """``table`` with the leaf partitions it has in ``conn``'s snapshot (itself when it is not partitioned)."""
+    if not table.partitioned:
+        return table
+    leaves = _leaves(conn, table.id)
+    return replace(table, leaves=tuple(name for _, name in leaves), leaf_ids=tuple(oid for oid, _ in leaves))
+
+
+def _leaves(conn: psycopg.Connection[Any], root: TableId) -> list[tuple[TableId, TableName]]:
     rows = conn.execute(
-        """SELECT n.nspname, c.relname, c.relkind
+        """SELECT c.oid, n.nspname, c.relname, c.relkind
            FROM pg_catalog.pg_partition_tree(%s::regclass) t
            JOIN pg_catalog.pg_class c ON c.oid = t.relid
            JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -154,10 +164,10 @@ def _leaves(conn: psycopg.Connection[Any], root: TableId) -> tuple[TableName, ..
            ORDER BY n.nspname, c.relname""",
         (root,),
     ).fetchall()
-    skipped = [str(TableName(schema, name)) for schema, name, kind in rows if kind != "r"]
+    skipped = [str(TableName(schema, name)) for _, schema, name, kind in rows if kind != "r"]
     if skipped:
         log.warning("partitions that are not tables are not copied", root=root, partitions=skipped)
-    return tuple(TableName(schema, name) for schema, name, kind in rows if kind == "r")
+    return [(oid, TableName(schema, name)) for oid, schema, name, kind in rows if kind == "r"]
 
 
 def estimated_rows(conn: psycopg.Connection[Any], tables: Sequence[TableName]) -> int | None:

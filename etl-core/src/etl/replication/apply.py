@@ -36,6 +36,8 @@ RESYNC_MESSAGE_PREFIX = "etl.resync"
 """The prefix earlier versions of ``etl resync`` sent requests with, in the WAL where any role could forge them."""
 REFRESH_INTERVAL_S = 5.0
 NEEDS_SYNC_WORKER = (TableStateKind.INIT, TableStateKind.DATA_SYNC, TableStateKind.FINISHED_COPY)
+COPIED = (TableStateKind.FINISHED_COPY, TableStateKind.SYNC_DONE, TableStateKind.READY)
+"""States of a table whose destination holds a finished copy."""
 
 
 class ApplyWorker(StreamWorker):
@@ -140,9 +142,35 @@ class ApplyWorker(StreamWorker):
                 self.ctx.metrics.forget_tables([str(self.tables[table_id].name)])
         self.tables = published
         self._reap_sync_workers()
-        self._copy_again(self.ctx.store.take_resync_requests(), requested=True)
-        self._copy_again(retries.due(states.snapshot(), datetime.now(UTC)), requested=False)
+        self._copy_again(self.ctx.store.take_resync_requests(), why="requested")
+        self._copy_again(retries.due(states.snapshot(), datetime.now(UTC)), why="retry")
+        self._copy_again(self._repartitioned(), why="partitions attached or detached")
         self._start_sync_workers()
+
+    def _repartitioned(self) -> list[TableId]:
+        """Copied tables published through their partition root whose leaves are not those their copy read.
+
+        ATTACH PARTITION brings rows into the root and DETACH takes them out, with nothing in the stream
+        for either: the copy is the only way to make the destination hold them (or not) again.
+        """
+        changed = []
+        for table_id, table in self.tables.items():
+            state = self.ctx.states.get(table_id)
+            if not table.partitioned or table_id in self.sync_workers or state is None or state.kind not in COPIED:
+                continue
+            leaves = tuple(sorted(table.leaf_ids))
+            copied = self.ctx.schemas.current(table_id).partitions
+            if copied is None:  # copied by a release that did not record them: take today's as the copy's
+                self.ctx.schemas.record_partitions(table_id, leaves)
+            elif copied != leaves:
+                log.warning(
+                    "partitions attached to or detached from a table published through its root",
+                    table=str(table.name),
+                    attached=[str(n) for n, i in zip(table.leaves, table.leaf_ids, strict=True) if i not in copied],
+                    detached=len(set(copied) - set(leaves)),
+                )
+                changed.append(table_id)
+        return changed
 
     def _remove_table(self, table_id: TableId) -> None:
         log.info("table left the publication; forgetting it", table_id=table_id)
@@ -171,8 +199,9 @@ class ApplyWorker(StreamWorker):
                 free -= 1
 
     # -- copies again ------------------------------------------------------------------------------------
-    def _copy_again(self, table_ids: Iterable[TableId], *, requested: bool) -> None:
-        """Set tables back to Init, so the pool copies them again: asked for by the owner, or a timed retry.
+    def _copy_again(self, table_ids: Iterable[TableId], *, why: str) -> None:
+        """Set tables back to Init, so the pool copies them again: asked for by the owner (``requested``), a
+        timed retry (``retry``), or because their partitions changed.
 
         Runs between transactions; what is buffered of those tables is written first, since the copy
         replaces their destination objects.
@@ -186,9 +215,9 @@ class ApplyWorker(StreamWorker):
                 log.info("resync asked for a table being copied; its copy goes on", table=str(table.name))
             else:
                 wanted.append(table_id)
-                if requested:
+                if why != "retry":
                     self.ctx.retries.forget(table_id)
-                log.info("copying a table again", table=str(table.name), why="requested" if requested else "retry")
+                log.info("copying a table again", table=str(table.name), why=why)
         if not wanted:
             return
         self.flush()

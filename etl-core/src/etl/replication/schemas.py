@@ -26,6 +26,7 @@ removes the ambiguity.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import structlog
 
@@ -114,6 +115,13 @@ class SchemaTracker:
                 self._current[table_id] = schema
         return schema
 
+    def record_partitions(self, table_id: TableId, partitions: tuple[TableId, ...]) -> None:
+        """Record the leaf partitions of the table's current version (stored before they were recorded)."""
+        schema = replace(self.current(table_id), partitions=partitions)
+        self._store.store_table_schema(schema)
+        with self._lock:
+            self._current[table_id] = schema
+
     def forget(self, table_id: TableId) -> None:
         with self._lock:
             self._current.pop(table_id, None)
@@ -145,6 +153,8 @@ class SchemaTracker:
             with self._lock:
                 self._current[schema.id] = previous
             return None
+        if previous is not None and schema.partitions is None:  # messages do not tell; the copy recorded them
+            schema = replace(schema, partitions=previous.partitions)
         self._store.store_table_schema(schema)
         with self._lock:
             self._current[schema.id] = schema

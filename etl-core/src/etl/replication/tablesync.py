@@ -9,6 +9,7 @@ A crash before FinishedCopy restarts the copy from scratch; after it, catch-up r
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pyarrow as pa
 import structlog
@@ -16,7 +17,12 @@ import structlog
 from etl.destination.base import TableCopier
 from etl.errors import EtlError, TableError, TransientError
 from etl.lsn import Lsn
-from etl.postgres.catalog import PublishedTable, estimated_rows, table_schema
+from etl.postgres.catalog import (
+    PublishedTable,
+    estimated_rows,
+    table_schema,
+    with_current_leaves,
+)
 from etl.postgres.codecs import arrow_field
 from etl.postgres.connection import connect
 from etl.postgres.copy import copy_parts, copy_table, import_snapshot, plan_copy
@@ -119,7 +125,11 @@ class TableSyncWorker:
             with connect(source) as conn, conn.transaction():
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 conn.execute(import_snapshot(slot.snapshot_name))
+                # The leaves as of the snapshot: one attached or detached since the publication was read counts.
+                self.table = with_current_leaves(conn, self.table)
                 schema = table_schema(conn, table_id, self.table.column_list).with_snapshot(slot.consistent_point)
+                if self.table.partitioned:
+                    schema = replace(schema, partitions=tuple(sorted(self.table.leaf_ids)))
                 estimate = estimated_rows(conn, self.table.sources)
             ctx.store.store_table_schema(schema)
             tracker = CopyTracker(str(self.table.name), estimate, ctx.metrics, ctx.copy_progress(table_id))

@@ -56,6 +56,7 @@ def schema_to_obj(schema: TableSchema) -> dict[str, Any]:
         ],
         "replica_identity": schema.replica_identity.value,
         "snapshot_lsn": lsn_to_text(schema.snapshot_lsn),
+        "partitions": None if schema.partitions is None else list(schema.partitions),
     }
 
 
@@ -82,6 +83,7 @@ def schema_from_obj(data: Any) -> TableSchema:
             ),
             replica_identity=ReplicaIdentity(data["replica_identity"]),
             snapshot_lsn=lsn_from_text(data["snapshot_lsn"]),
+            partitions=None if data.get("partitions") is None else tuple(int(p) for p in data["partitions"]),
         )
     except (KeyError, TypeError) as exc:
         raise ValueError(f"not a stored table schema: {type(exc).__name__}: {exc}") from None
