@@ -11,6 +11,7 @@ from etl.pipeline import Pipeline
 from etl.schema import TableName
 from etl.store.base import TableStateKind
 from etl.store.memory import MemoryStore
+from etl.testing.compare import source_rows
 from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, table_states, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 
@@ -169,3 +170,32 @@ def test_truncate_cascade_reaches_every_truncated_table(pg_database: TestDatabas
     tables = ("public.parent", "public.child", "public.other")
     wait_until(lambda: destination_matches(db, destination, *tables), "cascaded truncate", pipeline)
     assert destination.rows("public.child") == [] and destination.rows("public.other") == [{"id": 1}]
+
+
+def test_stored_generated_columns_arrive_where_the_server_publishes_them(
+    pg_database: TestDatabase, start: Start, pg_major: int
+) -> None:
+    """Postgres 18 publishes stored generated columns with `publish_generated_columns = stored`: copied and
+    streamed. Before 18 nothing publishes them, and the destination has the other columns; virtual ones
+    (Postgres 18) are never published."""
+    db = pg_database
+    virtual = ", half int GENERATED ALWAYS AS (a / 2) VIRTUAL" if pg_major >= 18 else ""
+    db.execute(f"CREATE TABLE g (id int PRIMARY KEY, a int, total int GENERATED ALWAYS AS (a * 10) STORED{virtual})")
+    db.execute("INSERT INTO g (id, a) SELECT i, i FROM generate_series(1, 20) i")
+    db.execute(
+        "CREATE PUBLICATION pub FOR TABLE g" + (" WITH (publish_generated_columns = stored)" if pg_major >= 18 else "")
+    )
+    pipeline, destination = start()
+    wait_until(lambda: all_ready(pipeline, 1), "copied", pipeline)
+    db.execute("UPDATE g SET a = a + 100 WHERE id % 3 = 0; INSERT INTO g (id, a) VALUES (21, 7)")
+    published = ["id", "a", "total"] if pg_major >= 18 else ["id", "a"]
+
+    def equal() -> bool:
+        with db.connect() as conn:
+            expected = [{k: r[k] for k in published} for r in source_rows(conn, "public.g")]
+        try:
+            return destination.rows("public.g") == expected
+        except KeyError:
+            return False
+
+    wait_until(equal, "the published columns copied and streamed", pipeline)

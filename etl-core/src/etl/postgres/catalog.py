@@ -194,10 +194,10 @@ def table_schema(
     """The current shape of table ``table_id``: columns in attnum order and the replica identity.
 
     Dropped columns are left out; so are generated columns (logical replication does not send them),
-    unless ``include_generated`` (a Postgres 18 publication with ``publish_generated_columns``) or the
-    column list names them. With a ``column_list`` only those columns are kept. ``primary_key`` marks the
-    replica identity key: the primary key (also for FULL and NOTHING, when there is one) or the columns
-    of the ``REPLICA IDENTITY USING INDEX`` index.
+    except stored ones that the column list names or, with ``include_generated`` (a Postgres 18 publication
+    with ``publish_generated_columns = stored``), all stored ones. With a ``column_list`` only those columns
+    are kept. ``primary_key`` marks the replica identity key: the primary key (also for FULL and NOTHING,
+    when there is one) or the columns of the ``REPLICA IDENTITY USING INDEX`` index.
     """
     row = conn.execute(
         """SELECT n.nspname, c.relname, c.relreplident
@@ -216,7 +216,7 @@ def table_schema(
     columns = conn.execute(
         f"""SELECT a.attname, a.atttypid::int, a.atttypmod,
                   pg_catalog.format_type(a.atttypid, a.atttypmod) || repeat('[]', greatest(a.attndims - 1, 0)),
-                  a.attnotnull, a.attgenerated <> '',
+                  a.attnotnull, a.attgenerated,
                   EXISTS (SELECT 1 FROM pg_catalog.pg_index i
                           WHERE i.indrelid = a.attrelid AND {key_index} AND a.attnum = ANY (i.indkey)),
                   a.attnum, CASE WHEN a.attgenerated = '' THEN pg_catalog.pg_get_expr(d.adbin, d.adrelid) END
@@ -240,7 +240,9 @@ def table_schema(
     for attname, type_oid, typmod, type_name, not_null, generated, in_key, attnum, default in columns:
         if wanted is not None and attname not in wanted:
             continue
-        if generated and wanted is None and not include_generated:
+        # Only stored ones are ever published ("s"; virtual ones, "v", never are), named by a column list or
+        # by the publication's publish_generated_columns.
+        if generated and not (generated == "s" and (wanted is not None or include_generated)):
             skipped_generated.append(attname)
             continue
         kept.append(ColumnSchema(attname, type_oid, typmod, not not_null, in_key, type_name, attnum, default))

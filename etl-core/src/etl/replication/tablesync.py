@@ -20,6 +20,7 @@ from etl.lsn import Lsn
 from etl.postgres.catalog import (
     PublishedTable,
     estimated_rows,
+    publication_options,
     table_schema,
     with_current_leaves,
 )
@@ -127,7 +128,11 @@ class TableSyncWorker:
                 conn.execute(import_snapshot(slot.snapshot_name))
                 # The leaves as of the snapshot: one attached or detached since the publication was read counts.
                 self.table = with_current_leaves(conn, self.table)
-                schema = table_schema(conn, table_id, self.table.column_list).with_snapshot(slot.consistent_point)
+                # Stored generated columns are in the stream where the publication publishes them (Postgres 18+).
+                generated = publication_options(conn, ctx.config.pipeline.publication).generated_columns
+                schema = table_schema(
+                    conn, table_id, self.table.column_list, include_generated=generated
+                ).with_snapshot(slot.consistent_point)
                 if self.table.partitioned:
                     schema = replace(schema, partitions=tuple(sorted(self.table.leaf_ids)))
                 estimate = estimated_rows(conn, self.table.sources)
