@@ -64,6 +64,40 @@ def test_pipeline_id_outside_a_signed_64_bit_integer_is_refused(tmp_path: Path, 
     assert config.pipeline.id == 2**63 - 1
 
 
+def test_several_hosts_take_one_port_each_and_the_writable_server(tmp_path: Path) -> None:
+    """libpq's multi-host form: after a failover each connection goes to the new primary by itself."""
+    text = GOOD.replace('host = "127.0.0.1"\nport = 5432', 'host = "pg1, pg2"\nport = [5432, 5433]')
+    source = load_config(write(tmp_path, text), environ={"PGPASSWORD": "x"}).source
+    params = source.conninfo()
+    assert (params["host"], params["port"], params["target_session_attrs"]) == ("pg1,pg2", "5432,5433", "read-write")
+    assert source.describe() == "postgres@pg1:5432,pg2:5433/postgres"
+    one_port = load_config(write(tmp_path, GOOD.replace('"127.0.0.1"', '"pg1,pg2"')), environ={"PGPASSWORD": "x"})
+    assert one_port.source.conninfo()["port"] == "5432"
+    assert (
+        "target_session_attrs" not in load_config(write(tmp_path, GOOD), environ={"PGPASSWORD": "x"}).source.conninfo()
+    )
+    standbys = text.replace("port = [5432, 5433]", 'port = [5432, 5433]\ntarget_session_attrs = "standby"')
+    assert (
+        load_config(write(tmp_path, standbys), environ={"PGPASSWORD": "x"}).source.conninfo()["target_session_attrs"]
+        == "standby"
+    )
+
+
+@pytest.mark.parametrize(
+    ("hosts", "why"),
+    [
+        ('host = "pg1,,pg2"\nport = 5432', "an empty entry"),
+        ('host = "pg1,pg2"\nport = [5432]', "one port per host"),
+        ('host = "pg1"\nport = [70000]', "between 1 and 65535"),
+    ],
+)
+def test_bad_host_and_port_lists_are_refused(tmp_path: Path, hosts: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=why):
+        load_config(
+            write(tmp_path, GOOD.replace('host = "127.0.0.1"\nport = 5432', hosts)), environ={"PGPASSWORD": "x"}
+        )
+
+
 def test_missing_env_var_names_key_and_variable(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, GOOD), environ={})

@@ -10,10 +10,12 @@ import psycopg
 
 from etl.config import PipelineConfig, PluginSection
 from etl.errors import EtlError
-from etl.factory import validate_plugin
+from etl.factory import build_store, validate_plugin
+from etl.pipeline import apply_slot_was_used
 from etl.plugins import Registry, load_registry
 from etl.postgres.connection import connect
 from etl.postgres.ddl import ddl_trigger_installed
+from etl.postgres.replication import slot_state
 from etl.replication.slots import apply_slot
 
 
@@ -39,18 +41,53 @@ class Check:
 
 def run_checks(config: PipelineConfig, source: str = "config", registry: Registry | None = None) -> list[Check]:
     """Every check, in order: the source (the rest of its checks are skipped when it cannot be reached), then
-    the store and destination sections. ``source`` names the config file in messages."""
+    the store and destination sections, then the apply slot against the store's progress. ``source`` names the
+    config file in messages."""
     plugins = _plugin_checks(config, source, registry)
     try:
         conn = connect(config.source)
     except EtlError as exc:
         return [Check("source reachable", False, exc.message, exc.hint), *plugins]
     with conn:
-        return [
+        checks = [
             Check("source reachable", True, f"connected to {config.source.describe()}"),
             *_checks(conn, config),
             *plugins,
         ]
+        if not any(c.failed for c in plugins):
+            checks.append(_apply_slot_check(conn, config, source, registry))
+        return checks
+
+
+def _apply_slot_check(
+    conn: psycopg.Connection[Any], config: PipelineConfig, source: str, registry: Registry | None
+) -> Check:
+    """The apply slot is on the source whenever the store holds progress that only it can continue from (it is
+    missing after a failover to a standby without a synced copy, or once dropped by hand)."""
+    slot = apply_slot(config.pipeline.id)
+    state = slot_state(conn, slot)
+    if state.exists:
+        return Check("apply slot", True, f"{slot} is here" + (", a failover slot" if state.failover else ""))
+    try:
+        store = build_store(config, source, registry)
+    except EtlError as exc:
+        return Check(
+            "apply slot", False, f"{slot} is not here, and the store could not be read: {exc.message}", exc.hint
+        )
+    try:
+        used = apply_slot_was_used(store)
+    finally:
+        store.close()
+    if not used:
+        return Check("apply slot", True, f"{slot} is made by the first `etl run`")
+    return Check(
+        "apply slot",
+        False,
+        f"{slot} is not on this server, yet the store holds this pipeline's progress: the changes since are lost"
+        " (the slot was dropped, or the source failed over to a standby that had no synced copy of it)",
+        f"etl reset --recopy -c {source}, then etl run: every table is copied again (see docs/configuration.md,"
+        " Source failover)",
+    )
 
 
 def _plugin_checks(config: PipelineConfig, source: str, registry: Registry | None) -> list[Check]:

@@ -14,7 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from etl.errors import ConfigError
 from etl.log import redact_text, redact_value
@@ -45,8 +54,23 @@ class Section(BaseModel):
 class PostgresConnection(Section):
     """Connection settings shared by the source and the Postgres store."""
 
-    host: str = Field("127.0.0.1", description="Server host name or address (libpq's `host`).")
-    port: Integer = Field(5432, ge=1, le=65535, description="Server port.")
+    host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        description="Server host name or address (libpq's `host`). Several, comma-separated (`pg1,pg2`), for a"
+        " primary and its standbys: each connection goes to the first that `target_session_attrs` accepts, so after"
+        " a failover the pipeline finds the new primary by itself.",
+    )
+    port: int | list[int] = Field(
+        5432, description="Server port: one for every host, or a list with one port per host (`[5432, 5433]`)."
+    )
+    target_session_attrs: Literal["any", "read-write", "read-only", "primary", "standby", "prefer-standby"] | None = (
+        Field(
+            None,
+            description="As in libpq: which of several hosts a connection accepts. Unset: `read-write` when `host`"
+            " names several (the pipeline follows the primary), libpq's `any` otherwise.",
+        )
+    )
     database: str = Field("postgres", description="Database to connect to.")
     user: str = Field("postgres", description="Role to connect as.")
     password: SecretStr | None = Field(
@@ -72,11 +96,47 @@ class PostgresConnection(Section):
         "etl", description="Shown in `pg_stat_activity` (and `pg_stat_replication` for replication connections)."
     )
 
+    @field_validator("port", mode="before")
+    @classmethod
+    def _no_boolean_ports(cls, port: Any) -> Any:
+        for value in port if isinstance(port, list) else [port]:
+            _not_a_bool(value)
+        return port
+
+    @field_validator("port")
+    @classmethod
+    def _ports_in_range(cls, port: int | list[int]) -> int | list[int]:
+        for value in port if isinstance(port, list) else [port]:
+            if not 1 <= value <= 65535:
+                raise ValueError(f"a port is between 1 and 65535, not {value}")
+        return port
+
+    @model_validator(mode="after")
+    def _a_port_per_host(self) -> PostgresConnection:
+        if any(not h.strip() for h in self.hosts):
+            raise ValueError(f"host {self.host!r} has an empty entry; separate several hosts with commas: pg1,pg2")
+        if isinstance(self.port, list) and len(self.port) != len(self.hosts):
+            raise ValueError(
+                f"port lists {len(self.port)} ports for {len(self.hosts)} hosts; give one port per host, or one port"
+            )
+        return self
+
+    @property
+    def hosts(self) -> list[str]:
+        return [h.strip() for h in self.host.split(",")]
+
+    @property
+    def session_attrs(self) -> str | None:
+        """The ``target_session_attrs`` the connections use (see the setting)."""
+        if self.target_session_attrs is None and len(self.hosts) > 1:
+            return "read-write"
+        return self.target_session_attrs
+
     def conninfo(self, **overrides: str) -> dict[str, str]:
         """libpq connection parameters, password included (never log the result)."""
         params = {
-            "host": self.host,
-            "port": str(self.port),
+            "host": ",".join(self.hosts),
+            "port": ",".join(str(p) for p in self.port) if isinstance(self.port, list) else str(self.port),
             "dbname": self.database,
             "user": self.user,
             "sslmode": self.sslmode,
@@ -91,6 +151,8 @@ class PostgresConnection(Section):
             value = getattr(self, key)
             if value is not None:
                 params[key] = value
+        if self.session_attrs is not None:
+            params["target_session_attrs"] = self.session_attrs
         if self.password is not None:
             params["password"] = self.password.get_secret_value()
         params.update(overrides)
@@ -98,7 +160,8 @@ class PostgresConnection(Section):
 
     def describe(self) -> str:
         """Where this connection goes, without secrets."""
-        return f"{self.user}@{self.host}:{self.port}/{self.database}"
+        ports = self.port if isinstance(self.port, list) else [self.port] * len(self.hosts)
+        return f"{self.user}@{','.join(f'{h}:{p}' for h, p in zip(self.hosts, ports, strict=True))}/{self.database}"
 
 
 class PipelineSection(Section):
@@ -121,6 +184,13 @@ class PipelineSection(Section):
         " gone although the store holds progress for it (dropped outside etl): stop with instructions"
         " (`etl reset --recopy`), or recreate it and copy again (every table for the apply slot; the one table for"
         " a table sync slot).",
+    )
+    failover_slots: bool = Field(
+        True,
+        description="Make the pipeline's slots failover slots (Postgres 17+, on a primary), which standbys with"
+        " `sync_replication_slots = on` keep in step: after a failover the pipeline goes on from the promoted standby"
+        " with nothing copied again. No effect before 17 or on a standby source; see"
+        " [configuration.md](configuration.md#source-failover).",
     )
     table_error_retry_delay_ms: Integer = Field(
         10_000,

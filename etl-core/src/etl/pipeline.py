@@ -280,8 +280,11 @@ class Pipeline:
                 state = slot_state(conn, slot)
             if state.invalidated or (not state.exists and apply_slot_was_used(self.store)):
                 self._slot_lost(rconn, slot, state)
+            failover = rconn.failover_slots(config.pipeline.failover_slots)
+            if state.exists and not state.invalidated and failover and not state.failover:
+                rconn.make_failover_slot(slot)
             if not state.exists or state.invalidated:
-                created = rconn.create_slot(slot)
+                created = rconn.create_slot(slot, failover=failover)
                 # From now on the store says a slot existed: should it vanish, that is noticed (_slot_lost).
                 self.store.upsert_progress(APPLY_WORKER, created.consistent_point)
             slot_position = state.confirmed_flush_lsn if state.exists and not state.invalidated else Lsn.ZERO

@@ -67,6 +67,8 @@ class SlotState:
     active_pid: int | None = None
     invalidation_reason: str | None = None
     """Why the slot was invalidated (Postgres 17+ reports it; earlier ``wal_removed`` is assumed when lost)."""
+    failover: bool = False
+    """A failover slot, kept in step on standbys with ``sync_replication_slots`` (Postgres 17+)."""
 
     @property
     def invalidated(self) -> bool:
@@ -94,6 +96,7 @@ def slot_state(conn: psycopg.Connection[Any], name: str) -> SlotState:
         wal_status=slot.get("wal_status"),
         active_pid=slot.get("active_pid"),
         invalidation_reason=reason,
+        failover=bool(slot.get("failover")),
     )
 
 
@@ -206,8 +209,9 @@ class ReplicationConnection:
         *,
         snapshot: Literal["export", "use", "nothing"] = "nothing",
         temporary: bool = False,
+        failover: bool = False,
     ) -> SlotInfo:
-        """Create a logical pgoutput slot.
+        """Create a logical pgoutput slot; ``failover`` (Postgres 17+, see ``failover_slots``) has standbys keep it.
 
         ``"export"`` exports a snapshot that other sessions import with ``SET TRANSACTION SNAPSHOT``
         (inside ``REPEATABLE READ``) to see the data exactly as of ``consistent_point``. The snapshot
@@ -217,8 +221,11 @@ class ReplicationConnection:
         """
         check_slot_name(name)
         kind = " TEMPORARY" if temporary else ""
+        if failover and self.server_version < 170000:
+            raise ValueError("failover slots need Postgres 17 or later")
         if self.server_version >= 150000:
-            command = f"CREATE_REPLICATION_SLOT {name}{kind} LOGICAL pgoutput (SNAPSHOT '{snapshot}')"
+            options = f"SNAPSHOT '{snapshot}'" + (", FAILOVER true" if failover else "")
+            command = f"CREATE_REPLICATION_SLOT {name}{kind} LOGICAL pgoutput ({options})"
         else:
             option = {"export": "EXPORT_SNAPSHOT", "use": "USE_SNAPSHOT", "nothing": "NOEXPORT_SNAPSHOT"}[snapshot]
             command = f"CREATE_REPLICATION_SLOT {name}{kind} LOGICAL pgoutput {option}"
@@ -226,6 +233,18 @@ class ReplicationConnection:
         assert slot_name is not None and consistent_point is not None
         log.info("replication slot created", slot=slot_name, consistent_point=consistent_point, snapshot=snapshot)
         return SlotInfo(slot_name, Lsn.parse(consistent_point), snapshot_name)
+
+    def make_failover_slot(self, name: str) -> None:
+        """Turn an existing slot into a failover slot (Postgres 17+), e.g. one made before the setting was on."""
+        check_slot_name(name)
+        self.execute(f"ALTER_REPLICATION_SLOT {name} (FAILOVER true)")
+        log.info("replication slot made a failover slot", slot=name)
+
+    def failover_slots(self, wanted: bool) -> bool:
+        """Whether slots made here are failover slots: ``wanted`` (the setting), on a primary of Postgres 17+."""
+        if not wanted or self.server_version < 170000:
+            return False
+        return self.execute("SELECT pg_catalog.pg_is_in_recovery()")[0][0] == "f"
 
     def drop_slot(self, name: str, wait: bool = True) -> None:
         """Drop a slot; with ``wait`` wait for a connection still using it to end. Missing slot: ``SourceError``."""

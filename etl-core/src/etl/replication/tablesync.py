@@ -120,7 +120,9 @@ class TableSyncWorker:
         source = ctx.config.source
         with ReplicationConnection.connect(source) as rconn:
             rconn.drop_slot_if_exists(self.slot)
-            slot = rconn.create_slot(self.slot, snapshot="export")
+            # A failover slot too: a failover during the catch-up then goes on from the promoted standby.
+            failover = rconn.failover_slots(ctx.config.pipeline.failover_slots)
+            slot = rconn.create_slot(self.slot, snapshot="export", failover=failover)
             assert slot.snapshot_name is not None
             # The exported snapshot lives until rconn runs its next command: keep it idle until done.
             with connect(source) as conn, conn.transaction():
