@@ -11,7 +11,7 @@ from etl.postgres.codecs.base import TEXT, BadValue, Codec, cast_to
 
 NUMERIC_OID: Final = 1700
 
-_NUMERIC_SPECIALS: Final = pa.array(["NaN", "Infinity", "-Infinity"])
+_NUMERIC_SPECIALS: Final = ("NaN", "Infinity", "-Infinity")
 
 
 def numeric_codec(typmod: int) -> Codec:
@@ -31,7 +31,8 @@ def numeric_codec(typmod: int) -> Codec:
         try:
             return cast(chunk)
         except BadValue:  # say why when it is one of the special values Arrow's decimals cannot hold
-            special = pc.is_in(chunk, value_set=_NUMERIC_SPECIALS)
+            # Built here, not at import: pa.array of a list imports pandas (a third of a second) when installed.
+            special = pc.is_in(chunk, value_set=pa.array(_NUMERIC_SPECIALS, pa.string()))
             if pc.any(special).as_py():
                 value = pc.filter(chunk, special)[0].as_py()
                 raise BadValue(
