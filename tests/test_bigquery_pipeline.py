@@ -19,10 +19,11 @@ from google.api_core import exceptions
 
 from etl.cli import cmd_status
 from etl.config import PipelineConfig
+from etl.errors import DestinationError
 from etl.factory import build_destination, build_store
 from etl.pipeline import Pipeline
 from etl.schema import TableName
-from etl.store.base import TableStateKind
+from etl.store.base import APPLY_WORKER, TableStateKind
 from etl.testing.pipelines import all_ready, pipeline_config, poll_pause, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator
@@ -383,3 +384,48 @@ def test_ten_tables_at_one_second_batches_use_one_load_per_batch_and_pace_the_ap
     assert 2 <= staged <= written  # one load job per batch written, whatever the number of tables it carries
     assert set(per_table.values()) == {staged}  # each batch applied every table once, in one transaction
     assert staged <= window / APPLY_INTERVAL_S + 1  # batches due faster were merged
+
+
+@pytest.mark.slow
+@pytest.mark.first_major
+def test_a_dataset_without_the_copied_tables_stops_the_start(
+    pg_database: TestDatabase, bigquery_emulator: BigQueryEmulator, tmp_path: Path
+) -> None:
+    """A dataset deleted (or another one named) while the store says tables were copied stops the start: the
+    pipeline never recreates them empty and moves the store's progress past the copied rows."""
+    db = pg_database
+    db.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t SELECT g, 'copied' FROM generate_series(1, 20) g"
+    )
+    db.execute("CREATE PUBLICATION pub FOR TABLE t")
+    dataset = dataset_for(db, "lost")
+
+    def config(name: str) -> PipelineConfig:
+        return pipeline_config(
+            db,
+            store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
+            destination=bigquery_destination(bigquery_emulator, name),
+        )
+
+    pipeline = start_pipeline(config(dataset))
+    try:
+        wait_until(lambda: all_ready(pipeline, 1), "the copy", pipeline, timeout=180)
+    finally:
+        pipeline.shutdown()
+    client = bigquery_emulator.client()
+    try:
+        client.delete_dataset(f"{PROJECT}.{dataset}", delete_contents=True)
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+    db.execute("INSERT INTO t VALUES (21, 'streamed later')")
+    store = build_store(config(dataset), "test")
+    before = store.get_progress(APPLY_WORKER)
+    store.close()
+
+    for name in (dataset, dataset_for(db, "other")):
+        with pytest.raises(DestinationError, match="has no table for 1 of the 1 tables") as error:
+            start_pipeline(config(name))
+        assert "etl reset --recopy" in (error.value.hint or "")
+    store = build_store(config(dataset), "test")
+    assert store.get_progress(APPLY_WORKER) == before, "the store's progress stayed where it was"
+    store.close()

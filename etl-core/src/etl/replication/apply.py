@@ -36,8 +36,6 @@ RESYNC_MESSAGE_PREFIX = "etl.resync"
 """The prefix earlier versions of ``etl resync`` sent requests with, in the WAL where any role could forge them."""
 REFRESH_INTERVAL_S = 5.0
 NEEDS_SYNC_WORKER = (TableStateKind.INIT, TableStateKind.DATA_SYNC, TableStateKind.FINISHED_COPY)
-COPIED = (TableStateKind.FINISHED_COPY, TableStateKind.SYNC_DONE, TableStateKind.READY)
-"""States of a table whose destination holds a finished copy."""
 
 
 class ApplyWorker(StreamWorker):
@@ -156,7 +154,7 @@ class ApplyWorker(StreamWorker):
         changed = []
         for table_id, table in self.tables.items():
             state = self.ctx.states.get(table_id)
-            if not table.partitioned or table_id in self.sync_workers or state is None or state.kind not in COPIED:
+            if not table.partitioned or table_id in self.sync_workers or state is None or not state.kind.copied:
                 continue
             leaves = tuple(sorted(table.leaf_ids))
             copied = self.ctx.schemas.current(table_id).partitions

@@ -46,6 +46,11 @@ class TableStateKind(StrEnum):
     def persisted(self) -> bool:
         return self not in (TableStateKind.SYNC_WAIT, TableStateKind.CATCHUP)
 
+    @property
+    def copied(self) -> bool:
+        """The destination holds the table's finished copy (what a destination checks at start)."""
+        return self in (TableStateKind.FINISHED_COPY, TableStateKind.SYNC_DONE, TableStateKind.READY)
+
 
 class RetryKind(StrEnum):
     NONE = "none"  # needs a code or source fix; never retried

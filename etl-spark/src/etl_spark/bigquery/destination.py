@@ -39,6 +39,7 @@ from etl.destination.base import DestinationContext, WriteResult
 from etl.errors import ConfigError, DestinationError, EtlError, TableError, TransientError, naming_table
 from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
 from etl.schema import ColumnSchema, TableSchema
+from etl.store.base import Store
 from etl_spark.bigquery import history
 from etl_spark.bigquery.errors import classify, passes
 from etl_spark.bigquery.metrics import BigQueryMetrics
@@ -162,9 +163,11 @@ class BigQueryDestination:
     name: ClassVar[str] = "bigquery"
     Config: ClassVar[type[BaseModel]] = BigQueryConfig
 
-    def __init__(self, config: BigQueryConfig, pipeline_id: int) -> None:
+    def __init__(self, config: BigQueryConfig, pipeline_id: int, store: Store | None = None) -> None:
         self.config = config
         self.pipeline_id = pipeline_id
+        self._store = store
+        """The pipeline's store: at start, the tables it says were copied must be in the dataset."""
         self._client: bigquery.Client | None = None
         self._spark: SparkSession | None = None
         self._applied: dict[int, TableSchema] = {}
@@ -184,7 +187,7 @@ class BigQueryDestination:
     def from_config(cls, config: Any, context: DestinationContext) -> BigQueryDestination:
         if not isinstance(config, BigQueryConfig):
             config = validate(BigQueryConfig, config, "destination", "destination")
-        return cls(config, context.pipeline_id)
+        return cls(config, context.pipeline_id, context.store)
 
     def __repr__(self) -> str:
         return f"BigQueryDestination({self.config.project}.{self.config.dataset})"
@@ -208,7 +211,8 @@ class BigQueryDestination:
                 " (table_name STRING, position INT64, column_name STRING, type_oid INT64, type_modifier INT64,"
                 " attnum INT64);"
             )
-            self._drop_leftover_staging()
+            tables = {t.table_id for t in self.client.list_tables(dataset.reference, retry=self._retry)}
+            self._drop_leftover_staging(tables)
         except exceptions.GoogleAPICallError as exc:
             passing = classify(exc, "opening the dataset")
             if isinstance(passing, TransientError):
@@ -217,6 +221,28 @@ class BigQueryDestination:
                 f"BigQuery dataset {self.config.project}.{self.config.dataset} is not usable: {exc.message}",
                 hint="check the project, dataset, location and that the credentials may create tables and run jobs",
             ) from None
+        self._check_dataset_holds_the_copies(tables)
+
+    def _check_dataset_holds_the_copies(self, tables: set[str]) -> None:
+        """Stop when the store says tables were copied that the dataset does not have: it was deleted, or it is
+        another dataset. Going on would create them empty, stream changes into them, and move the store's progress
+        past the copied rows."""
+        if self._store is None:
+            return
+        copied = {t for t, s in self._store.get_table_states().items() if s.kind.copied}
+        names: dict[int, set[str]] = {}
+        for schema in self._store.get_table_schemas():  # every name a table had: a renamed one may keep its old
+            names.setdefault(schema.id, set()).add(table_id(schema.name))
+        missing = sorted(t for t in copied if not names.get(t, set()) & tables)
+        if missing:
+            shown = ", ".join(sorted(min(names.get(t, {str(t)})) for t in missing[:10]))
+            raise DestinationError(
+                f"BigQuery dataset {self.config.project}.{self.config.dataset} has no table for {len(missing)} of the"
+                f" {len(copied)} tables this pipeline's store says were copied into it ({shown}"
+                f"{', ...' if len(missing) > 10 else ''}): it was deleted or emptied, or it is not the pipeline's",
+                hint="point `dataset` at the pipeline's dataset; to copy every table again into this one instead, stop"
+                " the pipeline and run etl reset --recopy -c <pipeline file>",
+            )
 
     def shutdown(self) -> None:
         if self._client is not None:
@@ -617,12 +643,13 @@ class BigQueryDestination:
         except Exception as exc:
             log.warning("could not drop a staging table; the next start drops it", table=name, error=str(exc))
 
-    def _drop_leftover_staging(self) -> None:
-        """Drop the staging tables this pipeline left behind when it last stopped mid-write."""
+    def _drop_leftover_staging(self, tables: set[str]) -> None:
+        """Drop the staging tables (of the dataset's ``tables``) this pipeline left behind when it last stopped
+        mid-write."""
         prefix = table_prefix(self.pipeline_id)
-        for table in self.client.list_tables(f"{self.config.project}.{self.config.dataset}", retry=self._retry):
-            if table.table_id.startswith(prefix):
-                self.client.delete_table(table.reference, not_found_ok=True, retry=self._retry)
+        for name in tables:
+            if name.startswith(prefix):
+                self.client.delete_table(self._path(name), not_found_ok=True, retry=self._retry)
 
     def _converted(self, schema: TableSchema) -> str:
         return ", ".join(

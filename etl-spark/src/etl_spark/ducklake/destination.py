@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 import structlog
@@ -30,7 +30,7 @@ from etl.errors import ConfigError, DestinationError, naming_table
 from etl.events import EventBatch, TableChanges
 from etl.postgres.copy import CopyPlan
 from etl.schema import TableName, TableSchema
-from etl.store.base import Store, TableStateKind
+from etl.store.base import Store
 from etl_spark.ducklake.catalog import (
     Catalog,
     CommitConflict,
@@ -62,7 +62,6 @@ log = structlog.get_logger(__name__)
 
 _PLANNER = "ducklake-plan"
 """The name prefix of planning threads."""
-_COPIED: Final = frozenset({TableStateKind.FINISHED_COPY, TableStateKind.SYNC_DONE, TableStateKind.READY})
 """Table states whose copy is in the lake."""
 
 SPARK_CONF = {"spark.sql.parquet.fieldId.read.enabled": "true", "spark.scheduler.mode": "FAIR"}
@@ -222,7 +221,7 @@ class DuckLakeDestination:
         without the copied rows, and move the store's progress past them."""
         if self._store is None:
             return
-        copied = {t for t, s in self._store.get_table_states().items() if s.kind in _COPIED}
+        copied = {t for t, s in self._store.get_table_states().items() if s.kind.copied}
         missing = sorted(copied - self.catalog.kept_source_tables())
         if missing:
             raise DestinationError(
