@@ -43,6 +43,22 @@ class Lake:
             self.pipeline.shutdown()
             self.pipeline = None
 
+    def copied_rows(self) -> float:
+        """Rows of the root this process copied (each copy adds its rows)."""
+        assert self.pipeline is not None
+        value = self.pipeline.metrics.registry.get_sample_value("etl_copied_rows_total", {"table": "public.pt"})
+        return value or 0.0
+
+    def leaves(self) -> tuple[int, ...]:
+        rows = self.db.execute("SELECT inhrelid::int FROM pg_inherits WHERE inhparent = 'pt'::regclass ORDER BY 1")
+        return tuple(r[0] for r in rows)
+
+    def recorded(self) -> tuple[int, ...] | None:
+        """The leaves the pipeline recorded for the root (those its copy read, and empty ones added since)."""
+        assert self.pipeline is not None
+        schema = self.pipeline.store.get_table_schema(int(self.db.execute("SELECT 'pt'::regclass::int")[0][0]))
+        return None if schema is None else schema.partitions
+
     def equal(self) -> bool:
         with self.db.connect() as conn:
             expected = comparable_source_rows(conn, "public.pt")
@@ -77,15 +93,27 @@ def test_attach_and_detach_while_streaming_make_the_lake_equal(lake: Lake) -> No
     db = lake.db
     pipeline = lake.start()
     wait_until(lambda: all_ready(pipeline, 1) and lake.equal(), "the copy", pipeline, timeout=180)
+    assert lake.copied_rows() == 600
+
+    # A new, empty partition: its rows come through the stream, and nothing is copied again.
+    db.execute("CREATE TABLE pt4 PARTITION OF pt FOR VALUES FROM (300) TO (400)")
+    wait_until(lambda: lake.recorded() == lake.leaves(), "the new partition recorded", pipeline)
+    db.execute("INSERT INTO pt SELECT i, 300 + i % 100, 'streamed' FROM generate_series(2000, 2049) i")
+    wait_until(lake.equal, "rows of the new partition streamed", pipeline, timeout=180)
+    assert lake.copied_rows() == 600, "an empty partition added copies nothing"
+
+    # A table with rows attached, a partition detached: the root is copied again, once.
     db.execute(
         """
-        CREATE TABLE pt4 (LIKE pt); INSERT INTO pt4 SELECT i, 300 + i % 100, 'pre' FROM generate_series(1, 200) i;
-        ALTER TABLE pt ATTACH PARTITION pt4 FOR VALUES FROM (300) TO (400);
+        CREATE TABLE pt5 (LIKE pt); INSERT INTO pt5 SELECT i, 400 + i % 100, 'pre' FROM generate_series(1, 200) i;
+        ALTER TABLE pt ATTACH PARTITION pt5 FOR VALUES FROM (400) TO (500);
         ALTER TABLE pt DETACH PARTITION pt3;
-        UPDATE pt SET v = 'streamed' WHERE id % 7 = 0;
         """
     )
+    rows = int(db.execute("SELECT count(*) FROM pt")[0][0])
     wait_until(lake.equal, "the attached rows in, the detached ones out", pipeline, timeout=180)
+    wait_until(lambda: all_ready(pipeline, 1) and lake.recorded() == lake.leaves(), "the copy's leaves", pipeline)
+    assert lake.copied_rows() == 600 + rows, "copied again once"
     db.execute("INSERT INTO pt VALUES (1000, 350, 'after'); DELETE FROM pt WHERE id % 11 = 0")
     wait_until(lake.equal, "streaming goes on", pipeline, timeout=180)
 

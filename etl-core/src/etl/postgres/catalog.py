@@ -155,12 +155,22 @@ def with_current_leaves(conn: psycopg.Connection[Any], table: PublishedTable) ->
 
 
 def _leaves(conn: psycopg.Connection[Any], root: TableId) -> list[tuple[TableId, TableName]]:
+    # pg_inherits read with plain SQL, so the transaction's snapshot applies (pg_partition_tree reads the latest
+    # catalog): inside a copy's imported snapshot these are the leaves whose rows that snapshot holds. A
+    # partition being detached concurrently (inhdetachpending, Postgres 14+) is no longer the root's.
     rows = conn.execute(
-        """SELECT c.oid, n.nspname, c.relname, c.relkind
-           FROM pg_catalog.pg_partition_tree(%s::regclass) t
-           JOIN pg_catalog.pg_class c ON c.oid = t.relid
+        """WITH RECURSIVE tree(relid) AS (
+               SELECT i.inhrelid FROM pg_catalog.pg_inherits i
+               WHERE i.inhparent = %s::oid AND (to_jsonb(i) ->> 'inhdetachpending')::bool IS NOT TRUE
+             UNION
+               SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent = tree.relid
+               WHERE (to_jsonb(i) ->> 'inhdetachpending')::bool IS NOT TRUE
+           )
+           SELECT c.oid, n.nspname, c.relname, c.relkind
+           FROM tree
+           JOIN pg_catalog.pg_class c ON c.oid = tree.relid
            JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-           WHERE t.isleaf
+           WHERE c.relkind <> 'p'
            ORDER BY n.nspname, c.relname""",
         (root,),
     ).fetchall()

@@ -27,7 +27,7 @@ from etl.replication.slots import table_sync_slot
 from etl.replication.stream import StreamWorker
 from etl.replication.tablesync import TableSyncWorker
 from etl.replication.writer import BatchWriter
-from etl.schema import TableId
+from etl.schema import TableId, TableName
 from etl.store.base import APPLY_WORKER, TableState, TableStateKind
 
 log = structlog.get_logger(__name__)
@@ -146,10 +146,13 @@ class ApplyWorker(StreamWorker):
         self._start_sync_workers()
 
     def _repartitioned(self) -> list[TableId]:
-        """Copied tables published through their partition root whose leaves are not those their copy read.
+        """Copied tables published through their partition root whose leaves changed so that rows came in or went
+        out of the root without a change in the stream.
 
-        ATTACH PARTITION brings rows into the root and DETACH takes them out, with nothing in the stream
-        for either: the copy is the only way to make the destination hold them (or not) again.
+        ATTACH PARTITION of a table that holds rows brings them in; DETACH PARTITION, or dropping a partition,
+        takes its rows out: only a copy makes the destination hold them (or not) again. A new leaf that is empty
+        (``CREATE TABLE ... PARTITION OF``, or an empty table attached) needs none: its rows come through the
+        stream, and its leaves are recorded as they are.
         """
         changed = []
         for table_id, table in self.tables.items():
@@ -158,17 +161,36 @@ class ApplyWorker(StreamWorker):
                 continue
             leaves = tuple(sorted(table.leaf_ids))
             copied = self.ctx.schemas.current(table_id).partitions
+            if copied == leaves:
+                continue
             if copied is None:  # copied by a release that did not record them: take today's as the copy's
                 self.ctx.schemas.record_partitions(table_id, leaves)
-            elif copied != leaves:
-                log.warning(
-                    "partitions attached to or detached from a table published through its root",
-                    table=str(table.name),
-                    attached=[str(n) for n, i in zip(table.leaves, table.leaf_ids, strict=True) if i not in copied],
-                    detached=len(set(copied) - set(leaves)),
-                )
-                changed.append(table_id)
+                continue
+            added = [n for n, i in zip(table.leaves, table.leaf_ids, strict=True) if i not in copied]
+            removed = len(set(copied) - set(leaves))
+            filled = self._holding_rows(added)
+            if not removed and not filled:
+                log.info("empty partitions added; their rows are streamed", table=str(table.name), added=added)
+                self.ctx.schemas.record_partitions(table_id, leaves)
+                continue
+            log.warning(
+                "partitions with rows attached to, or partitions detached from, a table published through its root",
+                table=str(table.name),
+                attached=[str(n) for n in filled],
+                detached=removed,
+            )
+            changed.append(table_id)
         return changed
+
+    def _holding_rows(self, tables: list[TableName]) -> list[TableName]:
+        if not tables:
+            return []
+        with connect(self.ctx.config.source) as conn:
+            return [
+                t
+                for t in tables
+                if conn.execute(f"SELECT EXISTS (SELECT FROM ONLY {t.quoted()})").fetchone() == (True,)
+            ]
 
     def _remove_table(self, table_id: TableId) -> None:
         log.info("table left the publication; forgetting it", table_id=table_id)
