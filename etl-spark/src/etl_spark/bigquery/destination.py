@@ -232,10 +232,14 @@ class BigQueryDestination:
         copied = {t for t, s in self._store.get_table_states().items() if s.kind.copied}
         names: dict[int, set[str]] = {}
         for schema in self._store.get_table_schemas():  # every name a table had: a renamed one may keep its old
-            names.setdefault(schema.id, set()).add(table_id(schema.name))
-        missing = sorted(t for t in copied if not names.get(t, set()) & tables)
+            if schema.id in copied:
+                try:
+                    names.setdefault(schema.id, set()).add(table_id(schema.name))
+                except TableError:  # a name BigQuery refuses errors its table at its write, not the whole start
+                    continue
+        missing = sorted(t for t in copied if t in names and not names[t] & tables)
         if missing:
-            shown = ", ".join(sorted(min(names.get(t, {str(t)})) for t in missing[:10]))
+            shown = ", ".join(sorted(min(names[t]) for t in missing[:10]))
             raise DestinationError(
                 f"BigQuery dataset {self.config.project}.{self.config.dataset} has no table for {len(missing)} of the"
                 f" {len(copied)} tables this pipeline's store says were copied into it ({shown}"

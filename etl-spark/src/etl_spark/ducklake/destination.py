@@ -62,7 +62,6 @@ log = structlog.get_logger(__name__)
 
 _PLANNER = "ducklake-plan"
 """The name prefix of planning threads."""
-"""Table states whose copy is in the lake."""
 
 SPARK_CONF = {"spark.sql.parquet.fieldId.read.enabled": "true", "spark.scheduler.mode": "FAIR"}
 """Field ids pick the columns of the files read; the fair scheduler runs the Spark jobs of a batch's tables,
