@@ -8,9 +8,10 @@ setting off) the failover ends in the slot-lost path, and `etl check` on the new
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ class Pair:
     def config(self, store: dict[str, object] | None = None, **pipeline: object) -> PipelineConfig:
         """A pipeline whose source names the primary, then the standby (libpq's multi-host form)."""
         ports = [self.primary.cluster.port, self.standby.cluster.port]
-        sections: dict[str, object] = {
+        sections: dict[str, Any] = {
             "batch": {"max_fill_ms": 200},
             "pipeline": pipeline,
             "source": {"host": "127.0.0.1,127.0.0.1", "port": ports},
@@ -162,3 +163,23 @@ def test_a_failover_without_a_synced_slot_stops_and_check_says_the_slot_is_missi
     finally:
         standby.stop()
         primary.stop()
+
+
+@pytest.mark.slow
+def test_the_setting_turns_an_existing_apply_slot_into_a_failover_slot_and_back(
+    synced_pair: Pair, tmp_path: Path
+) -> None:
+    pair = synced_pair
+
+    def failover_is(wanted: bool) -> Callable[[], bool]:
+        query = "SELECT failover FROM pg_replication_slots WHERE slot_name = 'etl_apply_1'"
+        return lambda: pair.primary.execute(query) == [(wanted,)]
+
+    for wanted in (False, True, False):
+        config = pair.config(store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")}, failover_slots=wanted)
+        pipeline = Pipeline(config, build_store(config, "test"), MemoryDestination())
+        pipeline.start()
+        try:
+            wait_until(failover_is(wanted), f"the apply slot with failover = {wanted}", pipeline)
+        finally:
+            pipeline.shutdown()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import socket
 import struct
 import threading
 import time
@@ -84,6 +85,28 @@ def test_identify_system_and_session(pg_database: TestDatabase) -> None:
         assert conn.execute("SHOW IntervalStyle") == [("postgres",)]
     assert conn.closed
     conn.close()  # idempotent
+
+
+def test_a_silent_first_host_is_left_after_its_own_timeout(pg_database: TestDatabase) -> None:
+    """With several hosts each gets its own connect_timeout: a first host that accepts and never answers (as a dead
+    primary's address can) does not use up the time of the next, which is a working server."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    threading.Thread(target=lambda: accepted.append(silent.accept()[0]), daemon=True).start()
+    real = pg_database.connection()
+    config = real.model_copy(
+        update={"host": "127.0.0.1,127.0.0.1", "port": [silent.getsockname()[1], real.port], "connect_timeout": 2}
+    )
+    try:
+        began = time.monotonic()
+        with ReplicationConnection.connect(config) as conn:
+            assert conn.identify_system().dbname == pg_database.name
+        assert accepted, "the silent host was tried first"
+        assert time.monotonic() - began < 10
+    finally:
+        silent.close()
+        for sock in accepted:
+            sock.close()
 
 
 def test_repr_names_target_but_not_password(pg_database: TestDatabase) -> None:

@@ -66,6 +66,14 @@ def _apply_slot_check(
     missing after a failover to a standby without a synced copy, or once dropped by hand)."""
     slot = apply_slot(config.pipeline.id)
     state = slot_state(conn, slot)
+    if state.invalidated:
+        return Check(
+            "apply slot",
+            False,
+            f"{slot} was invalidated ({state.invalidation_reason}): the changes it held back are lost",
+            f"etl reset --recopy -c {source}, then etl run: every table is copied again; raise"
+            " max_slot_wal_keep_size on the source",
+        )
     if state.exists:
         return Check("apply slot", True, f"{slot} is here" + (", a failover slot" if state.failover else ""))
     try:

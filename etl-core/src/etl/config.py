@@ -181,15 +181,16 @@ class PipelineSection(Section):
     invalidated_slot: Literal["stop", "recreate"] = Field(
         "stop",
         description="When a slot cannot go on — the source dropped the WAL it needed (`wal_status = lost`), or it is"
-        " gone although the store holds progress for it (dropped outside etl): stop with instructions"
-        " (`etl reset --recopy`), or recreate it and copy again (every table for the apply slot; the one table for"
-        " a table sync slot).",
+        " gone although the store holds progress for it (dropped outside etl, or lost in a failover): stop with"
+        " instructions (`etl reset --recopy`), or recreate it and copy again (every table for the apply slot; the one"
+        " table for a table sync slot).",
     )
     failover_slots: bool = Field(
         True,
-        description="Make the pipeline's slots failover slots (Postgres 17+, on a primary), which standbys with"
-        " `sync_replication_slots = on` keep in step: after a failover the pipeline goes on from the promoted standby"
-        " with nothing copied again. No effect before 17 or on a standby source; see"
+        description="Make the pipeline's slots failover slots (Postgres 17+, on a primary that sets"
+        " `synchronized_standby_slots`), which standbys with `sync_replication_slots = on` keep in step: after a"
+        " failover the pipeline goes on from the promoted standby with nothing copied again. No effect before 17, on"
+        " a standby source, or without `synchronized_standby_slots`; see"
         " [configuration.md](configuration.md#source-failover).",
     )
     table_error_retry_delay_ms: Integer = Field(

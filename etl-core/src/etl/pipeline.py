@@ -281,8 +281,8 @@ class Pipeline:
             if state.invalidated or (not state.exists and apply_slot_was_used(self.store)):
                 self._slot_lost(rconn, slot, state)
             failover = rconn.failover_slots(config.pipeline.failover_slots)
-            if state.exists and not state.invalidated and failover and not state.failover:
-                rconn.make_failover_slot(slot)
+            if state.exists and not state.invalidated and failover != state.failover and rconn.server_version >= 170000:
+                rconn.set_failover(slot, failover)
             if not state.exists or state.invalidated:
                 created = rconn.create_slot(slot, failover=failover)
                 # From now on the store says a slot existed: should it vanish, that is noticed (_slot_lost).

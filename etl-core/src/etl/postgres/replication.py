@@ -10,6 +10,7 @@ A ``ReplicationConnection`` belongs to one thread at a time.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any, Final, Literal
 import psycopg
 import structlog
 from psycopg import pq
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_attempts, make_conninfo
 from psycopg.errors import error_from_result
 from psycopg.pq.abc import PGconn, PGresult
 
@@ -73,6 +74,10 @@ class SlotState:
     @property
     def invalidated(self) -> bool:
         return self.invalidation_reason is not None
+
+
+_warned_unsynchronized = threading.Event()
+"""The warning that failover slots are off for want of ``synchronized_standby_slots`` is given once per process."""
 
 
 def slot_state(conn: psycopg.Connection[Any], name: str) -> SlotState:
@@ -130,23 +135,39 @@ class ReplicationConnection:
     # -- lifecycle -----------------------------------------------------------------------------------
     @classmethod
     def connect(cls, config: PostgresConnection, settings: dict[str, str] | None = None) -> ReplicationConnection:
-        """Open a replication connection; ``settings`` adds session GUCs (e.g. ``wal_sender_timeout``)."""
+        """Open a replication connection; ``settings`` adds session GUCs (e.g. ``wal_sender_timeout``).
+
+        Each host (of several, ``host = "pg1,pg2"``) gets its own ``connect_timeout``, as libpq gives it in a
+        blocking connect: libpq's non-blocking connect has none, so a first host that does not answer (a dead
+        primary's address) would use up the whole time and the next host would never be tried.
+        """
         params = conninfo_params(config, {"replication": "database"}, settings)
-        deadline = time.monotonic() + config.connect_timeout
-        pgconn: PGconn = pq.PGconn.connect_start(make_conninfo(**params).encode())
-        waiter = Waiter(pgconn)
+        errors: list[str] = []
         try:
-            try:
-                waiter.run(generators.connect(pgconn), deadline=deadline)
-            except Expired:
-                raise psycopg.OperationalError(f"timeout expired after {config.connect_timeout}s") from None
+            attempts = conninfo_attempts(params)
         except psycopg.OperationalError as exc:
-            waiter.close()
-            pgconn.finish()
             raise connection_error(config, exc, "open a replication connection to") from None
-        pgconn.nonblocking = 1
-        log.debug("replication connection opened", target=config.describe(), server_version=pgconn.server_version)
-        return cls(pgconn, config, waiter)
+        for attempt in attempts:
+            pgconn: PGconn = pq.PGconn.connect_start(make_conninfo("", **attempt).encode())
+            waiter = Waiter(pgconn)
+            try:
+                try:
+                    waiter.run(generators.connect(pgconn), deadline=time.monotonic() + config.connect_timeout)
+                except Expired:
+                    raise psycopg.OperationalError(
+                        f"connection to server at {attempt.get('host')!r}, port {attempt.get('port')} failed: timeout"
+                        f" expired after {config.connect_timeout}s"
+                    ) from None
+            except psycopg.OperationalError as exc:
+                waiter.close()
+                pgconn.finish()
+                errors.append(str(exc).strip())
+                continue
+            pgconn.nonblocking = 1
+            log.debug("replication connection opened", target=config.describe(), server_version=pgconn.server_version)
+            return cls(pgconn, config, waiter)
+        failed = psycopg.OperationalError("\n".join(errors))
+        raise connection_error(config, failed, "open a replication connection to") from None
 
     def close(self) -> None:
         """Close the connection (idempotent); the server ends the stream and frees the slot."""
@@ -234,17 +255,37 @@ class ReplicationConnection:
         log.info("replication slot created", slot=slot_name, consistent_point=consistent_point, snapshot=snapshot)
         return SlotInfo(slot_name, Lsn.parse(consistent_point), snapshot_name)
 
-    def make_failover_slot(self, name: str) -> None:
-        """Turn an existing slot into a failover slot (Postgres 17+), e.g. one made before the setting was on."""
+    def set_failover(self, name: str, failover: bool) -> None:
+        """Make an existing slot a failover slot, or no longer one (Postgres 17+)."""
         check_slot_name(name)
-        self.execute(f"ALTER_REPLICATION_SLOT {name} (FAILOVER true)")
-        log.info("replication slot made a failover slot", slot=name)
+        self.execute(f"ALTER_REPLICATION_SLOT {name} (FAILOVER {'true' if failover else 'false'})")
+        log.info("replication slot changed", slot=name, failover=failover)
 
     def failover_slots(self, wanted: bool) -> bool:
-        """Whether slots made here are failover slots: ``wanted`` (the setting), on a primary of Postgres 17+."""
+        """Whether the pipeline's slots here are failover slots: ``wanted`` (the setting), on a primary of Postgres
+        17+ that holds logical changes back until its standbys have them (``synchronized_standby_slots``).
+
+        Without that setting a promoted standby may lack changes the pipeline already wrote, and a synced slot
+        would go on past them on the new timeline, skipping what the new primary commits there: such a slot is
+        not made a failover slot, so that a failover ends in the slot-lost stop instead.
+        """
         if not wanted or self.server_version < 170000:
             return False
-        return self.execute("SELECT pg_catalog.pg_is_in_recovery()")[0][0] == "f"
+        in_recovery, standbys = self.execute(
+            "SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('synchronized_standby_slots')"
+        )[0]
+        if in_recovery == "t":
+            return False
+        if not standbys:
+            if not _warned_unsynchronized.is_set():
+                _warned_unsynchronized.set()
+                log.warning(
+                    "slots are not failover slots: the primary's synchronized_standby_slots is empty",
+                    hint="set synchronized_standby_slots to the standbys' physical slots (docs/configuration.md,"
+                    " Source failover), or [pipeline] failover_slots = false to silence this",
+                )
+            return False
+        return True
 
     def drop_slot(self, name: str, wait: bool = True) -> None:
         """Drop a slot; with ``wait`` wait for a connection still using it to end. Missing slot: ``SourceError``."""
@@ -418,7 +459,7 @@ class SlotLostError(SourceError):
         what = (
             f"was invalidated ({state.invalidation_reason})"
             if state.exists and state.invalidated
-            else "is gone (it was dropped outside etl)"
+            else "is gone (dropped outside etl, or the source failed over to a standby without a synced copy of it)"
         )
         return cls(
             f"replication slot {slot} {what}: the changes since its position are no longer kept; {consequence}",
