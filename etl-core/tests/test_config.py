@@ -71,6 +71,9 @@ def test_several_hosts_take_one_port_each_and_the_writable_server(tmp_path: Path
     params = source.conninfo()
     assert (params["host"], params["port"], params["target_session_attrs"]) == ("pg1,pg2", "5432,5433", "read-write")
     assert source.describe() == "postgres@pg1:5432,pg2:5433/postgres"
+    text_ports = GOOD.replace('host = "127.0.0.1"\nport = 5432', 'host = "pg1,pg2"\nport = "${PGPORT}"')
+    ports = load_config(write(tmp_path, text_ports), environ={"PGPASSWORD": "x", "PGPORT": "5432,5433"}).source.port
+    assert ports == [5432, 5433], "libpq's text form, as an environment variable gives it"
     one_port = load_config(write(tmp_path, GOOD.replace('"127.0.0.1"', '"pg1,pg2"')), environ={"PGPASSWORD": "x"})
     assert one_port.source.conninfo()["port"] == "5432"
     assert (
@@ -89,6 +92,7 @@ def test_several_hosts_take_one_port_each_and_the_writable_server(tmp_path: Path
         ('host = "pg1,,pg2"\nport = 5432', "an empty entry"),
         ('host = "pg1,pg2"\nport = [5432]', "one port per host"),
         ('host = "pg1"\nport = [70000]', "between 1 and 65535"),
+        ('host = "pg1"\nport = 5432.5', "integer port"),
     ],
 )
 def test_bad_host_and_port_lists_are_refused(tmp_path: Path, hosts: str, why: str) -> None:

@@ -33,6 +33,12 @@ M = TypeVar("M", bound=BaseModel)
 _ENV_REF = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
+def _port(value: Any) -> int:
+    if isinstance(value, float):
+        raise ValueError(f"not a whole number: {value}")
+    return int(value)
+
+
 def _not_a_bool(value: Any) -> Any:
     # pydantic reads true/false as 1/0 for an int field; in a config file that is always a mistake
     if isinstance(value, bool):
@@ -62,7 +68,9 @@ class PostgresConnection(Section):
         " a failover the pipeline finds the new primary by itself.",
     )
     port: int | list[int] = Field(
-        5432, description="Server port: one for every host, or a list with one port per host (`[5432, 5433]`)."
+        5432,
+        description="Server port: one for every host, or one per host, as a list (`[5432, 5433]`) or in libpq's"
+        ' form (`"5432,5433"`).',
     )
     target_session_attrs: Literal["any", "read-write", "read-only", "primary", "standby", "prefer-standby"] | None = (
         Field(
@@ -98,10 +106,16 @@ class PostgresConnection(Section):
 
     @field_validator("port", mode="before")
     @classmethod
-    def _no_boolean_ports(cls, port: Any) -> Any:
-        for value in port if isinstance(port, list) else [port]:
+    def _ports(cls, port: Any) -> int | list[int]:
+        """An integer, a list of them, or libpq's text form (`"5432"`, `"5432,5433"`, as ``${PGPORT}`` gives it)."""
+        values = port.split(",") if isinstance(port, str) else port if isinstance(port, list) else [port]
+        for value in values:
             _not_a_bool(value)
-        return port
+        try:
+            ports = [_port(v) for v in values]
+        except (TypeError, ValueError):
+            raise ValueError(f"expected an integer port or a list of them (5432, [5432, 5433]), got {port!r}") from None
+        return ports if isinstance(port, list) or len(ports) > 1 else ports[0]
 
     @field_validator("port")
     @classmethod
@@ -117,7 +131,8 @@ class PostgresConnection(Section):
             raise ValueError(f"host {self.host!r} has an empty entry; separate several hosts with commas: pg1,pg2")
         if isinstance(self.port, list) and len(self.port) != len(self.hosts):
             raise ValueError(
-                f"port lists {len(self.port)} ports for {len(self.hosts)} hosts; give one port per host, or one port"
+                f"port gives {len(self.port)} port(s) for {len(self.hosts)} host(s); give one port per host, or one"
+                " port for all"
             )
         return self
 
