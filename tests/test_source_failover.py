@@ -114,7 +114,8 @@ def test_a_failover_to_a_standby_with_synced_slots_goes_on_with_nothing_copied_a
             )
             return rows == [(True,)]
 
-        wait_until(synced, "the apply slot synced to the standby", pipeline)
+        # The slot-sync worker naps up to 30 s between rounds while nothing changes.
+        wait_until(synced, "the apply slot synced to the standby", pipeline, timeout=180)
         pair.primary.execute("INSERT INTO items VALUES (5001, 1, 'before the failover')")
         pair.fail_over()
         new_primary = pair.standby
