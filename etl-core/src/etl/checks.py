@@ -11,7 +11,7 @@ import psycopg
 from etl.config import PipelineConfig, PluginSection
 from etl.errors import EtlError
 from etl.factory import build_store, validate_plugin
-from etl.pipeline import apply_slot_was_used
+from etl.pipeline import apply_slot_lost, slot_lost_error
 from etl.plugins import Registry, load_registry
 from etl.postgres.connection import connect
 from etl.postgres.ddl import ddl_trigger_installed
@@ -66,36 +66,22 @@ def _apply_slot_check(
     missing after a failover to a standby without a synced copy, or once dropped by hand)."""
     slot = apply_slot(config.pipeline.id)
     state = slot_state(conn, slot)
-    if state.invalidated:
-        return Check(
-            "apply slot",
-            False,
-            f"{slot} was invalidated ({state.invalidation_reason}): the changes it held back are lost",
-            f"etl reset --recopy -c {source}, then etl run: every table is copied again; raise"
-            " max_slot_wal_keep_size on the source",
-        )
-    if state.exists:
+    if state.exists and not state.invalidated:
         return Check("apply slot", True, f"{slot} is here" + (", a failover slot" if state.failover else ""))
     try:
         store = build_store(config, source, registry)
     except EtlError as exc:
         return Check(
-            "apply slot", False, f"{slot} is not here, and the store could not be read: {exc.message}", exc.hint
+            "apply slot", False, f"{slot} is not usable, and the store could not be read: {exc.message}", exc.hint
         )
     try:
-        used = apply_slot_was_used(store)
+        lost = apply_slot_lost(state, store)
     finally:
         store.close()
-    if not used:
+    if not lost:
         return Check("apply slot", True, f"{slot} is made by the first `etl run`")
-    return Check(
-        "apply slot",
-        False,
-        f"{slot} is not on this server, yet the store holds this pipeline's progress: the changes since are lost"
-        " (the slot was dropped, or the source failed over to a standby that had no synced copy of it)",
-        f"etl reset --recopy -c {source}, then etl run: every table is copied again (see docs/configuration.md,"
-        " Source failover)",
-    )
+    error = slot_lost_error(slot, state, source)
+    return Check("apply slot", False, error.message, error.hint)
 
 
 def _plugin_checks(config: PipelineConfig, source: str, registry: Registry | None) -> list[Check]:

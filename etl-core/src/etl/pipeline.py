@@ -278,7 +278,7 @@ class Pipeline:
             protocol, streaming = choose_protocol(rconn.server_version)
             with connect(config.source) as conn:
                 state = slot_state(conn, slot)
-            if state.invalidated or (not state.exists and apply_slot_was_used(self.store)):
+            if apply_slot_lost(state, self.store):
                 self._slot_lost(rconn, slot, state)
             failover = rconn.failover_slots(config.pipeline.failover_slots)
             if state.exists and not state.invalidated and failover != state.failover and rconn.server_version >= 170000:
@@ -330,13 +330,7 @@ class Pipeline:
         drop what is left and copy every table again.
         """
         if self.config.pipeline.invalidated_slot == "stop":
-            raise SlotLostError.of(
-                slot,
-                state,
-                "the destination cannot be brought up to date from it",
-                "copy every table again: etl reset --recopy -c <pipeline file> (or set [pipeline] invalidated_slot ="
-                ' "recreate"); raise max_slot_wal_keep_size on the source if WAL removal invalidated it',
-            )
+            raise slot_lost_error(slot, state, "<pipeline file>", ' (or set [pipeline] invalidated_slot = "recreate")')
         self.log.warning("replication slot lost; recreating it and copying every table again", slot=slot)
         rconn.drop_slot_if_exists(slot)
         self.store.reset_tables_for_resync()
@@ -357,11 +351,30 @@ class Pipeline:
         )
 
 
-def apply_slot_was_used(store: Store) -> bool:
-    """The store holds progress that only the apply slot can continue from: if the slot is gone, changes were lost."""
+def apply_slot_lost(state: SlotState, store: Store) -> bool:
+    """The apply slot is invalidated, or gone while the store holds progress that only it could continue from.
+
+    Either way changes were lost: the run stops (or copies everything again), and ``etl check`` and ``etl status``
+    say so.
+    """
+    if state.invalidated:
+        return True
+    if state.exists:
+        return False
     if store.get_progress(APPLY_WORKER) is not None:
         return True
     return any(s.kind is not TableStateKind.INIT for s in store.get_table_states().values())
+
+
+def slot_lost_error(slot: str, state: SlotState, config_path: str, alternative: str = "") -> SlotLostError:
+    """The error, and the way out, of a lost apply slot (``apply_slot_lost``)."""
+    return SlotLostError.of(
+        slot,
+        state,
+        "the destination cannot be brought up to date from it",
+        f"copy every table again: etl reset --recopy -c {config_path}{alternative}; raise max_slot_wal_keep_size on"
+        " the source if WAL removal invalidated it (docs/configuration.md, Source failover)",
+    )
 
 
 def reset_for_recopy(config: PipelineConfig, store: Store) -> tuple[list[str], int]:

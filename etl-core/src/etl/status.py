@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 from etl.config import PipelineConfig
 from etl.errors import EtlError
 from etl.lsn import Lsn
-from etl.pipeline import apply_slot_was_used
+from etl.pipeline import apply_slot_lost, slot_lost_error
 from etl.postgres.catalog import WAL_POSITION
 from etl.postgres.connection import connect
+from etl.postgres.replication import SlotState, slot_state
 from etl.replication.slots import apply_slot, slot_prefix
 from etl.schema import TableId, TableName
 from etl.store.base import APPLY_WORKER, CopyProgress, Store, TableState, TableStateKind, table_sync_worker
@@ -155,7 +156,6 @@ def status_report(config: PipelineConfig, store: Store, *, config_path: str | No
 
     ``config_path`` names the pipeline file in hints. Raises ``EtlError`` when the source cannot be reached.
     """
-    slot_expected = apply_slot_was_used(store)
     states = store.get_table_states()
     names = {s.id: str(s.name) for s in store.get_table_schemas()}
     apply_progress = store.get_progress(APPLY_WORKER)
@@ -171,6 +171,7 @@ def status_report(config: PipelineConfig, store: Store, *, config_path: str | No
             " FROM pg_catalog.pg_replication_slots WHERE slot_name = %s OR starts_with(slot_name, %s) ORDER BY 1",
             (apply_name, sync_prefix),
         ).fetchall()
+        apply_state = slot_state(conn, apply_name)
         unnamed = [table_id for table_id in states if table_id not in names]  # not copied yet: no schema stored
         if unnamed:
             for oid, schema, name in conn.execute(
@@ -203,26 +204,16 @@ def status_report(config: PipelineConfig, store: Store, *, config_path: str | No
         apply_progress=apply_progress,
         tables=tables,
         slots=slots,
-        problems=tuple(_problems(config, slots, slot_expected, config_path)),
+        problems=tuple(_problems(config, apply_state, store, config_path)),
     )
 
 
-def _problems(
-    config: PipelineConfig, slots: Sequence[SlotStatus], slot_expected: bool, config_path: str | None
-) -> list[Problem]:
-    slot = apply_slot(config.pipeline.id)
-    mine = next((s for s in slots if s.name == slot), None)
-    lost = mine is not None and mine.wal_status == "lost"
-    if not lost and not (slot_expected and mine is None):
+def _problems(config: PipelineConfig, apply_state: SlotState, store: Store, config_path: str | None) -> list[Problem]:
+    if not apply_slot_lost(apply_state, store):
         return []
-    what = "was invalidated" if lost else "is gone although the store holds progress for it"
-    return [
-        Problem(
-            "apply_slot_lost",
-            f"replication slot {slot} {what}: the changes since are lost, and the pipeline stops at its next start",
-            f"copy every table again: etl reset --recopy -c {config_path or '<pipeline file>'}",
-        )
-    ]
+    slot = apply_slot(config.pipeline.id)
+    error = slot_lost_error(slot, apply_state, config_path or "<pipeline file>")
+    return [Problem("apply_slot_lost", error.message, error.hint or "")]
 
 
 def check_report(checks: Sequence[Check]) -> dict[str, Any]:
