@@ -17,6 +17,7 @@ from pydantic import SecretStr
 
 from etl.errors import ConfigError, SourceError, TransientError
 from etl.lsn import Lsn
+from etl.postgres import replication
 from etl.postgres.replication import (
     Keepalive,
     PublicationMissingError,
@@ -107,6 +108,28 @@ def test_a_silent_first_host_is_left_after_its_own_timeout(pg_database: TestData
         silent.close()
         for sock in accepted:
             sock.close()
+
+
+def test_unsynchronized_failover_slots_warn_only_where_a_standby_could_take_over(pg_database: TestDatabase) -> None:
+    """Without ``synchronized_standby_slots`` slots are not made failover slots. That is worth a warning on a
+    primary with physical slots (standbys a failover would promote) and only an info line on a lone server."""
+
+    def told() -> list[str]:
+        replication._told_unsynchronized.clear()
+        with structlog.testing.capture_logs() as logs, ReplicationConnection.connect(pg_database.connection()) as conn:
+            assert conn.failover_slots(True) is False
+        return [e["log_level"] for e in logs if "not failover slots" in e["event"]]
+
+    if pg_database.major < 17:  # no failover slots before 17: nothing to say
+        assert told() == []
+        return
+    assert told() == ["info"]
+    slot = f"standby_{pg_database.name}"
+    pg_database.execute("SELECT pg_create_physical_replication_slot(%s)", (slot,))
+    try:
+        assert told() == ["warning"]
+    finally:
+        pg_database.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
 
 def test_repr_names_target_but_not_password(pg_database: TestDatabase) -> None:

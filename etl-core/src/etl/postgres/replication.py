@@ -76,8 +76,8 @@ class SlotState:
         return self.invalidation_reason is not None
 
 
-_warned_unsynchronized = threading.Event()
-"""The warning that failover slots are off for want of ``synchronized_standby_slots`` is given once per process."""
+_told_unsynchronized = threading.Event()
+"""That failover slots are off for want of ``synchronized_standby_slots`` is said once per process."""
 
 
 def slot_state(conn: psycopg.Connection[Any], name: str) -> SlotState:
@@ -271,15 +271,19 @@ class ReplicationConnection:
         """
         if not wanted or self.server_version < 170000:
             return False
-        in_recovery, standbys = self.execute(
-            "SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('synchronized_standby_slots')"
+        in_recovery, standbys, physical = self.execute(
+            "SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('synchronized_standby_slots'),"
+            " EXISTS (SELECT FROM pg_catalog.pg_replication_slots WHERE slot_type = 'physical')"
         )[0]
         if in_recovery == "t":
             return False
         if not standbys:
-            if not _warned_unsynchronized.is_set():
-                _warned_unsynchronized.set()
-                log.warning(
+            if not _told_unsynchronized.is_set():
+                _told_unsynchronized.set()
+                # A primary with physical slots has standbys, whose promotion would lose the pipeline's slots:
+                # worth a warning. A lone primary has nothing to fail over to: a line at info is enough.
+                tell = log.warning if physical == "t" else log.info
+                tell(
                     "slots are not failover slots: the primary's synchronized_standby_slots is empty",
                     hint="set synchronized_standby_slots to the standbys' physical slots (docs/configuration.md,"
                     " Source failover), or [pipeline] failover_slots = false to silence this",
