@@ -47,6 +47,11 @@ class PublishedTable:
         """The tables whose rows make up this table: the leaves of a partitioned table, else itself."""
         return self.leaves if self.partitioned else (self.name,)
 
+    @property
+    def partitions(self) -> tuple[TableId, ...]:
+        """``leaf_ids`` in ascending order, as ``TableSchema.partitions`` records what a copy read."""
+        return tuple(sorted(self.leaf_ids))
+
 
 @dataclass(frozen=True)
 class PublicationOptions:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Literal
 
 import structlog
 
@@ -36,6 +37,7 @@ RESYNC_MESSAGE_PREFIX = "etl.resync"
 """The prefix earlier versions of ``etl resync`` sent requests with, in the WAL where any role could forge them."""
 REFRESH_INTERVAL_S = 5.0
 NEEDS_SYNC_WORKER = (TableStateKind.INIT, TableStateKind.DATA_SYNC, TableStateKind.FINISHED_COPY)
+CopyAgainReason = Literal["requested", "retry", "partitions attached or detached"]
 
 
 class ApplyWorker(StreamWorker):
@@ -159,7 +161,7 @@ class ApplyWorker(StreamWorker):
             state = self.ctx.states.get(table_id)
             if not table.partitioned or table_id in self.sync_workers or state is None or not state.kind.copied:
                 continue
-            leaves = tuple(sorted(table.leaf_ids))
+            leaves = table.partitions
             copied = self.ctx.schemas.current(table_id).partitions
             if copied == leaves:
                 continue
@@ -219,7 +221,7 @@ class ApplyWorker(StreamWorker):
                 free -= 1
 
     # -- copies again ------------------------------------------------------------------------------------
-    def _copy_again(self, table_ids: Iterable[TableId], *, why: str) -> None:
+    def _copy_again(self, table_ids: Iterable[TableId], *, why: CopyAgainReason) -> None:
         """Set tables back to Init, so the pool copies them again: asked for by the owner (``requested``), a
         timed retry (``retry``), or because their partitions changed.
 

@@ -136,7 +136,7 @@ class TableSyncWorker:
                     conn, table_id, self.table.column_list, include_generated=generated
                 ).with_snapshot(slot.consistent_point)
                 if self.table.partitioned:
-                    schema = replace(schema, partitions=tuple(sorted(self.table.leaf_ids)))
+                    schema = replace(schema, partitions=self.table.partitions)
                 estimate = estimated_rows(conn, self.table.sources)
             ctx.store.store_table_schema(schema)
             tracker = CopyTracker(str(self.table.name), estimate, ctx.metrics, ctx.copy_progress(table_id))
