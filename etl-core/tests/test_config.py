@@ -4,6 +4,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -295,6 +296,18 @@ def test_logs_leave_out_keys_without_a_value(capsys: pytest.CaptureFixture[str],
     configure_logging("console", "info")
     structlog.get_logger("t").error("no such table", hint=None)
     assert "hint" not in capsys.readouterr().err
+
+
+def test_logs_give_times_in_iso_8601(capsys: pytest.CaptureFixture[str], restore_logging: None) -> None:
+    when = datetime(2030, 5, 6, 7, 8, 9, tzinfo=UTC)
+    configure_logging("json", "info")
+    structlog.get_logger("t").warning("table errored", retry_at=when, day=when.date())
+    line = json.loads(capsys.readouterr().err)
+    assert (line["retry_at"], line["day"]) == ("2030-05-06T07:08:09+00:00", "2030-05-06")
+    configure_logging("console", "info")
+    structlog.get_logger("t").warning("table errored", retry_at=when)
+    err = capsys.readouterr().err
+    assert "retry_at=2030-05-06T07:08:09+00:00" in err and "datetime" not in err
 
 
 def embedded_pipeline() -> Pipeline:

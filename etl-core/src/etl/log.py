@@ -6,6 +6,7 @@ import logging
 import re
 import sys
 from collections.abc import MutableMapping
+from datetime import date, time
 from typing import Any, Literal
 
 import structlog
@@ -42,6 +43,15 @@ def _drop_none(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMappi
     return event
 
 
+def _iso_times(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Dates and times as ISO 8601 text (``retry_at=2030-05-06T07:08:09+00:00``): the console would show their
+    repr, and JSON has no type for them."""
+    for key, value in event.items():
+        if isinstance(value, (date, time)):
+            event[key] = value.isoformat()
+    return event
+
+
 def redact_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """The structlog processor that masks secrets in an event's values; a program that configures structlog
     itself puts it in its processors."""
@@ -55,6 +65,7 @@ _SHARED: list[Any] = [
     structlog.processors.add_log_level,
     structlog.processors.TimeStamper(fmt="iso", utc=True),
     _drop_none,
+    _iso_times,
     redact_secrets,
 ]
 """What every event goes through, whatever renders it: context, level, time, and secrets masked."""
@@ -72,6 +83,7 @@ def route_to_stdlib() -> None:
             structlog.stdlib.filter_by_level,  # first: an event below the logger's level costs nothing more
             structlog.contextvars.merge_contextvars,
             _drop_none,
+            _iso_times,
             redact_secrets,
             structlog.processors.format_exc_info,
             structlog.processors.LogfmtRenderer(key_order=["event"]),
