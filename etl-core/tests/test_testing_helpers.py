@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import random
 import time
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +13,7 @@ import psycopg
 import pytest
 
 from etl.config import load_config
+from etl.destination.memory import sort_rows
 from etl.testing.pipelines import pipeline_config
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import difference, write_config
@@ -80,3 +84,23 @@ def test_a_failed_wait_says_which_rows_differ() -> None:
     assert difference(expected, actual) == (
         f"public.t: 3 rows expected, 2 read; missing {[one, two]}; unexpected {[three]}"
     )
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [{"id": i, "name": f"n{i}", "at": None if i % 2 else dt.date(2026, 1, i + 1)} for i in range(9)],
+        [{"a": i % 3, "b": None if i % 4 else i} for i in range(12)],  # repeated first values, None beside them
+        [{"a": None if i % 2 else i, "b": "x"} for i in range(6)],  # None among the first values
+        [{"x": Decimal("NaN") if i == 2 else Decimal(i)} for i in range(5)],
+        [{"x": float("nan") if i == 1 else float(i)} for i in range(5)],
+        [{"tags": [i, None], "n": i} for i in range(5)],  # unhashable first values
+        [{"at": dt.datetime(2026, 1, 1 + i, tzinfo=dt.UTC if i % 2 else None)} for i in range(4)],
+    ],
+    ids=["key", "repeated", "none", "decimal-nan", "float-nan", "lists", "aware-and-naive"],
+)
+def test_sort_rows_gives_one_order_for_the_same_rows_in_any_order(rows: list[dict[str, Any]]) -> None:
+    """Comparing two tables row for row needs an order of the rows that depends on their values only."""
+    orders = {repr(sort_rows(random.Random(seed).sample(rows, len(rows)))) for seed in range(20)}
+    assert len(orders) == 1
+    assert len(sort_rows(rows)) == len(rows)

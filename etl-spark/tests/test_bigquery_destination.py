@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from etl.destination.base import DestinationContext
-from etl.destination.memory import MemoryDestination, row_sort_key
+from etl.destination.memory import MemoryDestination, sort_rows
 from etl.errors import TableError
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl.store.memory import MemoryStore
@@ -58,7 +58,7 @@ def bq_rows(destination: BigQueryDestination, schema: TableSchema) -> list[dict[
     names = ", ".join(f"`{c}`" for c in schema.column_names)
     ref = f"`{destination.config.project}.{destination.config.dataset}.{table_id(schema.name)}`"
     rows = destination.client.query_and_wait(f"SELECT {names} FROM {ref}")
-    return sorted((dict(r.items()) for r in rows), key=row_sort_key)
+    return sort_rows(dict(r.items()) for r in rows)
 
 
 def ref_rows(reference: MemoryDestination, schema: TableSchema) -> list[dict[str, Any]]:
@@ -72,7 +72,7 @@ def ref_rows(reference: MemoryDestination, schema: TableSchema) -> list[dict[str
         if "tags" in fixed and fixed["tags"] is None:
             fixed["tags"] = []  # BigQuery reads a NULL array as [] (documented)
         rows.append(fixed)
-    return sorted(rows, key=row_sort_key)
+    return sort_rows(rows)
 
 
 def order(i: int, **changes: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from etl.destination.memory import MemoryDestination, row_sort_key
+from etl.destination.memory import MemoryDestination, sort_rows
 from etl.errors import TableError
 from etl.lsn import Lsn
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
@@ -49,7 +49,7 @@ def lake_rows(lake: Any, schema: TableSchema, version: int | None = None) -> lis
     at = f" AT (VERSION => {version})" if version is not None else ""
     names = schema.column_names
     rows = lake.query(f"SELECT {', '.join(names)} FROM lake.public.{schema.name.name}{at}")
-    return sorted((dict(zip(names, r, strict=True)) for r in rows), key=row_sort_key)
+    return sort_rows(dict(zip(names, r, strict=True)) for r in rows)
 
 
 def snapshot(lake: Any) -> int:
@@ -113,7 +113,7 @@ def test_mixed_workload_matches_source(lake: Any, kit: Any) -> None:
     expected[2] = {"id": 2, "comment": "renamed", "amount": Decimal("2.50"), "extra": "e"}
     expected[8] = {"id": 8, "comment": "eight", "amount": Decimal("8.00"), "extra": None}
     del expected[1]
-    assert lake_rows(lake, altered) == sorted(expected.values(), key=row_sort_key)
+    assert lake_rows(lake, altered) == sort_rows(expected.values())
     assert lake_rows(lake, LOG) == reference.rows("public.log")
     columns = lake.query(
         "SELECT column_name, column_id FROM __ducklake_metadata_lake.ducklake_column"

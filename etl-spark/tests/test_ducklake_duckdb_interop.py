@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from etl.destination.memory import MemoryDestination, row_sort_key
+from etl.destination.memory import MemoryDestination, sort_rows
 from etl.errors import DestinationError
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl_spark.ducklake import destination as destination_module
@@ -24,7 +24,7 @@ ITEMS = TableSchema(
 
 def contents(lake: Any) -> list[dict[str, Any]]:
     rows = lake.query("SELECT id, label FROM lake.main.items")
-    return sorted(({"id": i, "label": label} for i, label in rows), key=row_sort_key)
+    return sort_rows(({"id": i, "label": label} for i, label in rows))
 
 
 def duckdb_creates_lake(lake: Any) -> None:

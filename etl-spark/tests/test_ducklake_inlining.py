@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from etl.destination.memory import MemoryDestination, row_sort_key
+from etl.destination.memory import MemoryDestination, sort_rows
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl_spark.ducklake import inline_flush
 from etl_spark.ducklake.catalog import inlined
@@ -80,7 +80,7 @@ def lake_rows(lake: Any, schema: TableSchema, version: int | None = None) -> lis
     names = schema.column_names
     quoted = ", ".join(f'"{n}"' for n in names)
     rows = lake.query(f"SELECT {quoted} FROM lake.public.{schema.name.name}{at}")
-    return sorted((comparable(dict(zip(names, r, strict=True))) for r in rows), key=row_sort_key)
+    return sort_rows(comparable(dict(zip(names, r, strict=True))) for r in rows)
 
 
 def comparable(row: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +97,7 @@ def comparable(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def expected(reference: MemoryDestination, schema: TableSchema) -> list[dict[str, Any]]:
-    return sorted((comparable(r) for r in reference.rows(str(schema.name))), key=row_sort_key)
+    return sort_rows(comparable(r) for r in reference.rows(str(schema.name)))
 
 
 def snapshot(lake: Any) -> int:
@@ -475,10 +475,10 @@ def test_rows_duckdb_inlined_are_updated_deleted_and_flushed(lake: Any, kit: Any
     destination.write_events(batch)
     stored[7] = {**stored[7], "label": "changed by the pipeline"}
     del stored[8], stored[1]
-    assert lake_rows(lake, KINDS) == sorted(stored.values(), key=row_sort_key)
+    assert lake_rows(lake, KINDS) == sort_rows(stored.values())
     destination.flush_inlined(destination.catalog.handle(KINDS.id).table)  # decodes DuckDB's values exactly
     assert inlined_rows(lake, live=False) == 0
-    assert lake_rows(lake, KINDS) == sorted(stored.values(), key=row_sort_key)
+    assert lake_rows(lake, KINDS) == sort_rows(stored.values())
 
 
 def test_names_with_quotes_and_percent_signs_are_inlined(lake: Any, kit: Any) -> None:

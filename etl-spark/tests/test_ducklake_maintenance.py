@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from etl.destination.memory import MemoryDestination, row_sort_key
+from etl.destination.memory import MemoryDestination, sort_rows
 from etl.schema import ColumnSchema, TableName, TableSchema
 from etl_spark.ducklake.compaction import merge_small_files, rewrite_deleted
 from etl_spark.ducklake.destination import DuckLakeConfig, DuckLakeDestination
@@ -48,11 +48,11 @@ def item(i: int, label: str = "") -> dict[str, Any]:
 def rows_at(lake: Any, version: int | None = None) -> list[dict[str, Any]]:
     at = f" AT (VERSION => {version})" if version is not None else ""
     found = lake.query(f"SELECT id, label, token::VARCHAR, tags FROM lake.public.items{at}")
-    return sorted((dict(zip(NAMES, r, strict=True)) for r in found), key=row_sort_key)
+    return sort_rows(dict(zip(NAMES, r, strict=True)) for r in found)
 
 
 def expected(reference: MemoryDestination) -> list[dict[str, Any]]:
-    return sorted(reference.rows(str(ITEMS.name)), key=row_sort_key)
+    return sort_rows(reference.rows(str(ITEMS.name)))
 
 
 def latest(lake: Any) -> int:

@@ -11,7 +11,7 @@ import datetime as dt
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from etl.destination.memory import row_sort_key
+from etl.destination.memory import sort_rows
 from etl.postgres.catalog import publication_tables, table_schema
 from etl.postgres.connection import connect
 from etl.postgres.copy import CopyPlan, plan_copy
@@ -47,7 +47,7 @@ def comparable(value: Any) -> Any:
 
 
 def sorted_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(({c: comparable(v) for c, v in row.items()} for row in rows), key=row_sort_key)
+    return sort_rows({c: comparable(v) for c, v in row.items()} for row in rows)
 
 
 def duckdb_rows(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:

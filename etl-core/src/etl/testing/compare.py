@@ -8,7 +8,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
 
-from etl.destination.memory import row_sort_key
+from etl.destination.memory import sort_rows
 from etl.schema import TableName
 
 TEXT_TYPES = ("json", "jsonb", "uuid", "inet", "cidr", "macaddr", "macaddr8", "money", "timetz")
@@ -21,4 +21,4 @@ def source_rows(conn: psycopg.Connection[Any], table: TableName | str) -> list[d
         for type_name in TEXT_TYPES:  # the types the Arrow mapping keeps as their text form
             cur.adapters.register_loader(type_name, TextLoader)
         rows = cur.execute(f"SELECT * FROM {name.quoted()}").fetchall()
-    return sorted(rows, key=row_sort_key)
+    return sort_rows(rows)

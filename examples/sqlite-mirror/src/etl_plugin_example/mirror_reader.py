@@ -7,7 +7,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from etl.destination.memory import row_sort_key
+from etl.destination.memory import sort_rows
 from etl.errors import DestinationError
 from etl.schema import TableName, TableSchema, quote_ident
 
@@ -71,7 +71,7 @@ class MirrorReader:
             {name: decode(value) for name, decode, value in zip(names, decoders, row, strict=True)}
             for row in self._conn.execute(f"SELECT {select} FROM {found.quoted}")
         ]
-        return sorted(result, key=row_sort_key)
+        return sort_rows(result)
 
     def _find(self, table: TableName | str) -> MirroredTable:
         name = TableName.parse(table) if isinstance(table, str) else table
