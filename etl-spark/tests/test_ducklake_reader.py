@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 import sqlite3
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -74,3 +76,17 @@ def test_a_sqlite_catalog_is_read_while_this_process_writes_it(lake: Any, kit: A
     finally:
         commit.join()
         writer.close()
+
+
+def test_a_process_checks_the_extensions_signatures_on_their_first_load() -> None:
+    """Later connections skip DuckDB's signature check (hashing 35 MB per extension and connection): the first
+    load in a process must have made it."""
+    script = (
+        "from etl_spark.ducklake.reader import connect_duckdb\n"
+        "for _ in range(2):\n"
+        "    con = connect_duckdb('sqlite')\n"
+        "    print(con.execute(\"SELECT current_setting('allow_unsigned_extensions')\").fetchone()[0])\n"
+        "    con.close()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "True"]
