@@ -32,8 +32,10 @@ COLUMNS: Final = (
 """The columns a history table has after the source's, with their BigQuery types."""
 COPY: Final = "copy"
 """``_etl_op`` of a row of the initial copy (its position and commit time are null)."""
-_CODES: Final = pa.array(["I", "U", "D", "T"])
-_OPS: Final = pa.array(["insert", "update", "delete", "truncate"])
+_CODES: Final = ("I", "U", "D", "T")
+_OPS: Final = ("insert", "update", "delete", "truncate")
+"""Operation codes of change tables and their names in history, as tuples: ``pa.array`` at import time would
+have pyarrow import pandas into every ``etl`` command."""
 
 
 def history_ddl() -> str:
@@ -43,7 +45,8 @@ def history_ddl() -> str:
 
 def history_columns(changes: pa.Table, commit_timestamps: Mapping[int, datetime]) -> list[tuple[str, pa.Array]]:
     """The history columns of a change table (``etl.events``): operation names, positions, commit times."""
-    ops = _OPS.take(pc.index_in(changes[OP_COLUMN].combine_chunks(), value_set=_CODES))
+    codes = pc.index_in(changes[OP_COLUMN].combine_chunks(), value_set=pa.array(_CODES, pa.string()))
+    ops = pa.array(_OPS, pa.string()).take(codes)
     lsns = changes[COMMIT_LSN_COLUMN].combine_chunks().cast(pa.int64())  # below 2**63; BigQuery has no unsigned
     known = pa.array(list(commit_timestamps), pa.int64())
     times = pa.array(list(commit_timestamps.values()), pa.timestamp("us", tz="UTC"))
