@@ -14,6 +14,7 @@ import pytest
 
 from etl.config import load_config
 from etl.destination.memory import sort_rows
+from etl.testing.compare import source_rows
 from etl.testing.pipelines import pipeline_config
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import difference, write_config
@@ -104,3 +105,25 @@ def test_sort_rows_gives_one_order_for_the_same_rows_in_any_order(rows: list[dic
     orders = {repr(sort_rows(random.Random(seed).sample(rows, len(rows)))) for seed in range(20)}
     assert len(orders) == 1
     assert len(sort_rows(rows)) == len(rows)
+
+
+def test_source_rows_reads_a_table_again_only_when_it_changed(pg_database: TestDatabase) -> None:
+    """Polls read the source until a destination matches it: an unchanged table is not read again, and any
+    change (a value, a row, a column's name) is."""
+    pg_database.execute("CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+    with pg_database.connect() as conn:
+        first = source_rows(conn, "public.t")
+        again = source_rows(conn, "public.t")
+        assert again == first and again[0] is first[0], "an unchanged table was read again"
+        again.clear()  # a caller's list is its own
+        assert source_rows(conn, "public.t") == first
+        pg_database.execute("UPDATE t SET v = 'c' WHERE id = 2")
+        assert source_rows(conn, "public.t") == [{"id": 1, "v": "a"}, {"id": 2, "v": "c"}]
+        pg_database.execute("ALTER TABLE t RENAME COLUMN v TO w")
+        assert source_rows(conn, "public.t") == [{"id": 1, "w": "a"}, {"id": 2, "w": "c"}]
+        pg_database.execute("DELETE FROM t WHERE id = 1")
+        assert source_rows(conn, "public.t") == [{"id": 2, "w": "c"}]
+        with conn.transaction():  # inside a caller's transaction: read as it sees the table
+            conn.execute("INSERT INTO t VALUES (3, 'd')")
+            assert source_rows(conn, "public.t") == [{"id": 2, "w": "c"}, {"id": 3, "w": "d"}]
+        assert source_rows(conn, "public.t") == [{"id": 2, "w": "c"}, {"id": 3, "w": "d"}]

@@ -66,7 +66,7 @@ def lake_rows(
 
 def comparable_source_rows(conn: psycopg.Connection[Any], table: TableName | str) -> list[dict[str, Any]]:
     """``source_rows`` with values in ``comparable`` form."""
-    return sorted_rows(source_rows(conn, table))
+    return source_rows(conn, table, sorted_rows)
 
 
 def latest_snapshot(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> int:
