@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 
 from etl.testing.pipelines import pipeline_config
 from etl.testing.pytest_plugin import TestDatabase
@@ -48,6 +49,7 @@ class Setup:
     run: PipelineProcess
     catalog: str
     data: Path
+    last_read: tuple[object, dict[str, list[dict[str, object]]]] | None = None
 
     def staged(self) -> set[str]:
         """Data files written into the lake that its catalog does not register (yet), nor schedules for deletion
@@ -104,14 +106,23 @@ class Setup:
             return {t: comparable_source_rows(conn, t) for t in TABLES}
 
     def lake(self) -> dict[str, list[dict[str, object]]]:
+        """Every table as DuckDB reads the lake; read again only once the catalog has a newer snapshot (each
+        change of the lake's rows makes one), as the polls of ``wait_equal`` run long after it last changed."""
+        with self.engine.connect() as conn:
+            latest = conn.exec_driver_sql("SELECT max(snapshot_id) FROM ducklake_snapshot").scalar()
+        if self.last_read is not None and self.last_read[0] == latest:
+            return self.last_read[1]
         con = open_lake(self.catalog)
         try:
-            return {t: lake_rows(con, t) for t in TABLES}
+            rows = {t: lake_rows(con, t) for t in TABLES}
         finally:
             con.close()
+        self.last_read = (latest, rows)
+        return rows
 
     def wait_equal(self) -> None:
-        self.run.wait_equal(self.source, self.lake, not_yet=(duckdb.Error,))  # duckdb.Error: not created yet
+        # not created yet: duckdb.Error (no table), DBAPIError (no catalog)
+        self.run.wait_equal(self.source, self.lake, not_yet=(duckdb.Error, DBAPIError))
 
     def duplicates(self) -> int:
         con = open_lake(self.catalog)
