@@ -6,14 +6,13 @@ store is SQLite or Postgres, so state has to survive the process.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from etl_plugin_example.mirror_reader import MirrorReader
+from etl_plugin_example.mirror_reader import mirrored_rows
 
 from etl.testing.compare import source_rows
 from etl.testing.pipelines import pipeline_config
@@ -30,21 +29,11 @@ def store_section(store: str, db: TestDatabase, tmp_path: Path) -> dict[str, Any
     return {"type": "postgres", **db.connection().model_dump(exclude_none=True)}
 
 
-def mirror_rows(mirror: Path, table: str) -> list[dict[str, object]] | None:
-    if not mirror.exists():
-        return None
-    try:
-        with MirrorReader(mirror) as reader:
-            return reader.rows(table)
-    except (KeyError, sqlite3.OperationalError):  # not created yet
-        return None
-
-
 def wait_equal(db: TestDatabase, mirror: Path, runner: PipelineProcess) -> None:
     with db.connect() as conn:
         runner.wait_equal(
             lambda: [source_rows(conn, t) for t in TABLES],
-            lambda: [mirror_rows(mirror, t) for t in TABLES],
+            lambda: [mirrored_rows(mirror, t) for t in TABLES],
             timeout=120,
             interval=0.3,
         )
@@ -74,7 +63,7 @@ def test_sigkill_during_copy_then_restart(pg_database: TestDatabase, setup: tupl
     runner, mirror = setup
     runner.start()
     deadline = time.monotonic() + 60
-    while not (rows := mirror_rows(mirror, "public.items")):  # some rows copied, the copy not finished
+    while not (rows := mirrored_rows(mirror, "public.items")):  # some rows copied, the copy not finished
         runner.ensure_alive()
         assert time.monotonic() < deadline
         time.sleep(0.02)

@@ -16,7 +16,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from etl_plugin_example.mirror_reader import MirrorReader
+from etl_plugin_example.mirror_reader import mirrored_rows
 from etl_plugin_example.mirror_schema import sqlite_table_name
 
 from etl.cli import EXIT_UNDRAINED
@@ -32,16 +32,6 @@ each here), so the copy stalls on the frozen server before it is done."""
 TABLES = ("public.wide", "public.small")
 MARGIN_S = 20.0
 """Time allowed past the drain timeout: logging the exit, and a loaded machine."""
-
-
-def mirror_rows(mirror: Path, table: str) -> list[dict[str, object]] | None:
-    if not mirror.exists():
-        return None
-    try:
-        with MirrorReader(mirror) as reader:
-            return reader.rows(table)
-    except (KeyError, sqlite3.OperationalError):  # not created yet
-        return None
 
 
 def copied(mirror: Path) -> int:
@@ -141,7 +131,7 @@ def test_sigterm_ends_run_against_a_frozen_source_then_restart_catches_up(
         with db.connect() as conn:
             runner.wait_equal(
                 lambda: [source_rows(conn, t) for t in TABLES],
-                lambda: [mirror_rows(mirror, t) for t in TABLES],
+                lambda: [mirrored_rows(mirror, t) for t in TABLES],
                 timeout=180,
                 interval=0.5,
             )

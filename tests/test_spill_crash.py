@@ -4,13 +4,11 @@ removes the dead process's spill directory, streams the transaction again, and t
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from pathlib import Path
 
-from etl_plugin_example.mirror_reader import MirrorReader
+from etl_plugin_example.mirror_reader import mirrored_rows
 
-from etl.errors import DestinationError
 from etl.replication.spill_dir import LOCK, PREFIX
 from etl.testing.compare import source_rows
 from etl.testing.pipelines import pipeline_config
@@ -23,14 +21,6 @@ ROWS = 50_000
 def spill_directories(base: Path) -> dict[Path, list[str]]:
     """Each spill directory under ``base`` with the names of its spill files."""
     return {d: sorted(p.name for p in d.iterdir() if p.name != LOCK) for d in base.glob(f"{PREFIX}*")}
-
-
-def mirror_rows(mirror: Path) -> list[dict[str, object]] | None:
-    try:
-        with MirrorReader(mirror) as reader:
-            return reader.rows("public.big")
-    except (DestinationError, KeyError, sqlite3.OperationalError):  # the mirror or its table is not there yet
-        return None
 
 
 def test_sigkill_while_spilling_then_restart(pg_database: TestDatabase, tmp_path: Path) -> None:
@@ -51,7 +41,9 @@ def test_sigkill_while_spilling_then_restart(pg_database: TestDatabase, tmp_path
     )
     with PipelineProcess(write_config(tmp_path / "pipeline.toml", config)) as runner, db.connect() as conn:
         runner.start()
-        runner.wait_equal(lambda: source_rows(conn, "public.big"), lambda: mirror_rows(mirror), timeout=60)
+        runner.wait_equal(
+            lambda: source_rows(conn, "public.big"), lambda: mirrored_rows(mirror, "public.big"), timeout=60
+        )
         assert spill_directories(spill) == {}, "made on first use only"
 
         with conn.transaction():  # in progress while the pipeline dies
@@ -67,7 +59,9 @@ def test_sigkill_while_spilling_then_restart(pg_database: TestDatabase, tmp_path
             conn.execute("UPDATE big SET payload = 'changed' WHERE id % 7 = 0")
 
         runner.start()
-        runner.wait_equal(lambda: source_rows(conn, "public.big"), lambda: mirror_rows(mirror), timeout=120)
+        runner.wait_equal(
+            lambda: source_rows(conn, "public.big"), lambda: mirrored_rows(mirror, "public.big"), timeout=120
+        )
         assert not dead.exists(), "the restarted pipeline removed the dead process's spill directory"
         runner.stop()
     assert spill_directories(spill) == {}, "a pipeline that stops removes its own"

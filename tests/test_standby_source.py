@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from etl_plugin_example.mirror_reader import MirrorReader
+from etl_plugin_example.mirror_reader import MirrorReader, mirrored_rows
 from prometheus_client.parser import text_string_to_metric_families
 
 from etl.checks import run_checks
@@ -48,16 +48,6 @@ def clusters(pg_major: int) -> Iterator[tuple[TestDatabase, TestDatabase]]:
             standby.stop()
     finally:
         primary.stop()
-
-
-def mirror_rows(mirror: Path) -> list[dict[str, object]] | None:
-    if not mirror.exists():
-        return None
-    with MirrorReader(mirror) as reader:
-        try:
-            return reader.rows("public.items")
-        except KeyError:  # not copied yet
-            return None
 
 
 def metrics(port: int) -> set[str]:
@@ -102,13 +92,17 @@ def test_a_standby_as_the_source(clusters: tuple[TestDatabase, TestDatabase], tm
     try:
         with PipelineProcess(config_path) as runner, primary.connect() as conn:
             runner.start()
-            runner.wait_equal(lambda: source_rows(conn, "public.items"), lambda: mirror_rows(mirror), timeout=120)
+            runner.wait_equal(
+                lambda: source_rows(conn, "public.items"), lambda: mirrored_rows(mirror, "public.items"), timeout=120
+            )
 
             conn.execute("UPDATE items SET qty = qty + 100 WHERE id % 10 = 0")
             conn.execute("DELETE FROM items WHERE id % 13 = 0")
             conn.execute("ALTER TABLE items ADD COLUMN shelf varchar(8)")
             conn.execute("INSERT INTO items VALUES (5000, 1, 'after the change', 'b2')")
-            runner.wait_equal(lambda: source_rows(conn, "public.items"), lambda: mirror_rows(mirror), timeout=120)
+            runner.wait_equal(
+                lambda: source_rows(conn, "public.items"), lambda: mirrored_rows(mirror, "public.items"), timeout=120
+            )
             with MirrorReader(mirror) as reader:
                 shelf = next(c for c in reader.schema("public.items").columns if c.name == "shelf")
             # RELATION messages carry no type names: the trigger's message, recorded on the primary, did.

@@ -16,6 +16,16 @@ from etl_plugin_example.mirror_schema import MirroredTable, Position
 from etl_plugin_example.values import decoder
 
 
+def mirrored_rows(path: str | Path, table: TableName | str) -> list[dict[str, Any]] | None:
+    """``MirrorReader.rows`` of ``table`` in the mirror at ``path``; ``None`` while the pipeline has not made the
+    mirror, its bookkeeping or the table yet (for polls of a pipeline's progress)."""
+    try:
+        with MirrorReader(path) as reader:
+            return reader.rows(table)
+    except (DestinationError, KeyError, sqlite3.OperationalError):
+        return None
+
+
 class MirrorReader:
     """A connection to a mirror file for reading (the file must exist).
 
