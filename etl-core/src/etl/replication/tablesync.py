@@ -15,7 +15,7 @@ import pyarrow as pa
 import structlog
 
 from etl.destination.base import TableCopier
-from etl.errors import EtlError, TableError, TransientError
+from etl.errors import EtlError, RuntimeSetupError, TableError, TransientError
 from etl.lsn import Lsn
 from etl.postgres.catalog import (
     PublishedTable,
@@ -75,6 +75,8 @@ class TableSyncWorker:
             self.log.warning("table sync interrupted; will retry", error=str(exc))
         except SlotLostError as exc:
             self._slot_lost(exc)
+        except RuntimeSetupError as exc:  # every table would fail alike: stop, with the one error
+            self.ctx.fail(exc)
         except Exception as exc:
             if isinstance(exc, EtlError):
                 self.log.error("table sync failed", error=exc.message, hint=exc.hint)
