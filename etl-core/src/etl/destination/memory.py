@@ -43,7 +43,7 @@ def sort_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """``rows`` in an order that depends only on their values: what comparing two tables row for row needs.
 
     When the first column holds distinct values of one ordered type (a key, as in most tables), they alone
-    decide, which is ten times quicker than the general order: the ``repr`` of every value. Both give equal
+    decide, six times quicker on 200k rows than the general order: the ``repr`` of every value. Both give equal
     lists for equal multisets of rows, as each choice depends on the rows' values only.
     """
     rows = list(rows)
