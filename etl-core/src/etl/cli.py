@@ -42,8 +42,18 @@ CONFIG_VARIABLE = "ETL_CONFIG"
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="etl", description="Change data capture from PostgreSQL.")
     parser.add_argument("--version", action="version", version=f"etl {__version__}")
-    parser.add_argument("--log-format", choices=["console", "json"], default="console", help="log line format")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-format",
+        choices=["console", "json"],
+        default="console",
+        help="log lines on stderr: readable (console, the default) or one JSON object per line (json)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the least severe log lines shown (default: info)",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def with_config(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -84,7 +94,11 @@ def _parser() -> argparse.ArgumentParser:
     reset.add_argument(
         "--recopy", action="store_true", required=True, help="say that every table is to be copied again"
     )
-    commands.add_parser("plugins", help="list installed destinations and stores")
+    commands.add_parser(
+        "plugins",
+        help="list installed destinations and stores",
+        description="List the installed destinations and stores: each plugin's name, kind, package and version.",
+    )
     demo = commands.add_parser(
         "demo",
         help="stream a throwaway Postgres into a destination and print the tables as it reads them",
