@@ -134,6 +134,15 @@ def test_unknown_key_is_named(tmp_path: Path) -> None:
     assert "batch.max_bites: unknown key" in str(err.value)
 
 
+def test_a_mistyped_key_is_one_line_that_says_what_was_meant(tmp_path: Path) -> None:
+    """Not two lines (the key meant is missing, the key written is unknown): one, with the key meant."""
+    path = write(tmp_path, GOOD.replace("publication =", "publicaton ="))
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={"PGPASSWORD": "x"})
+    lines = str(err.value).splitlines()[1:]
+    assert lines == ['  pipeline.publicaton: unknown key; did you mean "publication"?']
+
+
 def test_unknown_destination_type_lists_installed_and_provider(tmp_path: Path) -> None:
     path = write(
         tmp_path,

@@ -84,6 +84,23 @@ def _apply_slot_check(
     return Check("apply slot", False, error.message, error.hint)
 
 
+_GUIDES = {
+    ("destination", "ducklake"): "docs/destinations/ducklake.md",
+    ("destination", "bigquery"): "docs/destinations/bigquery.md",
+    ("destination", "memory"): "docs/configuration.md",
+    ("destination", "null"): "docs/configuration.md",
+}
+"""The guides of the plugins this project ships; the others are documented by their own packages."""
+
+
+def _guide(kind: Literal["store", "destination"], name: str) -> str:
+    if (kind, name) in _GUIDES:
+        return _GUIDES[kind, name]
+    if kind == "store":
+        return "docs/stores.md"
+    return f"the documentation of the package that provides the {name!r} destination (etl plugins names it)"
+
+
 def _plugin_checks(config: PipelineConfig, source: str, registry: Registry | None) -> list[Check]:
     """The store and destination sections name installed plugins and hold options those accept.
 
@@ -102,7 +119,9 @@ def _plugin_checks(config: PipelineConfig, source: str, registry: Registry | Non
         try:
             validate_plugin(registry, kind, section, source)
         except EtlError as exc:
-            checks.append(Check(kind, False, exc.message, exc.hint or "fix the section, see docs/configuration.md"))
+            checks.append(
+                Check(kind, False, exc.message, exc.hint or f"fix the section, see {_guide(kind, section.type)}")
+            )
         else:
             checks.append(Check(kind, True, f"{kind} '{section.type}': the options are valid"))
     return checks

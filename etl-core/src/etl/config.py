@@ -7,12 +7,13 @@ the key and what was expected.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import (
     BaseModel,
@@ -387,18 +388,38 @@ def validate(model: type[M], data: Any, source: str, prefix: str = "") -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: invalid configuration:\n" + format_errors(exc, prefix)) from None
+        raise ConfigError(f"{source}: invalid configuration:\n" + format_errors(exc, prefix, model)) from None
 
 
-def format_errors(exc: ValidationError, prefix: str = "") -> str:
+def format_errors(exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
+    """One line per error, keyed by the dotted key. An unknown key close to a key of ``model`` at that place
+    says "did you mean", and the missing-key error of the key it meant is left out (one mistake, one line)."""
+    errors = exc.errors(include_url=False, include_input=False)
+    meant: set[tuple[Any, ...]] = set()
+    suggestions: dict[tuple[Any, ...], str] = {}
+    for err in errors:
+        if err["type"] == "extra_forbidden" and model is not None:
+            known = keys_at(model, err["loc"][:-1])
+            close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1, cutoff=0.6)
+            suggestions[err["loc"]] = (
+                f'unknown key; did you mean "{close[0]}"?'
+                if close
+                else f"unknown key; the keys here are {', '.join(known)}"
+                if known
+                else "unknown key (check the spelling; see docs/configuration.md)"
+            )
+            if close:
+                meant.add((*err["loc"][:-1], close[0]))
     lines = []
-    for err in exc.errors(include_url=False, include_input=False):
+    for err in errors:
         key = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
         message = err["msg"]
         if err["type"] == "missing":
+            if err["loc"] in meant:
+                continue
             message = "required key is missing"
         elif err["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling; see docs/configuration.md)"
+            message = suggestions.get(err["loc"], "unknown key (check the spelling; see docs/configuration.md)")
         elif err["type"] == "value_error":
             message = message.removeprefix("Value error, ")
         line = f"  {key}: {message}"
@@ -406,6 +427,36 @@ def format_errors(exc: ValidationError, prefix: str = "") -> str:
             line = f"  {key} (secret): {message}"
         lines.append(line)
     return "\n".join(lines)
+
+
+def keys_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
+    """The keys a config file may write at ``path`` inside ``model`` (list indexes skipped); [] if unknown."""
+    current: Any = model
+    for part in path:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part) if _is_model(current) else None
+        if field is None:
+            return []
+        current = _model_in(field.annotation)
+    if not _is_model(current):
+        return []
+    return [field.alias or name for name, field in current.model_fields.items()]
+
+
+def _is_model(value: Any) -> bool:
+    return isinstance(value, type) and issubclass(value, BaseModel)
+
+
+def _model_in(annotation: Any) -> Any:
+    """The config model an annotation holds (``Section``, ``Section | None``, ``list[Section]``), else None."""
+    if _is_model(annotation):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def interpolate_env(value: Any, environ: Any, source: str, key: str = "") -> Any:
