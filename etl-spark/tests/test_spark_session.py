@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from etl.config import validate
 from etl.errors import ConfigError, RuntimeSetupError
 from etl_spark.ducklake.destination import DuckLakeConfig
-from etl_spark.session import SparkSettings, find_java, session_conf
+from etl_spark.session import SparkSettings, find_java, java_check, session_conf
 
 
 def test_session_defaults_are_utc_arrow_micros_and_loopback() -> None:
@@ -68,3 +69,29 @@ def test_catalog_password_never_shows() -> None:
         validate(DuckLakeConfig, {"catalog": "mysql://etl:s3cret@db/lake", "data_path": "/var/lake"}, "destination")
     assert "s3cret" not in str(error.value)
     assert "SQLite or Postgres" in str(error.value)
+
+
+def test_java_check_names_the_java_and_its_version() -> None:
+    check = java_check()
+    assert check.ok, check.detail
+    found = re.fullmatch(r"(/\S+/java) \(Java (\d+)\)", check.detail)
+    assert found and Path(found[1]).is_file() and int(found[2]) >= 17, check.detail
+
+
+def test_java_check_fails_for_a_broken_java_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    check = java_check()
+    assert not check.ok
+    assert check.detail == f"JAVA_HOME is set to {tmp_path}, but {tmp_path}/bin/java does not exist"
+
+
+def test_java_check_fails_for_a_java_older_than_spark_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in ``java`` (a script that prints what Java 11 prints) in JAVA_HOME."""
+    java = tmp_path / "bin" / "java"
+    java.parent.mkdir()
+    java.write_text("#!/bin/sh\necho 'openjdk version \"11.0.22\" 2024-01-16' >&2\n")
+    java.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    check = java_check()
+    assert not check.ok
+    assert check.detail == f"{java} is Java 11; Spark needs Java 17 or later"

@@ -279,3 +279,33 @@ schema = "etl_state"
     store.upsert_progress(APPLY_WORKER, Lsn(9))
     store.close()
     assert pg_database.execute("SELECT pipeline_id, worker FROM etl_state.etl_progress") == [(4, APPLY_WORKER)]
+
+
+def test_preflight_connects_and_finds_the_schema_usable(pg_database: TestDatabase) -> None:
+    config = PostgresStoreConfig.model_validate(store_options(pg_database.connection()))
+    (check,) = PostgresStore.preflight(config)
+    assert check.ok, check.detail
+    assert pg_database.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'etl'") == []  # nothing created
+
+
+def test_preflight_fails_for_a_login_that_may_not_create_the_store(pg_database: TestDatabase) -> None:
+    role = f"etl_limited_{uuid.uuid4().hex[:8]}"
+    pg_database.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        config = PostgresStoreConfig.model_validate(store_options(pg_database.connection(), user=role))
+        (check,) = PostgresStore.preflight(config)
+    finally:
+        pg_database.execute(f"DROP ROLE {role}")
+    assert not check.ok
+    assert "may not create the store's tables" in check.detail
+    assert check.fix and "GRANT USAGE, CREATE ON SCHEMA etl" in check.fix
+
+
+def test_preflight_fails_for_an_unreachable_server(pg_database: TestDatabase) -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    config = PostgresStoreConfig.model_validate(store_options(pg_database.connection(), port=port))
+    (check,) = PostgresStore.preflight(config)
+    assert not check.ok
+    assert f"127.0.0.1:{port}" in check.detail

@@ -246,3 +246,22 @@ busy_timeout_ms = 1000
     store.upsert_progress(APPLY_WORKER, Lsn(9))
     store.close()
     assert SqliteStore(tmp_path / "state.db", 4).get_progress(APPLY_WORKER) == 9
+
+
+def test_preflight_fails_when_the_files_directory_is_missing(tmp_path: Path) -> None:
+    (check,) = SqliteStore.preflight(SqliteStore.Config(path=tmp_path / "missing" / "state.sqlite"))
+    assert not check.ok
+    assert check.detail == f"the directory {tmp_path / 'missing'} does not exist"
+    assert check.fix and f"mkdir -p {tmp_path / 'missing'}" in check.fix
+
+
+def test_preflight_passes_a_file_to_create_and_creates_nothing(tmp_path: Path) -> None:
+    (check,) = SqliteStore.preflight(SqliteStore.Config(path=tmp_path / "state.sqlite"))
+    assert check.ok, check.detail
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_preflight_fails_when_the_path_is_a_directory(tmp_path: Path) -> None:
+    (check,) = SqliteStore.preflight(SqliteStore.Config(path=tmp_path))
+    assert not check.ok
+    assert check.detail == f"{tmp_path} is not a file"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import psycopg
@@ -16,27 +15,8 @@ from etl.plugins import Registry, load_registry
 from etl.postgres.connection import connect
 from etl.postgres.ddl import ddl_trigger_installed
 from etl.postgres.replication import slot_state
+from etl.preflight import Check, Preflighted
 from etl.replication.slots import apply_slot
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str | None = None
-
-    advisory: bool = False
-    """A failed advisory check is reported as WARN and does not fail ``etl check``."""
-
-    @property
-    def failed(self) -> bool:
-        return not self.ok and not self.advisory
-
-    def line(self) -> str:
-        verdict = "PASS" if self.ok else "WARN" if self.advisory else "FAIL"
-        text = f"{verdict}  {self.name}: {self.detail}"
-        return f"{text}\n      fix: {self.fix}" if self.fix and not self.ok else text
 
 
 def run_checks(config: PipelineConfig, source: str = "config", registry: Registry | None = None) -> list[Check]:
@@ -102,9 +82,8 @@ def _guide(kind: Literal["store", "destination"], name: str) -> str:
 
 
 def _plugin_checks(config: PipelineConfig, source: str, registry: Registry | None) -> list[Check]:
-    """The store and destination sections name installed plugins and hold options those accept.
-
-    Only the options are validated: nothing is opened or started (no store file, no Spark session).
+    """The store and destination sections name installed plugins and hold options those accept; then each
+    plugin's own ``preflight`` checks (``etl.preflight``), when it has them, without creating anything.
     """
     try:
         registry = registry or load_registry()
@@ -117,13 +96,18 @@ def _plugin_checks(config: PipelineConfig, source: str, registry: Registry | Non
     )
     for kind, section in sections:
         try:
-            validate_plugin(registry, kind, section, source)
+            cls, options = validate_plugin(registry, kind, section, source)
         except EtlError as exc:
             checks.append(
                 Check(kind, False, exc.message, exc.hint or f"fix the section, see {_guide(kind, section.type)}")
             )
-        else:
-            checks.append(Check(kind, True, f"{kind} '{section.type}': the options are valid"))
+            continue
+        checks.append(Check(kind, True, f"{kind} '{section.type}': the options are valid"))
+        if isinstance(cls, Preflighted):
+            try:
+                checks += cls.preflight(options)
+            except EtlError as exc:
+                checks.append(Check(f"{kind} '{section.type}'", False, exc.message, exc.hint))
     return checks
 
 

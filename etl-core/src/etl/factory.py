@@ -13,9 +13,10 @@ from etl.store.base import Store
 
 def validate_plugin(
     registry: Registry, kind: Literal["store", "destination"], section: PluginSection, source: str
-) -> None:
-    """Check that the plugin ``section`` names is installed and accepts its options, without building it."""
-    _plugin(registry, kind, section, source)
+) -> tuple[Any, Any]:
+    """The plugin class ``section`` names and its validated options, without building it; a ``ConfigError``
+    when it is not installed or does not accept the options."""
+    return _plugin(registry, kind, section, source)
 
 
 def _plugin(registry: Registry, kind: str, section: PluginSection, source: str) -> tuple[Any, Any]:

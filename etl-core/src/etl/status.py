@@ -33,7 +33,7 @@ from etl.store.memory import MemoryStore
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
-    from etl.checks import Check
+    from etl.preflight import Check
 
 MEMORY_STORE_NOTE = (
     "the memory store keeps table states inside the process of `etl run`, so a status from another process"

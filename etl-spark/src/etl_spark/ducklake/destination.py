@@ -29,6 +29,7 @@ from etl.destination.base import DestinationContext, TablePreview, WriteResult
 from etl.errors import ConfigError, DestinationError, naming_table
 from etl.events import EventBatch, TableChanges
 from etl.postgres.copy import CopyPlan
+from etl.preflight import Check
 from etl.schema import TableName, TableSchema
 from etl.store.base import Store
 from etl_spark.ducklake.catalog import (
@@ -49,6 +50,7 @@ from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.maintenance import Maintenance, MaintenanceConfig
 from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.plan import FlushFirst, TablePlan, inline_limits, plan_changes, plan_copy
+from etl_spark.ducklake.preflight import preflight
 from etl_spark.ducklake.reader import open_lake
 from etl_spark.ducklake.table_state import TableState, read_states
 from etl_spark.ducklake.upkeep import UPKEEP_SECONDS, Step, Turns, Upkeep
@@ -187,6 +189,11 @@ class DuckLakeDestination:
         if not isinstance(config, DuckLakeConfig):
             config = validate(DuckLakeConfig, config, "destination", "destination")
         return cls(config, context.pipeline_id, context.store)
+
+    @classmethod
+    def preflight(cls, config: DuckLakeConfig) -> list[Check]:
+        """``etl check``: the catalog reachable, the data path writable, Java there (``ducklake.preflight``)."""
+        return preflight(config.catalog.get_secret_value(), config.data_path)
 
     def __repr__(self) -> str:
         return f"DuckLakeDestination({redacted(self.config.catalog.get_secret_value())!r}, {self.config.data_path!r})"
