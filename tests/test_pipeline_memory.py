@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from structlog.testing import capture_logs
 
 from etl.destination.memory import MemoryDestination
 from etl.pipeline import Pipeline
@@ -73,3 +74,25 @@ def test_copy_then_stream_equals_source(source: TestDatabase, running: tuple[Pip
     source.execute("INSERT INTO events (account, note) VALUES (1, 'after truncate')")
     wait_until(lambda: destination_matches(source, destination, *TABLES), "truncate", pipeline)
     assert len(destination.rows("public.events")) == 1
+
+
+def test_durable_batches_say_what_they_wrote(source: TestDatabase) -> None:
+    """The "changes written" info lines of the apply worker add up to the changes streamed (the last of them
+    logged when the pipeline stops, at the latest)."""
+    destination = MemoryDestination()
+    pipeline = Pipeline(pipeline_config(source), MemoryStore(pipeline_id=1), destination)
+    pipeline.start()
+    try:
+        wait_until(lambda: all_ready(pipeline, 3), "every table ready", pipeline)
+        with capture_logs() as logs:
+            source.execute("INSERT INTO keyless VALUES (7, 'x'), (8, 'y')")
+            source.execute("DELETE FROM keyless WHERE a = 0")
+            wait_until(lambda: destination_matches(source, destination, *TABLES), "streamed changes", pipeline)
+            pipeline.shutdown()
+    finally:
+        pipeline.shutdown()
+    lines = [line for line in logs if line["event"] == "changes written" and line["worker"] == "apply"]
+    assert lines, logs
+    assert sum(line["inserts"] for line in lines) == 2
+    assert sum(line["deletes"] for line in lines) == 4
+    assert sum(line["updates"] + line["truncates"] for line in lines) == 0

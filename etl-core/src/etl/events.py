@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, Final
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from etl.lsn import Lsn
 from etl.schema import TableId, TableSchema
@@ -102,6 +103,8 @@ Event = BeginEvent | CommitEvent | RelationEvent | InsertEvent | UpdateEvent | D
 # Metadata columns of an Arrow change table, after the row columns.
 OP_COLUMN: Final = "_etl_op"
 """``I`` insert, ``U`` update, ``D`` delete, ``T`` truncate (row columns all null)."""
+CHANGE_KINDS: Final = {"I": "insert", "U": "update", "D": "delete", "T": "truncate"}
+"""The name of each ``OP_COLUMN`` value."""
 COMMIT_LSN_COLUMN: Final = "_etl_commit_lsn"
 TX_ORDINAL_COLUMN: Final = "_etl_tx_ordinal"
 MISSING_COLUMN: Final = "_etl_missing"
@@ -159,6 +162,16 @@ class EventBatch:
     @property
     def table_ids(self) -> Sequence[TableId]:
         return list(self.changes)
+
+    def change_counts(self) -> dict[str, int]:
+        """The batch's changes by kind (``CHANGE_KINDS``' names), counted in Arrow."""
+        counts = dict.fromkeys(CHANGE_KINDS.values(), 0)
+        for segments in self.changes.values():
+            for segment in segments:
+                if segment.table.num_rows:
+                    for entry in pc.value_counts(segment.table.column(OP_COLUMN)).to_pylist():
+                        counts[CHANGE_KINDS[entry["values"]]] += entry["counts"]
+        return counts
 
     def without_table(self, table_id: TableId) -> EventBatch:
         """The same batch minus one table's changes (after that table failed)."""

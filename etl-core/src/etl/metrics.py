@@ -19,16 +19,14 @@ from typing import Final
 
 import numpy as np
 import numpy.typing as npt
-import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from etl.events import OP_COLUMN, EventBatch
+from etl.events import CHANGE_KINDS, EventBatch
 from etl.schema import TableId
 from etl.store.base import TableState, TableStateKind
 
-EVENT_KINDS: Final = {"I": "insert", "U": "update", "D": "delete", "T": "truncate"}
 """Op codes of change tables -> the ``kind`` label of ``etl_events_total`` (``schema`` besides; a truncate counts
 once per table it empties)."""
 
@@ -76,7 +74,7 @@ class PipelineMetrics:
         self.reconnects = Counter(
             "etl_reconnects", "Reconnects of the apply worker after a lost connection", registry=r
         )
-        for kind in (*EVENT_KINDS.values(), "schema"):
+        for kind in (*CHANGE_KINDS.values(), "schema"):
             self.events.labels(kind)  # every kind is exported from the start, at 0
         self._states = _StatesCollector()
         r.register(self._states)
@@ -85,16 +83,15 @@ class PipelineMetrics:
         """Export ``etl_table_states`` and ``etl_table_errors`` from the live table states at each scrape."""
         self._states.source = states
 
-    def batch_written(self, batch: EventBatch, destination: str, seconds: float, now: datetime) -> None:
-        """A streamed batch is durable: count its changes, its size, its write time and its commit latency."""
-        rows = 0
-        for segments in batch.changes.values():
-            for segment in segments:
-                rows += segment.table.num_rows
-                if segment.table.num_rows:
-                    counts = pc.value_counts(segment.table.column(OP_COLUMN)).to_pylist()
-                    for entry in counts:
-                        self.events.labels(EVENT_KINDS[entry["values"]]).inc(entry["counts"])
+    def batch_written(
+        self, batch: EventBatch, counts: Mapping[str, int], destination: str, seconds: float, now: datetime
+    ) -> None:
+        """A streamed batch is durable: count its changes (``counts``, by kind), its size, its write time and its
+        commit latency."""
+        for kind, count in counts.items():
+            if count:
+                self.events.labels(kind).inc(count)
+        rows = sum(counts.values())
         if batch.schema_changes:
             self.events.labels("schema").inc(batch.schema_changes)
         self.batch_rows.observe(rows)

@@ -16,6 +16,7 @@ from etl.events import EventBatch
 from etl.lsn import Lsn
 from etl.metrics import PipelineMetrics
 from etl.replication.backoff import backoff_delays
+from etl.replication.written_log import WrittenLog
 from etl.store.base import Store
 
 log = structlog.get_logger(__name__)
@@ -57,6 +58,7 @@ class BatchWriter:
         """When the write in flight began (``time.monotonic``), retries included; ``None`` between writes."""
         self.min_interval_s = float(destination.min_write_interval_s) if isinstance(destination, Paced) else 0.0
         self._submitted = float("-inf")
+        self._written_log = WrittenLog(worker)
 
     @property
     def busy(self) -> bool:
@@ -92,6 +94,7 @@ class BatchWriter:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+        self._written_log.flush()
 
     def _write(self, batch: EventBatch) -> None:
         self.write_started = time.monotonic()
@@ -126,5 +129,7 @@ class BatchWriter:
                 time.sleep(delay)
         if batch.last_commit_lsn > self.durable_lsn:
             self.durable_lsn = Lsn(self._store.upsert_progress(self._worker, batch.last_commit_lsn))
+        seconds, counts = time.perf_counter() - started, batch.change_counts()
         if self._metrics is not None:
-            self._metrics.batch_written(batch, self._destination_name, time.perf_counter() - started, datetime.now(UTC))
+            self._metrics.batch_written(batch, counts, self._destination_name, seconds, datetime.now(UTC))
+        self._written_log.written(counts, set(batch.changes), seconds, batch.last_commit_lsn)
