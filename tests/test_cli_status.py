@@ -116,6 +116,9 @@ def test_status_json_holds_each_tables_state_and_copy(source: TestDatabase, tmp_
     assert text.returncode == 0, text.stderr
     line = next(x for x in text.stdout.splitlines() if x.startswith("public.t "))
     assert line.split()[1] == "ready" and f"{ROWS:,} rows in " in line and "rows/s" in line, text.stdout
+    slot_line = next(x for x in text.stdout.splitlines() if x.startswith("etl_apply_5 ")).split()
+    assert slot_line[1] == "yes" and slot_line[3] in ("reserved", "extended"), text.stdout
+    assert not {"True", "False", "None"} & set(text.stdout.split()), text.stdout
 
 
 def test_status_json_of_a_stopped_pipeline_names_errors_and_problems(source: TestDatabase, tmp_path: Path) -> None:
@@ -174,7 +177,7 @@ def test_status_json_of_a_stopped_pipeline_names_errors_and_problems(source: Tes
     assert text.returncode == 1
     assert "PROBLEM: replication slot etl_apply_5 is gone" in text.stdout
     line = next(x for x in text.stdout.splitlines() if x.startswith("public.t "))
-    assert "errored (retried at 2030-05-06 07:08:09 UTC): value out of range" in line
+    assert "errored (next retry at 2030-05-06 07:08:09 UTC): value out of range" in line
     assert "500/2,000 rows (25.0%), 50 rows/s, 30s left" in line
 
 

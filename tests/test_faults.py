@@ -422,7 +422,7 @@ def test_a_table_whose_copy_failed_is_retried_on_a_timer_until_the_cause_is_gone
     wait_until(lambda: errored() is not None, "errored again", p)
     state = errored()
     assert state is not None and state.retry is RetryKind.TIMED and state.retry_at is not None
-    assert str(state).startswith("errored (retried at "), "etl status shows when"
+    assert str(state).startswith("errored (next retry at "), "etl status shows when"
     assert store.slots_when_errored[:3] == [[], [], []], "an errored table holds no slot (and so no WAL)"
     db.execute("INSERT INTO t VALUES (21, 'during the outage')")
     destination.outage = False

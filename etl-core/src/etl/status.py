@@ -294,10 +294,10 @@ def text_lines(report: StatusReport) -> tuple[list[str], list[list[str]], list[l
     slots = [
         [
             s.name,
-            str(s.active),
-            str(s.confirmed_flush),
-            str(s.wal_status),
-            size_pretty(s.lag_bytes) if s.lag_bytes is not None else "None",
+            "yes" if s.active else "no",
+            _text(s.confirmed_flush),
+            _text(s.wal_status),
+            size_pretty(s.lag_bytes) if s.lag_bytes is not None else "",
         ]
         for s in report.slots
     ]

@@ -81,7 +81,7 @@ class TableState:
     def __str__(self) -> str:
         if self.kind is TableStateKind.ERRORED:
             if self.retry is RetryKind.TIMED and self.retry_at is not None:
-                return f"errored (retried at {self.retry_at:%Y-%m-%d %H:%M:%S} UTC): {self.reason}"
+                return f"errored (next retry at {self.retry_at:%Y-%m-%d %H:%M:%S} UTC): {self.reason}"
             return f"errored: {self.reason}"
         return f"{self.kind.value}@{self.lsn}" if self.lsn is not None else self.kind.value
 
