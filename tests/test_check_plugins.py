@@ -80,3 +80,15 @@ def test_check_opens_what_the_run_would_and_fails_where_it_would(pg_database: Te
     failed = [line.split(":", 1)[0] for line in result.stdout.splitlines() if line.startswith("FAIL")]
     assert failed == ["FAIL  store file", "FAIL  ducklake catalog", "FAIL  ducklake data path", "FAIL  java"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "pipeline.toml"]  # nothing created
+
+
+def test_a_bigquery_dataset_of_the_wrong_form_says_the_form(tmp_path: Path) -> None:
+    path = tmp_path / "pipeline.toml"
+    path.write_text(
+        PIPELINE.split("[destination]", maxsplit=1)[0]
+        + '[destination]\ntype = "bigquery"\nproject = "p"\ndataset = "my-data"\nstaging_uri = "gs://b/etl"\n'
+    )
+    with pytest.raises(ConfigError) as err:
+        validate_plugins(load_config(path), str(path))
+    expected = "expected letters, digits and _ only, at most 1,024 of them, for example analytics"
+    assert f"  destination.dataset: {expected}" in err.value.message

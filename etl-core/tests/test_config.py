@@ -143,6 +143,13 @@ def test_a_mistyped_key_is_one_line_that_says_what_was_meant(tmp_path: Path) -> 
     assert lines == ['  pipeline.publicaton: unknown key; did you mean "publication"?']
 
 
+def test_a_value_of_the_wrong_form_says_the_form_not_the_pattern(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD + '[metrics]\nlisten = "9187"\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={"PGPASSWORD": "x"})
+    assert str(err.value).splitlines()[1:] == ["  metrics.listen: expected host:port, for example 127.0.0.1:9187"]
+
+
 def test_unknown_destination_type_lists_installed_and_provider(tmp_path: Path) -> None:
     path = write(
         tmp_path,

@@ -25,6 +25,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
 from etl.errors import ConfigError
 from etl.log import redact_text, redact_value
@@ -314,6 +315,8 @@ class MetricsSection(Section):
     listen: str | None = Field(
         None,
         pattern=r"^(\[[0-9A-Fa-f:.]+\]|[^:\s\[\]]+):[0-9]{1,5}$",
+        json_schema_extra={"form": "host:port"},
+        examples=["127.0.0.1:9187"],
         description="`host:port` serving `/metrics` (Prometheus text format), `/healthz` and `/readyz`"
         " (`127.0.0.1:9187`; `0.0.0.0:9187` or `[::]:9187` for a scraper or kubelet on another host). Unset: no"
         " listener. A port in use fails the start with a hint.",
@@ -422,6 +425,8 @@ def format_errors(exc: ValidationError, prefix: str = "", model: type[BaseModel]
             message = suggestions.get(err["loc"], "unknown key (check the spelling; see docs/configuration.md)")
         elif err["type"] == "value_error":
             message = message.removeprefix("Value error, ")
+        elif err["type"] == "string_pattern_mismatch" and model is not None:
+            message = _pattern_message(model, err["loc"]) or message
         line = f"  {key}: {message}"
         if redact_text(line) != line:  # "password: <message>" would read as a secret in logs and be masked
             line = f"  {key} (secret): {message}"
@@ -431,17 +436,32 @@ def format_errors(exc: ValidationError, prefix: str = "", model: type[BaseModel]
 
 def keys_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
     """The keys a config file may write at ``path`` inside ``model`` (list indexes skipped); [] if unknown."""
+    return list(_fields_at(model, path))
+
+
+def _fields_at(model: type[BaseModel], path: tuple[Any, ...]) -> dict[str, FieldInfo]:
+    """The fields of the config model at ``path`` inside ``model``, by the key a file writes (alias or name)."""
     current: Any = model
     for part in path:
         if isinstance(part, int):
             continue
-        field = current.model_fields.get(part) if _is_model(current) else None
+        field = _fields_at(current, ()).get(str(part)) if _is_model(current) else None
         if field is None:
-            return []
+            return {}
         current = _model_in(field.annotation)
     if not _is_model(current):
-        return []
-    return [field.alias or name for name, field in current.model_fields.items()]
+        return {}
+    return {field.alias or name: field for name, field in current.model_fields.items()}
+
+
+def _pattern_message(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """What a string matching a field's ``pattern`` looks like, in words, when the field says (``form``)."""
+    field = _fields_at(model, loc[:-1]).get(str(loc[-1]))
+    extra = field.json_schema_extra if field is not None and isinstance(field.json_schema_extra, dict) else {}
+    if field is None or "form" not in extra:
+        return None
+    example = f", for example {field.examples[0]}" if field.examples else ""
+    return f"expected {extra['form']}{example}"
 
 
 def _is_model(value: Any) -> bool:

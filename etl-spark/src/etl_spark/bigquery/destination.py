@@ -98,6 +98,8 @@ class BigQueryConfig(BaseModel):
     )
     dataset: str = Field(
         pattern=r"^[A-Za-z0-9_]{1,1024}$",
+        json_schema_extra={"form": "letters, digits and _ only, at most 1,024 of them"},
+        examples=["analytics"],
         description="Dataset id (letters, digits, `_`); created at startup when missing, in `location`.",
     )
     location: str = Field("US", min_length=1, description="Location of the dataset and of every job.")
