@@ -398,21 +398,8 @@ def format_errors(exc: ValidationError, prefix: str = "", model: type[BaseModel]
     """One line per error, keyed by the dotted key. An unknown key close to a key of ``model`` at that place
     says "did you mean", and the missing-key error of the key it meant is left out (one mistake, one line)."""
     errors = exc.errors(include_url=False, include_input=False)
-    meant: set[tuple[Any, ...]] = set()
-    suggestions: dict[tuple[Any, ...], str] = {}
-    for err in errors:
-        if err["type"] == "extra_forbidden" and model is not None:
-            known = keys_at(model, err["loc"][:-1])
-            close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1, cutoff=0.6)
-            suggestions[err["loc"]] = (
-                f'unknown key; did you mean "{close[0]}"?'
-                if close
-                else f"unknown key; the keys here are {', '.join(known)}"
-                if known
-                else "unknown key (check the spelling; see docs/configuration.md)"
-            )
-            if close:
-                meant.add((*err["loc"][:-1], close[0]))
+    unknown = {err["loc"]: _unknown_key(model, err["loc"]) for err in errors if err["type"] == "extra_forbidden"}
+    meant = {(*loc[:-1], key) for loc, (_, key) in unknown.items() if key is not None}
     lines = []
     for err in errors:
         key = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
@@ -422,7 +409,7 @@ def format_errors(exc: ValidationError, prefix: str = "", model: type[BaseModel]
                 continue
             message = "required key is missing"
         elif err["type"] == "extra_forbidden":
-            message = suggestions.get(err["loc"], "unknown key (check the spelling; see docs/configuration.md)")
+            message = unknown[err["loc"]][0]
         elif err["type"] == "value_error":
             message = message.removeprefix("Value error, ")
         elif err["type"] == "string_pattern_mismatch" and model is not None:
@@ -434,9 +421,15 @@ def format_errors(exc: ValidationError, prefix: str = "", model: type[BaseModel]
     return "\n".join(lines)
 
 
-def keys_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
-    """The keys a config file may write at ``path`` inside ``model`` (list indexes skipped); [] if unknown."""
-    return list(_fields_at(model, path))
+def _unknown_key(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> tuple[str, str | None]:
+    """The message for an unknown key at ``loc``, and the key of ``model`` it was likely meant to be."""
+    known = list(_fields_at(model, loc[:-1])) if model is not None else []
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    if close:
+        return f'unknown key; did you mean "{close[0]}"?', close[0]
+    if known:
+        return f"unknown key; the keys here are {', '.join(known)}", None
+    return "unknown key (check the spelling; see docs/configuration.md)", None
 
 
 def _fields_at(model: type[BaseModel], path: tuple[Any, ...]) -> dict[str, FieldInfo]:

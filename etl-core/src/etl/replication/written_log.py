@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import structlog
 
+from etl.events import CHANGE_KINDS
 from etl.lsn import Lsn
 from etl.schema import TableId
 
@@ -50,7 +51,7 @@ class WrittenLog:
             "changes written",
             worker=self._worker,
             batches=self._batches,
-            **{f"{kind}s": self._counts[kind] for kind in ("insert", "update", "delete", "truncate")},
+            **{f"{kind}s": self._counts[kind] for kind in CHANGE_KINDS.values()},
             tables=len(self._tables),
             write_s=round(self._seconds, 3),
             lsn=str(self._lsn),
