@@ -25,9 +25,9 @@ def readme_install_lines() -> list[list[str]]:
     return [[arg.strip('"') for arg in line.split()] for line in lines]
 
 
-def run(*args: str | Path, cwd: Path) -> str:
+def run(*args: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
     result = subprocess.run(
-        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=600, check=False, env=os.environ
+        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=600, check=False, env=env or os.environ
     )
     assert result.returncode == 0, f"{args} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout
@@ -58,5 +58,7 @@ def test_the_readme_install_lines_give_a_working_etl_and_a_ducklake_pipeline(tmp
         install(line)
     assert {("ducklake", "destination"), ("bigquery", "destination"), ("sqlite", "store")} <= plugins(venv, tmp_path)
 
-    shown = run(venv / "bin" / "etl", "demo", "--rows", "20", "--dir", tmp_path / "demo", cwd=tmp_path)
+    # Spark's class archive for this virtualenv's jars goes with the test's files, not into the user's cache
+    demo_env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    shown = run(venv / "bin" / "etl", "demo", "--rows", "20", "--dir", tmp_path / "demo", cwd=tmp_path, env=demo_env)
     assert "public.orders: 20 rows as DuckDB" in shown and "(same as the source's 20)" in shown, shown

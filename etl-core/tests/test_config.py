@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -198,6 +199,7 @@ def restore_logging() -> Iterator[None]:
     yield
     structlog.reset_defaults()
     logging.getLogger().handlers[:] = handlers
+    logging.captureWarnings(False)
 
 
 def test_logs_redact_secrets(capsys: pytest.CaptureFixture[str], restore_logging: None) -> None:
@@ -207,6 +209,16 @@ def test_logs_redact_secrets(capsys: pytest.CaptureFixture[str], restore_logging
     err = capsys.readouterr().err
     assert "hunter2" not in err
     assert "connecting" in err and "conninfo" in err
+
+
+def test_a_library_warning_is_a_log_event(capsys: pytest.CaptureFixture[str], restore_logging: None) -> None:
+    """A ``warnings.warn`` of a library (pandas, PySpark) comes as an event of the log, not as bare text."""
+    configure_logging("json", "info")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("arrow optimisation fell back", UserWarning, stacklevel=1)
+    events = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [e["level"] for e in events if "arrow optimisation fell back" in e["event"]] == ["warning"]
 
 
 def test_plugin_section_secrets_are_masked_in_repr(tmp_path: Path) -> None:

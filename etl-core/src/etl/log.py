@@ -117,3 +117,4 @@ def configure_logging(fmt: LogFormat = "console", level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(max(numeric, logging.WARNING))
+    logging.captureWarnings(True)  # a library's warnings.warn too, rather than bare text on stderr

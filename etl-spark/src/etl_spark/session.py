@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,8 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from etl.errors import RuntimeSetupError
 from etl.preflight import Check
+from etl_spark import jvm_log
+from etl_spark.class_archive import ClassArchive
 
 if TYPE_CHECKING:
+    from py4j.java_gateway import JavaGateway
     from pyspark.sql import SparkSession
 
 log = structlog.get_logger(__name__)
@@ -33,6 +37,7 @@ log = structlog.get_logger(__name__)
 _lock = threading.Lock()
 _session: SparkSession | None = None
 _session_conf: dict[str, str] = {}
+_gateway: JavaGateway | None = None
 
 
 class SparkSettings(BaseModel):
@@ -46,6 +51,11 @@ class SparkSettings(BaseModel):
     app_name: str = Field("etl", description="Spark application name.")
     conf: dict[str, str] = Field(
         default_factory=dict, description="Extra Spark settings, applied last (they override etl-spark's defaults)."
+    )
+    class_archive: bool = Field(
+        True,
+        description="Start the driver JVM from an archive of Spark's classes in ~/.cache/etl-spark (built once, in"
+        " the background): a start about 40% faster.",
     )
 
 
@@ -140,19 +150,14 @@ def get_spark(settings: SparkSettings, extra: dict[str, str] | None = None) -> S
             if differing:
                 log.warning("spark session already running with other settings", keys=differing)
             return _session
-        find_java()
+        java = find_java()
         if settings.master.startswith("local"):
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         if "spark.pyspark.python" in conf:  # PySpark starts its workers with PYSPARK_PYTHON, not the setting
             os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
-        from pyspark.sql import SparkSession
-
-        builder = SparkSession.builder.master(settings.master)
-        for key, value in conf.items():
-            builder = builder.config(key, value)
         log.info("starting spark session", master=settings.master)
         try:
-            _session = builder.getOrCreate()
+            _session = _start(settings.master, conf, _archive_option(settings, java))
         except Exception as exc:
             raise RuntimeSetupError(
                 f"Spark did not start with master {settings.master!r}: {type(exc).__name__}: {exc}",
@@ -161,6 +166,77 @@ def get_spark(settings: SparkSettings, extra: dict[str, str] | None = None) -> S
         _session.sparkContext.setLogLevel("ERROR")
         _session_conf = conf
         return _session
+
+
+def _start(master: str, conf: dict[str, str], java_option: str | None = None) -> SparkSession:
+    """A session on the process's driver JVM, which is launched on first use (with ``java_option``, and its
+    output logged by ``jvm_log``) and kept for later sessions, as PySpark does."""
+    global _gateway
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+    from pyspark.sql import SparkSession
+
+    if _gateway is None:
+        spark_conf = SparkConf().setMaster(master).setAll(list(conf.items()))
+        spark_conf.set("spark.driver.extraJavaOptions", _driver_java_options(conf, java_option))
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        _gateway = launch_gateway(spark_conf, popen_kwargs=pipes)  # type: ignore[no-untyped-call]
+        jvm_log.route(_gateway.proc)
+        SparkContext(conf=spark_conf, gateway=_gateway)  # later contexts start on this gateway, as PySpark's do
+    builder = SparkSession.builder.master(master)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def _driver_java_options(conf: dict[str, str], java_option: str | None) -> str:
+    """etl-spark's driver JVM options, then the user's (a later option of the same name wins)."""
+    return " ".join(filter(None, [jvm_log.java_options(), java_option, conf.get("spark.driver.extraJavaOptions")]))
+
+
+def _class_archive(java: Path) -> ClassArchive:
+    import pyspark
+
+    return ClassArchive(java, Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent) / "jars")
+
+
+def _archive_option(settings: SparkSettings, java: Path) -> str | None:
+    """The option that starts a new driver JVM from the class archive; None (and a build begun) while there is
+    none, and when the JVM runs already or the settings turn archives off."""
+    if not settings.class_archive or _gateway is not None:
+        return None
+    archive = _class_archive(java)
+    option = archive.use_option()
+    if option is None:
+        archive.build_in_background()
+    return option
+
+
+def build_class_archive() -> None:
+    """What ``python -m etl_spark.class_archive`` does: run a small local session, whose JVM writes the archive as
+    it exits, and put the archive in place. Nothing when another builder runs or the archive exists."""
+    import pandas as pd
+
+    archive = _class_archive(find_java())
+    lock = archive.lock()
+    if not lock.try_acquire():
+        return
+    try:
+        if archive.path.is_file():
+            return
+        conf = session_conf(SparkSettings(master="local[1]", app_name="etl-class-archive"))
+        spark = _start("local[1]", conf, archive.dump_option())
+        with tempfile.TemporaryDirectory() as scratch:  # the classes a copy and a batch load: Arrow, SQL, Parquet
+            frame = spark.createDataFrame(pd.DataFrame({"id": range(100), "text": ["x"] * 100}))
+            frame.groupBy("text").count().write.parquet(scratch + "/out")
+            spark.read.parquet(scratch + "/out").toPandas()
+        spark.stop()
+        assert _gateway is not None
+        _gateway.proc.stdin.close()  # the JVM exits at the end of its stdin, and writes the archive then
+        if _gateway.proc.wait(timeout=600) == 0 and archive.adopt():
+            log.info("class archive for spark built", path=str(archive.path))
+    finally:
+        lock.release()
 
 
 def running_master() -> str | None:

@@ -95,17 +95,19 @@ def difference(expected: object, actual: object, shown: int = 5) -> str:
 class PipelineProcess:
     """``etl run -c config`` as a child process that a test starts, kills with SIGKILL and restarts."""
 
-    def __init__(self, config: Path, log_level: str = "warning") -> None:
+    def __init__(self, config: Path, log_level: str = "warning", log_format: str = "console") -> None:
         self.config = config
         self.log_level = log_level
+        self.log_format = log_format
         self.log = config.with_suffix(".log")
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         assert not self.alive(), "etl run is already running"
+        options = ["--log-level", self.log_level, "--log-format", self.log_format]
         with self.log.open("ab") as log:  # the child holds its own descriptor
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "etl.cli", "--log-level", self.log_level, "run", "-c", str(self.config)],
+                [sys.executable, "-m", "etl.cli", *options, "run", "-c", str(self.config)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
