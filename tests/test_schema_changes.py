@@ -210,7 +210,7 @@ def test_without_permission_the_pipeline_warns_and_follows_relation_messages(
         assert warning["log_level"] == "warning"
         assert "not a superuser" in warning["reason"]
         assert "nullability, defaults" in warning["lost"]
-        assert "docs/schema-changes.md" in warning["hint"]
+        assert "etl ddl-trigger --print-sql" in warning["hint"]
         with db.connect() as conn:
             assert not ddl_trigger_installed(conn)
         wait_until(lambda: all_ready(pipeline, 1), "table ready", pipeline)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -244,6 +246,26 @@ def test_manual_install_sql_in_the_docs_is_current(pg_database: TestDatabase) ->
         with conn.transaction():
             conn.execute(install_sql())
         assert ddl_trigger_installed(conn)
+
+
+def test_the_cli_prints_the_sql_that_installs_and_removes_the_trigger(pg_database: TestDatabase) -> None:
+    """`etl ddl-trigger --print-sql`, named by the warnings for roles that may not install it, needs no pipeline
+    file; what it prints installs the current trigger, and `--print-uninstall-sql` removes it."""
+
+    def printed(option: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "etl.cli", "ddl-trigger", option], capture_output=True, text=True, check=True
+        )
+        return result.stdout
+
+    with pg_database.connect() as conn:
+        with conn.transaction():
+            conn.execute(printed("--print-sql"))
+        assert ddl_trigger_installed(conn)
+        with conn.transaction():
+            conn.execute(printed("--print-uninstall-sql"))
+        assert not ddl_trigger_installed(conn)
+        assert conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'etl'").fetchone() is None
 
 
 def _message(**overrides: Any) -> bytes:

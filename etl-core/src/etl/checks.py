@@ -203,8 +203,8 @@ def _checks(conn: psycopg.Connection[Any], config: PipelineConfig) -> Iterator[C
             if may_install
             else "not installed, and the pipeline may not install it (a standby, or a role that is not a superuser):"
             " nullability, defaults and renames of columns are not seen",
-            "have a superuser run the SQL in docs/schema-changes.md on the primary, or set [pipeline]"
-            " install_ddl_trigger = false",
+            "have a superuser run what `etl ddl-trigger --print-sql` prints on the primary (pipe it into psql), or"
+            " set [pipeline] install_ddl_trigger = false",
             advisory=True,
         )
 

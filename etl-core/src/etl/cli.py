@@ -22,6 +22,7 @@ from etl.config import PipelineConfig, load_config
 from etl.errors import EtlError
 from etl.log import configure_logging
 from etl.plugins import load_registry
+from etl.postgres.ddl import install_sql, uninstall_sql
 
 if TYPE_CHECKING:
     from etl.pipeline import Pipeline
@@ -99,6 +100,17 @@ def _parser() -> argparse.ArgumentParser:
         help="list installed destinations and stores",
         description="List the installed destinations and stores: each plugin's name, kind, package and version.",
     )
+    trigger = commands.add_parser(
+        "ddl-trigger",
+        help="print the SQL that installs (or removes) the schema change trigger, for a superuser to run",
+        description="Print the SQL that installs the schema change trigger (an event trigger that tells the"
+        " pipeline of nullability, defaults and renames) on the source database, for a superuser to run on the"
+        " primary: etl ddl-trigger --print-sql | psql -d <source database>. A pipeline whose role is a superuser"
+        " installs it itself.",
+    )
+    action = trigger.add_mutually_exclusive_group(required=True)
+    action.add_argument("--print-sql", action="store_true", help="print the install SQL (idempotent: it updates)")
+    action.add_argument("--print-uninstall-sql", action="store_true", help="print the SQL that removes it")
     demo = commands.add_parser(
         "demo",
         help="stream a throwaway Postgres into a destination and print the tables as it reads them",
@@ -128,6 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "plugins":
             return cmd_plugins()
+        if args.command == "ddl-trigger":
+            sys.stdout.write(install_sql() if args.print_sql else uninstall_sql())
+            return 0
         if args.command == "demo":
             from etl.demo import run_demo
 

@@ -242,8 +242,8 @@ class Pipeline:
                 "DDL trigger not installed; schema changes are seen from the replication stream only",
                 reason=result.reason,
                 lost="nullability, defaults and certain renames (a rename can look like a drop plus an add)",
-                hint="have a superuser run the install SQL from docs/schema-changes.md on the source database,"
-                " or set [pipeline] install_ddl_trigger = false",
+                hint="have a superuser run what `etl ddl-trigger --print-sql` prints on the source database (pipe it"
+                " into psql), or set [pipeline] install_ddl_trigger = false",
             )
 
     def _run(self) -> None:
