@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import duckdb
 
 # PyPI package suffix -> the name DuckDB loads it under.
-_EXTENSIONS = {"ducklake": "ducklake", "sqlite": "sqlite_scanner", "postgres": "postgres_scanner"}
+_EXTENSIONS = {"ducklake": "ducklake", "sqlite": "sqlite_scanner", "postgres": "postgres_scanner", "httpfs": "httpfs"}
 _INSTALL_HINT = "pip install 'etl-spark[duckdb]' (duckdb and its ducklake, sqlite and postgres extensions, 1.5.5)"
 
 _lock = threading.Lock()
@@ -72,7 +72,7 @@ def _libpq_value(value: str) -> str:
 
 
 def connect_duckdb(*extensions: str) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with ``ducklake`` and the named metadata extensions (``sqlite``, ``postgres``) loaded.
+    """An in-memory DuckDB with ``ducklake`` and the named extensions (``sqlite``, ``postgres``, ``httpfs``) loaded.
 
     DuckDB checks an extension's signature at each ``LOAD`` by hashing its file (35 MB, 70 ms each). The
     first load of each extension in the process checks it; later connections skip the check, since they
