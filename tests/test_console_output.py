@@ -31,6 +31,7 @@ def test_etl_run_into_ducklake_prints_only_json_lines(pg_database: TestDatabase,
             "catalog": catalog,
             "data_path": f"{tmp_path}/lake/",
             "spark": {"master": "local[1]"},
+            "driver_copy_max_bytes": 0,  # the copy is a Spark job: the JVM runs, and prints, before the lake is equal
         },
     )
     # debug: the JVM's start-up notices are logged at debug, so the log holds some of its lines for certain

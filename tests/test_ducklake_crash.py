@@ -176,6 +176,7 @@ def setup(
             "catalog": catalog,
             "data_path": f"{data}/",
             "spark": {"master": spark_master, "conf": {"spark.sql.shuffle.partitions": "2"}},
+            "driver_copy_max_bytes": 0,  # the tables are small; their copies are killed in the middle of Spark jobs
             "inline_flush_rows": 20_000,
             "maintenance": {
                 "every_seconds": 1,
@@ -297,6 +298,7 @@ def test_an_executor_killed_mid_copy_is_replaced_and_the_lake_ends_equal(
             "catalog": catalog,
             "data_path": f"{data}/",
             "spark": {"master": "local-cluster[2,1,1024]", "conf": {"spark.sql.shuffle.partitions": "2"}},
+            "driver_copy_max_bytes": 0,
         },
     )
     run = PipelineProcess(write_config(tmp_path / "pipeline.toml", config), log_level="info")

@@ -95,11 +95,11 @@ def lake(request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: Pa
 
 
 def start_pipeline(db: TestDatabase, lake: Lake, state: Path, spark: dict[str, Any]) -> Pipeline:
-    """A pipeline built from config like ``etl run`` builds it: SQLite store, ducklake destination."""
+    """A pipeline built from config like ``etl run`` builds it: SQLite store, ducklake destination. Its copies are
+    Spark jobs whatever the tables' size (``driver_copy_max_bytes = 0``): on both masters, what this module checks."""
+    destination = {"type": "ducklake", "catalog": lake.url, "data_path": lake.data_path, "spark": spark}
     config = pipeline_config(
-        db,
-        store={"type": "sqlite", "path": str(state)},
-        destination={"type": "ducklake", "catalog": lake.url, "data_path": lake.data_path, "spark": spark},
+        db, store={"type": "sqlite", "path": str(state)}, destination=destination | {"driver_copy_max_bytes": 0}
     )
     store = build_store(config, "test")
     pipeline = Pipeline(config, store, build_destination(config, store, "test"))

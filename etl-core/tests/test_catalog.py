@@ -14,6 +14,7 @@ from etl.postgres.catalog import (
     publication_exists,
     publication_options,
     publication_tables,
+    table_bytes,
     table_schema,
 )
 from etl.postgres.connection import connect
@@ -246,6 +247,21 @@ def test_ctid_ranges_never_exceed_pages(pg_database: TestDatabase) -> None:
     pages = int(pg_database.execute("SELECT pg_relation_size('t') / current_setting('block_size')::int")[0][0])
     assert len(ranges) == pages
     assert sum(count_in(pg_database, "t", ranges)) == 500
+
+
+def test_table_bytes_counts_long_values_and_every_leaf(pg_database: TestDatabase) -> None:
+    """What a copy reads: the heap and the TOAST of long values, of each table asked for (leaves, say)."""
+    pg_database.execute("CREATE TABLE t (id int, doc text); ALTER TABLE t ALTER doc SET STORAGE EXTERNAL")
+    pg_database.execute("INSERT INTO t SELECT g, repeat(md5(g::text), 2000) FROM generate_series(1, 100) g")
+    heap = int(pg_database.execute("SELECT pg_relation_size('t')")[0][0])
+    setup_partitions(pg_database)
+    pg_database.execute("INSERT INTO p SELECT g, g % 20 FROM generate_series(1, 1000) g")
+    with connect(pg_database.connection()) as conn:
+        size = table_bytes(conn, [TableName("public", "t")])
+        assert size > 100 * 64_000 > heap  # each value ~64 kB, out of line
+        leaves = [TableName("public", name) for name in ("p_b", "p_a1", "p_a2")]
+        assert table_bytes(conn, leaves) == sum(table_bytes(conn, [leaf]) for leaf in leaves) > 0
+        assert table_bytes(conn, [*leaves, TableName("public", "t")]) == table_bytes(conn, leaves) + size
 
 
 def test_ctid_ranges_errors(pg_database: TestDatabase) -> None:

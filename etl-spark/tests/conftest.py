@@ -86,8 +86,11 @@ _STARTED: list[DuckLakeDestination | BigQueryDestination] = []
 
 
 def make_destination(lake: Lake, pipeline_id: int = 1, **options: Any) -> DuckLakeDestination:
-    """A started destination; the end of the test shuts it down (its upkeep thread, planners, catalog)."""
-    base = {"catalog": lake.url, "data_path": lake.data_path, "spark": SPARK.model_dump()}
+    """A started destination; the end of the test shuts it down (its upkeep thread, planners, catalog).
+
+    Its copies are Spark jobs, as those of tables over ``driver_copy_max_bytes`` are: the tests' tables are small,
+    and the tests of the driver's copy of small tables set the option."""
+    base = {"catalog": lake.url, "data_path": lake.data_path, "spark": SPARK.model_dump(), "driver_copy_max_bytes": 0}
     config = DuckLakeConfig.model_validate({**base, **options})
     destination = DuckLakeDestination.from_config(config, DestinationContext(pipeline_id, MemoryStore(pipeline_id)))
     destination.startup()

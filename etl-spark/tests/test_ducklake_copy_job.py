@@ -180,6 +180,40 @@ def test_a_stopped_copy_leaves_no_table_and_no_file(pg_database: TestDatabase, l
     assert list(Path(lake.data_path).rglob("*.parquet")) == []
 
 
+def test_a_small_table_is_copied_on_the_driver_into_the_same_lake_types(
+    pg_database: TestDatabase, lake: Any, kit: Any
+) -> None:
+    """Under ``driver_copy_max_bytes`` the copy runs in this process, with no Spark job: the same lists, UUIDs and
+    times as the Spark copy writes, the rows equal to the source's; the metric says where each table was copied."""
+    plan = typed_plan(pg_database, parts=4)
+    assert plan.size_bytes is not None and 0 < plan.size_bytes < 4 * 1024 * 1024
+    destination = kit.make_destination(lake, driver_copy_max_bytes=plan.size_bytes)
+    assert destination.copy_table(plan, threading.Event()) == 3000
+    assert lake_typed(lake) == source_typed(pg_database)
+    copies = destination.metrics.copies
+    assert (copies.labels("driver")._value.get(), copies.labels("spark")._value.get()) == (1, 0)
+
+    destination.shutdown()
+    bigger = kit.make_destination(lake, driver_copy_max_bytes=plan.size_bytes - 1)  # the same pipeline, a copy again
+    bigger.drop_table_for_copy(plan.schema)
+    assert bigger.copy_table(plan, threading.Event()) == 3000
+    assert (
+        bigger.metrics.copies.labels("driver")._value.get(),
+        bigger.metrics.copies.labels("spark")._value.get(),
+    ) == (0, 1)
+
+
+def test_a_stopped_copy_on_the_driver_leaves_nothing(pg_database: TestDatabase, lake: Any, kit: Any) -> None:
+    plan = typed_plan(pg_database, parts=2)
+    destination = kit.make_destination(lake, driver_copy_max_bytes=1 << 30)
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(CopyStopped):
+        destination.copy_table(plan, stop)
+    assert lake.query("SELECT count(*) FROM information_schema.tables WHERE table_name = 'typed'") == [(0,)]
+    assert list(Path(lake.data_path).rglob("*.parquet")) == []
+
+
 def test_source_errors_in_tasks_reach_the_engine_as_its_own(pg_database: TestDatabase, lake: Any, kit: Any) -> None:
     """A task's copy that fails on the source is the engine's ``TableError``, with the server's message."""
     from etl.errors import TableError

@@ -10,6 +10,7 @@ package (``pip install etl-spark[jdk]``).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -94,6 +95,11 @@ def java_check() -> Check:
         java = find_java()
     except RuntimeSetupError as exc:
         return Check("java", False, exc.message, exc.hint)
+    return _java_version_check(java)
+
+
+@functools.cache  # a Java does not change while the process runs; each destination's start asks
+def _java_version_check(java: Path) -> Check:
     try:
         shown = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30, check=False).stderr
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -110,6 +116,24 @@ def java_check() -> Check:
             "install Java 17 or 21 and point JAVA_HOME at it, or pip install 'etl-spark[jdk]'",
         )
     return Check("java", True, f"{java} (Java {major})")
+
+
+def start_in_background(settings: SparkSettings, extra: dict[str, str] | None = None) -> None:
+    """For a destination's start: stop at once on a Java that Spark cannot run on (no table's fault, and every
+    copy would fail on it), then start the process's session (``get_spark``) on a thread of its own. A start takes
+    seconds, which the pipeline's own start (slots, the copies' planning) overlaps; the first Spark job waits for
+    what is left of it."""
+    check = java_check()
+    if not check.ok:
+        raise RuntimeSetupError(check.detail, hint=check.fix)
+    threading.Thread(target=_start_quietly, args=(settings, extra), name="spark-start", daemon=True).start()
+
+
+def _start_quietly(settings: SparkSettings, extra: dict[str, str] | None) -> None:
+    try:
+        get_spark(settings, extra)
+    except RuntimeSetupError as exc:  # the first job that needs Spark raises it again, where failures are handled
+        log.warning("spark did not start", error=exc.message)
 
 
 def session_conf(settings: SparkSettings, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -292,6 +292,16 @@ def ctid_ranges(conn: psycopg.Connection[Any], table: TableName, parts: int) -> 
     return [CtidRange(bounds[i], bounds[i + 1]) for i in range(parts)]
 
 
+def table_bytes(conn: psycopg.Connection[Any], tables: Sequence[TableName]) -> int:
+    """The size of ``tables`` together, in bytes, their TOAST (long values) included: about what a copy reads."""
+    row = conn.execute(
+        "SELECT coalesce(sum(pg_catalog.pg_table_size(pg_catalog.to_regclass(t))), 0)::bigint"
+        " FROM unnest(%s::text[]) AS t",
+        ([t.quoted() for t in tables],),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def _missing_publication(conn: psycopg.Connection[Any], publication: str) -> SourceError:
     return SourceError(
         f"publication {publication!r} does not exist in database {conn.info.dbname!r}",

@@ -35,7 +35,7 @@ from psycopg.pq.abc import PGconn, PGresult
 from etl.config import PostgresConnection
 from etl.errors import EtlError, SourceError, TableError, TransientError
 from etl.postgres import generators
-from etl.postgres.catalog import CtidRange, PublishedTable, ctid_ranges
+from etl.postgres.catalog import CtidRange, PublishedTable, ctid_ranges, table_bytes
 from etl.postgres.codecs import arrow_field, decode_text_column
 from etl.postgres.connection import connect, connection_error, conninfo_string
 from etl.postgres.generators import PQGen
@@ -102,6 +102,8 @@ class CopyPlan:
     ranges: tuple[CopyRange, ...]
     row_filter: str | None
     """The publication's row filter, as SQL."""
+    size_bytes: int | None = None
+    """The source tables' size, TOAST included, when the copy was planned (about what it reads); None: not measured."""
 
     def copy(
         self,
@@ -148,7 +150,8 @@ def plan_copy(
     _check_columns(schema)
     with connect(config, retried=True) as conn, _Unblock(conn, config, stop, read_timeout, "plan the copy"):
         ranges = tuple(CopyRange(source, rng) for source in table.sources for rng in ctid_ranges(conn, source, parts))
-    return CopyPlan(config, snapshot, schema, ranges, table.row_filter)
+        size = table_bytes(conn, table.sources)
+    return CopyPlan(config, snapshot, schema, ranges, table.row_filter, size)
 
 
 def copy_table(

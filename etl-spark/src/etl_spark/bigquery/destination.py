@@ -62,7 +62,7 @@ from etl_spark.collapse import (
     missing_columns,
     net_changes_without_key,
 )
-from etl_spark.session import SparkSettings, delete_path, get_spark, java_check
+from etl_spark.session import SparkSettings, delete_path, get_spark, java_check, start_in_background
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -230,6 +230,7 @@ class BigQueryDestination:
                 hint="check the project, dataset, location and that the credentials may create tables and run jobs",
             ) from None
         self._check_dataset_holds_the_copies(tables)
+        start_in_background(self.config.spark, SPARK_CONF)
 
     def _check_dataset_holds_the_copies(self, tables: set[str]) -> None:
         """Stop when the store says tables were copied that the dataset does not have: it was deleted, or it is

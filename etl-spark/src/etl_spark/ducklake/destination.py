@@ -43,7 +43,7 @@ from etl_spark.ducklake.catalog import (
     redacted,
 )
 from etl_spark.ducklake.copy_job import copy_files
-from etl_spark.ducklake.datafiles import DataFileSpec, ParquetOptions
+from etl_spark.ducklake.datafiles import DataFileSpec, ParquetOptions, write_data_files
 from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.inline_flush import FlushTimer, flush_inlined
 from etl_spark.ducklake.lake import Lake
@@ -54,7 +54,7 @@ from etl_spark.ducklake.preflight import preflight
 from etl_spark.ducklake.reader import open_lake
 from etl_spark.ducklake.table_state import TableState, read_states
 from etl_spark.ducklake.upkeep import UPKEEP_SECONDS, Step, Turns, Upkeep
-from etl_spark.session import SparkSettings, get_spark
+from etl_spark.session import SparkSettings, get_spark, start_in_background
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -95,6 +95,13 @@ class DuckLakeConfig(BaseModel):
         ge=1024 * 1024,
         description="A data file is closed at about this many Parquet bytes and the next one started (a copy writes"
         " at least one file per task that copied rows).",
+    )
+    driver_copy_max_bytes: Integer = Field(
+        4 * 1024 * 1024,
+        ge=0,
+        description="A table of at most this size (TOAST included) when its copy starts is copied on the driver, into"
+        " one data file, without a Spark job: a small table is in the lake before Spark has started (see [Copies of"
+        " small tables](#copies-of-small-tables)); 0 copies every table with Spark.",
     )
     commit_attempts: Integer = Field(
         10, ge=1, description="How often a batch is recomputed when another writer commits a conflicting change."
@@ -220,6 +227,7 @@ class DuckLakeDestination:
             every = min(every, self.config.maintenance.every_seconds)
         self._upkeep = Upkeep(self.upkeep, every, self._writing)
         self._upkeep.start()
+        start_in_background(self.config.spark, SPARK_CONF)
 
     def _check_lake_holds_the_copies(self) -> None:
         """Stop when the store says tables were copied that this lake has no record of: the catalog is not the
@@ -306,10 +314,14 @@ class DuckLakeDestination:
             log.info("ducklake table to be replaced by its next copy", table=str(schema.name))
 
     def copy_table(self, plan: CopyPlan, stop: threading.Event) -> int:
-        """Copy the table on Spark's executors (``copy_job``) and register every file in one snapshot."""
+        """Copy the table on Spark's executors (``copy_job``), or on the driver when it is small (``on_driver``),
+        and register every file in one snapshot."""
+        on_driver = plan.size_bytes is not None and plan.size_bytes <= self.config.driver_copy_max_bytes
+        write = self._copy_on_driver if on_driver else self._copy_files
         with naming_table(plan.schema.id), self._copying():
-            copy = plan_copy(self.lake, plan.schema, partial(self._copy_files, plan, stop))
+            copy = plan_copy(self.lake, plan.schema, partial(write, plan, stop))
             self._commit_copy(copy)
+        self.metrics.copies.labels("driver" if on_driver else "spark").inc()
         return sum(f.record_count for f in copy.files)
 
     @contextmanager
@@ -324,6 +336,11 @@ class DuckLakeDestination:
 
     def _copy_files(self, plan: CopyPlan, stop: threading.Event, spec: DataFileSpec) -> list[NewFile]:
         return self.storage.written(spec, partial(copy_files, self.spark, plan, spec, stop))
+
+    def _copy_on_driver(self, plan: CopyPlan, stop: threading.Event, spec: DataFileSpec) -> list[NewFile]:
+        """Read every range on one connection of this process and write the rows here: no Spark job to wait for."""
+        batches = plan.copy_ranges(range(len(plan.ranges)), stop=stop)
+        return self.storage.written(spec, partial(write_data_files, spec, batches))
 
     def write_table_rows(self, schema: TableSchema, rows: pa.Table) -> WriteResult:
         """Copied rows handed over by an embedder: written as data files here, on the driver, one snapshot each.

@@ -16,6 +16,8 @@ from etl.metrics import LATENCY_BUCKETS
 
 FILE_KINDS: Final = ("data", "delete")
 """The ``kind`` label of the file series: Parquet data files and positional delete files."""
+COPIED_ON: Final = ("driver", "spark")
+"""The ``on`` label of ``etl_ducklake_copies``: where a table's copy read and wrote its rows."""
 MAINTENANCE_STEPS: Final = ("merge", "rewrite", "expire", "cleanup", "orphans")
 """The ``step`` label of the maintenance series (``[destination.maintenance]``)."""
 
@@ -33,6 +35,12 @@ class DuckLakeMetrics:
             "etl_ducklake_commit_seconds",
             "Time of one successful catalog transaction (one DuckLake snapshot), delete files written in it included",
             buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.copies = Counter(
+            "etl_ducklake_copies",
+            "Tables copied, by where their rows were read and written: on the driver (small tables) or by Spark",
+            ["on"],
             registry=registry,
         )
         self.files_written = Counter(
@@ -76,6 +84,8 @@ class DuckLakeMetrics:
         )
         for step in MAINTENANCE_STEPS:
             self.maintenance.labels(step)
+        for on in COPIED_ON:
+            self.copies.labels(on)
         for kind in FILE_KINDS:  # exported from the start, at 0
             self.files_written.labels(kind)
             self.bytes_written.labels(kind)
