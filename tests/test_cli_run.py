@@ -3,9 +3,11 @@ resync request as embedding code makes it."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -70,12 +72,27 @@ def test_run_status_lock_and_sigterm(source: TestDatabase, tmp_path: Path) -> No
         assert "pipeline 3" in second.stderr and "already" in second.stderr.lower()
 
         source.execute("INSERT INTO t VALUES (101, 'y')")
-        time.sleep(1)
-        run.ensure_alive()
+        out = wait_for_status(config, "1 ins, 0 upd, 0 del")  # what the run streamed, not what it copied
+        assert "UTC (" in out and " ago)" in out  # the last write's time
+        source.execute("UPDATE t SET v = 'z' WHERE id <= 2; DELETE FROM t WHERE id = 3")
+        # Durable (the slot confirmed it) within the interval of the last record: only the stop records it
+        ((end,),) = source.execute("SELECT pg_current_wal_lsn()")
+        deadline = time.monotonic() + 60
+        while not source.execute(
+            "SELECT confirmed_flush_lsn >= %s FROM pg_replication_slots WHERE slot_name = 'etl_apply_3'", (end,)
+        )[0][0]:
+            run.ensure_alive()
+            assert time.monotonic() < deadline, "the update never became durable"
+            time.sleep(0.1)
         run.stop()
     stderr = run.output()
     assert "draining the batch in flight" in stderr and "pipeline stopped" in stderr
 
+    shown = json.loads(etl("status", "-c", str(config), "--format", "json").stdout)
+    (table,) = shown["tables"]
+    activity = table["activity"]
+    assert (activity["inserts"], activity["updates"], activity["deletes"], activity["truncates"]) == (1, 2, 1, 0)
+    assert datetime.fromisoformat(activity["since"]) <= datetime.fromisoformat(activity["last_write_at"])
     status = etl("status", "-c", str(config))
     assert status.returncode == 0
     line = next(x for x in status.stdout.splitlines() if x.startswith("apply worker durable progress"))

@@ -279,8 +279,9 @@ class Terminal:
 
     def wait_for(self, condition: Callable[[str], bool], what: str, timeout: float = 60) -> str:
         deadline = time.monotonic() + timeout
-        while not condition(self.text()):
-            assert time.monotonic() < deadline and self.read(0.5), f"the terminal never showed {what}:\n{self.text()}"
+        while not condition(self.text()):  # a read that finds nothing new is no failure: a refresh takes a while
+            assert time.monotonic() < deadline, f"the terminal never showed {what}:\n{self.text()}"
+            self.read(0.5)
         return self.text()
 
     def send(self, data: bytes) -> None:
@@ -302,7 +303,7 @@ class Terminal:
 
 def test_watch_shows_states_copy_and_lag_live_until_ctrl_c(source: TestDatabase, tmp_path: Path) -> None:
     config = sqlite_pipeline(tmp_path, source, destination={"type": "null"})
-    terminal = Terminal(["status", "-c", str(config), "--watch", "--interval", "0.5"])
+    terminal = Terminal(["status", "-c", str(config), "--watch", "--interval", "0.5"], columns=220)
     try:
         terminal.wait_for(lambda s: "no tables yet" in s and "no slots" in s, "a pipeline that never ran")
         with PipelineProcess(config) as run:
@@ -316,6 +317,9 @@ def test_watch_shows_states_copy_and_lag_live_until_ctrl_c(source: TestDatabase,
             for header in ("state", "copy", "rows/s", "ETA", "lag", "confirmed flush"):
                 assert header in screen, f"no {header!r} column:\n{screen}"
             assert "done" in screen and "━" in screen, "a finished copy's progress bar"
+            source.execute(f"INSERT INTO t VALUES ({ROWS + 1}, 'streamed')")
+            screen = terminal.wait_for(lambda s: "1 ins, 0 upd, 0 del" in s, "the streamed insert, counted")
+            assert "changes" in screen and "last write" in screen and " ago)" in screen, screen
             run.ensure_alive()
             terminal.send(b"\x03")
             assert terminal.finish() == 0, terminal.text()

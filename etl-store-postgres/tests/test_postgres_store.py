@@ -76,6 +76,7 @@ def test_tables_live_in_the_configured_schema(pg_database: TestDatabase) -> None
         "etl_progress",
         "etl_resync_requests",
         "etl_store_version",
+        "etl_table_activity",
         "etl_table_schemas",
         "etl_table_states",
     ]

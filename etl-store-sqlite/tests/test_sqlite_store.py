@@ -123,9 +123,6 @@ def test_a_file_of_the_first_release_gains_the_resync_requests(tmp_path: Path) -
     class FirstReleaseStore(SqliteStore):
         migrations = MIGRATIONS[:1]
 
-        def _load_copy_progress(self, conn: sa.Connection) -> None:
-            pass  # the first release had no copy progress
-
     path = tmp_path / "state.db"
     first = FirstReleaseStore(path, 1)
     first.update_table_states({1: TableState(TableStateKind.READY)})
@@ -140,9 +137,6 @@ def test_a_file_of_the_first_release_gains_the_resync_requests(tmp_path: Path) -
 def test_a_file_of_the_second_release_gains_the_copy_progress(tmp_path: Path) -> None:
     class SecondReleaseStore(SqliteStore):
         migrations = MIGRATIONS[:2]
-
-        def _load_copy_progress(self, conn: sa.Connection) -> None:
-            pass  # the second release had no copy progress
 
     path = tmp_path / "state.db"
     second = SecondReleaseStore(path, 1)
@@ -164,7 +158,7 @@ def test_a_file_of_the_second_release_gains_the_copy_progress(tmp_path: Path) ->
     with sqlite3.connect(path) as conn:
         versions = conn.execute("SELECT version, description FROM etl_store_version ORDER BY version").fetchall()
     conn.close()
-    assert versions[2:] == [(3, "copy progress")]
+    assert versions[2:] == [(3, "copy progress"), (4, "table activity")]
 
 
 def test_a_failing_migration_changes_nothing(tmp_path: Path) -> None:

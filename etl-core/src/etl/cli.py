@@ -335,7 +335,7 @@ def cmd_status(
     heading, tables, slots, problems = text_lines(report)
     for line in heading:
         echo(line)
-    _table(["table", "state", "sync progress", "copy"], tables)
+    _table(["table", "state", "sync progress", "copy", "changes since start", "last write"], tables)
     _table(["slot", "active", "confirmed flush", "wal status", "lag"], slots)
     for problem in problems:
         echo(f"PROBLEM: {problem}")

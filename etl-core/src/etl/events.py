@@ -164,14 +164,22 @@ class EventBatch:
         return list(self.changes)
 
     def change_counts(self) -> dict[str, int]:
-        """The batch's changes by kind (``CHANGE_KINDS``' names), counted in Arrow."""
-        counts = dict.fromkeys(CHANGE_KINDS.values(), 0)
-        for segments in self.changes.values():
+        """The batch's changes by kind (``CHANGE_KINDS``' names)."""
+        return summed_counts(self.change_counts_by_table())
+
+    def change_counts_by_table(self) -> dict[TableId, dict[str, int]]:
+        """Each table's changes by kind (``CHANGE_KINDS``' names), counted in Arrow; tables without changes
+        (a schema change alone) are left out."""
+        by_table: dict[TableId, dict[str, int]] = {}
+        for table_id, segments in self.changes.items():
+            counts = dict.fromkeys(CHANGE_KINDS.values(), 0)
             for segment in segments:
                 if segment.table.num_rows:
                     for entry in pc.value_counts(segment.table.column(OP_COLUMN)).to_pylist():
                         counts[CHANGE_KINDS[entry["values"]]] += entry["counts"]
-        return counts
+            if any(counts.values()):
+                by_table[table_id] = counts
+        return by_table
 
     def without_table(self, table_id: TableId) -> EventBatch:
         """The same batch minus one table's changes (after that table failed)."""
@@ -191,6 +199,15 @@ class EventBatch:
 
     def row_count(self) -> int:
         return sum(seg.table.num_rows for segs in self.changes.values() for seg in segs)
+
+
+def summed_counts(by_table: Mapping[TableId, Mapping[str, int]]) -> dict[str, int]:
+    """Changes by kind over all tables, from ``EventBatch.change_counts_by_table``."""
+    counts = dict.fromkeys(CHANGE_KINDS.values(), 0)
+    for table in by_table.values():
+        for kind, count in table.items():
+            counts[kind] += count
+    return counts
 
 
 def _table_of(event: Event) -> TableId | None:

@@ -27,6 +27,7 @@ from etl.postgres.replication import (
     choose_protocol,
     slot_state,
 )
+from etl.replication.activity import ActivityRecorder
 from etl.replication.apply import ApplyWorker
 from etl.replication.backoff import backoff_delays
 from etl.replication.context import WorkerContext
@@ -77,6 +78,7 @@ class Pipeline:
         self._schemas: SchemaTracker | None = None
         self._sync_workers: dict[TableId, TableSyncWorker] = {}
         self._retries = TableRetries(config.pipeline)
+        self._activity = ActivityRecorder(store)
         self.metrics = PipelineMetrics()
         """The pipeline's Prometheus series; ``metrics.registry`` is what ``[metrics] listen`` serves."""
         self.metrics.watch_states(lambda: self._states.snapshot() if self._states is not None else {})
@@ -302,9 +304,16 @@ class Pipeline:
                 self._fail,
                 self.metrics,
                 self._stop,
+                self._activity,
             )
             writer = BatchWriter(
-                self.destination, self.store, APPLY_WORKER, self._on_table_error, start, metrics=self.metrics
+                self.destination,
+                self.store,
+                APPLY_WORKER,
+                self._on_table_error,
+                start,
+                metrics=self.metrics,
+                activity=self._activity,
             )
             self._apply = worker = ApplyWorker(ctx, rconn, writer, self._sync_workers)
             worker.refresh()

@@ -27,7 +27,16 @@ from etl.postgres.connection import connect
 from etl.postgres.replication import SlotState, slot_state
 from etl.replication.slots import apply_slot, slot_prefix
 from etl.schema import TableId, TableName
-from etl.store.base import APPLY_WORKER, CopyProgress, Store, TableState, TableStateKind, table_sync_worker
+from etl.store.base import (
+    APPLY_WORKER,
+    CopyProgress,
+    Store,
+    TableActivity,
+    TableState,
+    TableStateKind,
+    table_sync_worker,
+)
+from etl.store.codec import activity_to_obj
 from etl.store.memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -52,6 +61,8 @@ class TableStatus:
     """Durable progress of the table's sync worker (its catch-up), while it has one."""
     copy: CopyProgress | None
     """The table's copy: the one running, or the last one."""
+    activity: TableActivity | None = None
+    """What the pipeline's run wrote into the table (``Store.record_table_activity``)."""
 
     @property
     def label(self) -> str:
@@ -71,6 +82,7 @@ class TableStatus:
             "retry_at": state.retry_at.isoformat() if errored and state.retry_at is not None else None,
             "sync_progress": _lsn(self.sync_progress),
             "copy": None if self.copy is None else copy_to_json(self.copy),
+            "activity": None if self.activity is None else activity_to_obj(self.activity),
         }
 
 
@@ -136,6 +148,21 @@ class StatusReport:
         }
 
 
+def activity_summary(activity: TableActivity) -> str:
+    """The changes written since the run began, as ``12 ins, 3 upd, 1 del`` (truncates only when there were)."""
+    parts = [f"{activity.inserts:,} ins", f"{activity.updates:,} upd", f"{activity.deletes:,} del"]
+    if activity.truncates:
+        parts.append(f"{activity.truncates:,} trunc")
+    return ", ".join(parts)
+
+
+def last_write(activity: TableActivity, now: datetime | None = None) -> str:
+    """When the table's last batch was durable: ``02:53:09 UTC (5s ago)``, the date too when not today."""
+    at, now = activity.last_write_at, now or datetime.now(UTC)
+    shown = f"{at:%H:%M:%S} UTC" if at.date() == now.date() else f"{at:%Y-%m-%d %H:%M:%S} UTC"
+    return f"{shown} ({duration(max(0.0, (now - at).total_seconds()))} ago)"
+
+
 def copy_to_json(progress: CopyProgress) -> dict[str, Any]:
     fraction, eta = progress.fraction, progress.eta_seconds
     return {
@@ -159,8 +186,14 @@ def status_report(config: PipelineConfig, store: Store, *, config_path: str | No
     states = store.get_table_states()
     names = {s.id: str(s.name) for s in store.get_table_schemas()}
     apply_progress = store.get_progress(APPLY_WORKER)
+    activity = store.get_table_activity()
     found = {
-        table_id: (state, store.get_progress(table_sync_worker(table_id)), store.get_copy_progress(table_id))
+        table_id: (
+            state,
+            store.get_progress(table_sync_worker(table_id)),
+            store.get_copy_progress(table_id),
+            activity.get(table_id),
+        )
         for table_id, state in states.items()
     }
     apply_name, sync_prefix = slot_prefix(config.pipeline.id)
@@ -288,6 +321,8 @@ def text_lines(report: StatusReport) -> tuple[list[str], list[list[str]], list[l
             str(t.state),
             str(t.sync_progress) if t.sync_progress is not None else "",
             copy_summary(t.copy) if t.copy is not None else "",
+            activity_summary(t.activity) if t.activity is not None else "",
+            last_write(t.activity, report.generated_at) if t.activity is not None else "",
         ]
         for t in report.tables
     ]
@@ -341,13 +376,14 @@ def status_view(
             )
         )
         tables = Table(title="tables", title_justify="left", expand=False)
-        for column in ("table", "state", "copy", "rows", "rows/s", "ETA", "sync progress"):
+        for column in ("table", "state", "copy", "rows", "rows/s", "ETA", "sync progress", "changes", "last write"):
             tables.add_column(column, justify="right" if column in ("rows", "rows/s", "ETA") else "left")
         for t in report.tables:
             state = Text(str(t.state), style=_STATE_STYLES.get(t.state.kind, ""))
-            copy = t.copy
+            copy, activity = t.copy, t.activity
+            written = (activity_summary(activity), last_write(activity, now)) if activity is not None else ("", "")
             if copy is None:
-                tables.add_row(t.label, state, "", "", "", "", _text(t.sync_progress))
+                tables.add_row(t.label, state, "", "", "", "", _text(t.sync_progress), *written)
                 continue
             fraction, eta = copy.fraction, copy.eta_seconds
             bar = ProgressBar(total=None if fraction is None else 1.0, completed=fraction or 0.0, width=30)
@@ -360,9 +396,9 @@ def status_view(
                 left = "" if eta is None else duration(eta)
                 if t.state.kind is TableStateKind.DATA_SYNC and copy.age(now) > STALE_AFTER_S:
                     left += f" (no report for {duration(copy.age(now))}: is `etl run` running?)"
-            tables.add_row(t.label, state, bar, rows, f"{copy.rate:,.0f}", left, _text(t.sync_progress))
+            tables.add_row(t.label, state, bar, rows, f"{copy.rate:,.0f}", left, _text(t.sync_progress), *written)
         if not report.tables:
-            tables.add_row(Text("no tables yet", style="dim"), *[""] * 6)
+            tables.add_row(Text("no tables yet", style="dim"), *[""] * 8)
         parts.append(tables)
         slots = Table(title="replication slots", title_justify="left")
         for column in ("slot", "active", "confirmed flush", "wal status", "lag"):

@@ -15,6 +15,7 @@ from etl.lsn import Lsn
 from etl.metrics import PipelineMetrics
 from etl.postgres import ddl
 from etl.postgres.connection import connect
+from etl.replication.activity import ActivityRecorder
 from etl.replication.retries import TableRetries
 from etl.replication.schemas import SchemaTracker
 from etl.replication.states import TableStates
@@ -36,6 +37,8 @@ class WorkerContext:
     """Stop the whole pipeline with this error (``Pipeline.wait`` raises it)."""
     metrics: PipelineMetrics
     stop: threading.Event = field(default_factory=threading.Event)
+    activity: ActivityRecorder | None = None
+    """Where writers count what they wrote into each table, for ``etl status``."""
 
     @property
     def pipeline_id(self) -> int:

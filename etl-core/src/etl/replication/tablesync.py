@@ -219,7 +219,9 @@ class TableSyncWorker:
                     f"the copy of {self.table.name} cannot catch up",
                     self._slot_recovery(),
                 ) from None
-            writer = BatchWriter(ctx.destination, ctx.store, key, self._table_error, start, metrics=ctx.metrics)
+            writer = BatchWriter(
+                ctx.destination, ctx.store, key, self._table_error, start, metrics=ctx.metrics, activity=ctx.activity
+            )
             stream = CatchUpStream(self, rconn, writer, target)
             try:
                 stream.run()

@@ -12,9 +12,10 @@ import structlog
 
 from etl.destination.base import Destination, Paced, WriteResult
 from etl.errors import DestinationError, TableError, TransientError
-from etl.events import EventBatch
+from etl.events import EventBatch, summed_counts
 from etl.lsn import Lsn
 from etl.metrics import PipelineMetrics
+from etl.replication.activity import ActivityRecorder
 from etl.replication.backoff import backoff_delays
 from etl.replication.written_log import WrittenLog
 from etl.store.base import Store
@@ -43,10 +44,12 @@ class BatchWriter:
         durable_lsn: Lsn = Lsn.ZERO,
         *,
         metrics: PipelineMetrics | None = None,
+        activity: ActivityRecorder | None = None,
     ) -> None:
         self._destination = destination
         self._destination_name = str(getattr(destination, "name", type(destination).__name__))
         self._metrics = metrics
+        self._activity = activity
         self._store = store
         self._worker = worker
         self._on_table_error = on_table_error
@@ -95,6 +98,8 @@ class BatchWriter:
     def close(self) -> None:
         self._executor.shutdown(wait=True)
         self._written_log.flush()
+        if self._activity is not None:
+            self._activity.flush()
 
     def _write(self, batch: EventBatch) -> None:
         self.write_started = time.monotonic()
@@ -129,7 +134,10 @@ class BatchWriter:
                 time.sleep(delay)
         if batch.last_commit_lsn > self.durable_lsn:
             self.durable_lsn = Lsn(self._store.upsert_progress(self._worker, batch.last_commit_lsn))
-        seconds, counts = time.perf_counter() - started, batch.change_counts()
+        seconds, now, by_table = time.perf_counter() - started, datetime.now(UTC), batch.change_counts_by_table()
+        counts = summed_counts(by_table)
         if self._metrics is not None:
-            self._metrics.batch_written(batch, counts, self._destination_name, seconds, datetime.now(UTC))
+            self._metrics.batch_written(batch, counts, self._destination_name, seconds, now)
+        if self._activity is not None:
+            self._activity.written(by_table, now)
         self._written_log.written(counts, set(batch.changes), seconds, batch.last_commit_lsn)

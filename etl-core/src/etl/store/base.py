@@ -6,7 +6,8 @@ A store keeps, per pipeline id:
 - versioned table schemas, keyed by the LSN from which each version holds;
 - durable progress per worker (the apply worker and each table sync worker), never moving back;
 - destination table metadata (which destination object holds a table, under which schema);
-- where each table's initial copy stands (rows copied so far), for ``etl status`` in another process.
+- where each table's initial copy stands (rows copied so far), for ``etl status`` in another process;
+- what the running pipeline wrote into each table since it started (``TableActivity``), for the same.
 
 Stores are called from several threads at once and must be thread-safe. Reads are served from a
 cache loaded on open; writes go to durable storage before they return, and a write that fails
@@ -158,6 +159,21 @@ class CopyProgress:
         return max(0.0, ((now or datetime.now(UTC)) - self.recorded_at).total_seconds())
 
 
+@dataclass(frozen=True)
+class TableActivity:
+    """What the pipeline's run wrote into a table: changes by kind since the run began, and when the last of its
+    streamed batches became durable. Recorded by the running pipeline every few seconds, for ``etl status``."""
+
+    inserts: int
+    updates: int
+    deletes: int
+    truncates: int
+    since: datetime
+    """When the run that counted these began."""
+    last_write_at: datetime
+    """When the last batch with changes of the table was durable in the destination."""
+
+
 @runtime_checkable
 class Store(Protocol):
     """Durable pipeline state. See the module docstring for the contract."""
@@ -252,6 +268,15 @@ class Store(Protocol):
 
     def get_copy_progress(self, table_id: TableId) -> CopyProgress | None:
         """What ``record_copy_progress`` recorded last for the table, or ``None``."""
+
+    # -- table activity ----------------------------------------------------------------------------------
+    def record_table_activity(self, activity: Mapping[TableId, TableActivity]) -> None:
+        """Record what the running pipeline wrote into these tables, replacing what was recorded for them before
+        (other tables keep theirs); ``delete_table_state`` forgets a table's. Counts must be non-negative 64-bit
+        integers and the times timezone-aware (``ValueError``); they come back in UTC."""
+
+    def get_table_activity(self) -> dict[TableId, TableActivity]:
+        """What ``record_table_activity`` recorded last for each table."""
 
     # -- requests from the pipeline's owner ------------------------------------------------------------
     def request_resync(self, table_id: TableId) -> None:

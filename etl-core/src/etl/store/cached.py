@@ -25,11 +25,15 @@ from etl.store.base import (
     APPLY_WORKER,
     CopyProgress,
     DestinationTableMetadata,
+    TableActivity,
     TableState,
     TableStateKind,
     table_sync_worker,
 )
 from etl.store.codec import check_lsn, extra_to_json
+
+_CACHES = ("_states", "_schemas", "_progress", "_metadata", "_copy_progress", "_activity")
+"""The attributes that hold what the store read from storage."""
 
 STATE_HISTORY_LIMIT = 20
 """States kept per table (the current one and those before it, for rollback); older ones are dropped."""
@@ -70,18 +74,21 @@ class CachedStore:
         self._progress: dict[str, Lsn] = {}
         self._metadata: dict[TableId, DestinationTableMetadata] = {}
         self._copy_progress: dict[TableId, CopyProgress] = {}
+        self._activity: dict[TableId, TableActivity] = {}
 
     @contextmanager
     def _replacing_cache(self) -> Iterator[None]:
         """Fill the cache anew inside: it starts empty (states, schemas, progress, destination metadata, copy
-        progress), and is put back as it was when filling it fails."""
+        progress, table activity), and is put back as it was when filling it fails."""
         with self._mutex:
-            before = self._states, self._schemas, self._progress, self._metadata, self._copy_progress
-            self._states, self._schemas, self._progress, self._metadata, self._copy_progress = {}, {}, {}, {}, {}
+            before = {name: getattr(self, name) for name in _CACHES}
+            for name in _CACHES:
+                setattr(self, name, {})
             try:
                 yield
             except BaseException:
-                self._states, self._schemas, self._progress, self._metadata, self._copy_progress = before
+                for name, cache in before.items():
+                    setattr(self, name, cache)
                 raise
 
     def describe(self) -> str:
@@ -254,6 +261,19 @@ class CachedStore:
             self._persist_copy_progress(table_id, progress)
             self._copy_progress[table_id] = progress
 
+    # -- table activity ------------------------------------------------------------------------------
+    def get_table_activity(self) -> dict[TableId, TableActivity]:
+        with self._mutex:
+            return dict(self._activity)
+
+    def record_table_activity(self, activity: Mapping[TableId, TableActivity]) -> None:
+        for table_id in activity:
+            _check_table_id(table_id)
+        checked = {table_id: _checked_activity(entry) for table_id, entry in activity.items()}
+        with self._writing():
+            self._persist_table_activity(checked)
+            self._activity.update(checked)
+
     # -- lifecycle operations ------------------------------------------------------------------------
     def prepare_table_for_copy(self, table_id: TableId) -> None:
         with self._writing():
@@ -273,6 +293,7 @@ class CachedStore:
             self._persist_delete_table_state(table_id)
             self._forget_copy(table_id)
             self._states.pop(table_id, None)
+            self._activity.pop(table_id, None)
 
     # -- requests from the pipeline's owner ----------------------------------------------------------
     def request_resync(self, table_id: TableId) -> None:
@@ -313,6 +334,9 @@ class CachedStore:
     def _persist_copy_progress(self, table_id: TableId, progress: CopyProgress) -> None:
         """Add or replace the table's copy progress."""
 
+    def _persist_table_activity(self, activity: dict[TableId, TableActivity]) -> None:
+        """Upsert the tables' activity."""
+
     def _persist_prepare_table_for_copy(self, table_id: TableId) -> None:
         """Delete the table's destination metadata, schemas, table sync progress and copy progress."""
 
@@ -346,27 +370,40 @@ def _check_worker(worker: object) -> None:
 
 def _check_count(what: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_ID:
-        raise ValueError(f"copy progress {what} must be a non-negative 64-bit integer, got {value!r}")
+        raise ValueError(f"{what} must be a non-negative 64-bit integer, got {value!r}")
 
 
 def _checked_copy_progress(progress: object) -> CopyProgress:
     """The progress as stores keep it (times in UTC), or ``ValueError``/``TypeError``."""
     if not isinstance(progress, CopyProgress):
         raise TypeError(f"expected a CopyProgress, got {type(progress).__name__}")
-    _check_count("rows", progress.rows)
+    _check_count("copy progress rows", progress.rows)
     if progress.estimate is not None:
-        _check_count("estimate", progress.estimate)
+        _check_count("copy progress estimate", progress.estimate)
     return replace(
         progress,
-        started_at=_utc("started_at", progress.started_at),
-        recorded_at=_utc("recorded_at", progress.recorded_at),
+        started_at=_utc("copy progress started_at", progress.started_at),
+        recorded_at=_utc("copy progress recorded_at", progress.recorded_at),
         finished=bool(progress.finished),
+    )
+
+
+def _checked_activity(activity: object) -> TableActivity:
+    """The activity as stores keep it (times in UTC), or ``ValueError``/``TypeError``."""
+    if not isinstance(activity, TableActivity):
+        raise TypeError(f"expected a TableActivity, got {type(activity).__name__}")
+    for kind in ("inserts", "updates", "deletes", "truncates"):
+        _check_count(f"table activity {kind}", getattr(activity, kind))
+    return replace(
+        activity,
+        since=_utc("table activity since", activity.since),
+        last_write_at=_utc("table activity last_write_at", activity.last_write_at),
     )
 
 
 def _utc(what: str, value: object) -> datetime:
     if not isinstance(value, datetime) or value.utcoffset() is None:
-        raise ValueError(f"copy progress {what} must be a timezone-aware datetime, got {value!r}")
+        raise ValueError(f"{what} must be a timezone-aware datetime, got {value!r}")
     return value.astimezone(UTC)
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from etl.lsn import Lsn
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
+from etl.store.base import TableActivity
 
 SCHEMA_FORMAT = 1
 """Version of the JSON layout of a stored table schema."""
@@ -120,3 +122,26 @@ def _mapping_as_dict(value: object) -> object:
     if isinstance(value, Mapping):
         return dict(value)
     raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def activity_to_obj(activity: TableActivity) -> dict[str, Any]:
+    """A table's activity as JSON values (the snapshot stores' documents, ``etl status --format json``)."""
+    return {
+        "inserts": activity.inserts,
+        "updates": activity.updates,
+        "deletes": activity.deletes,
+        "truncates": activity.truncates,
+        "since": activity.since.isoformat(),
+        "last_write_at": activity.last_write_at.isoformat(),
+    }
+
+
+def activity_from_obj(obj: Mapping[str, Any]) -> TableActivity:
+    return TableActivity(
+        int(obj["inserts"]),
+        int(obj["updates"]),
+        int(obj["deletes"]),
+        int(obj["truncates"]),
+        datetime.fromisoformat(obj["since"]),
+        datetime.fromisoformat(obj["last_write_at"]),
+    )

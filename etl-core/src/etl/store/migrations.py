@@ -75,6 +75,7 @@ class Tables:
     destination: sa.Table
     resync_requests: sa.Table
     copy_progress: sa.Table
+    table_activity: sa.Table
 
     @property
     def schema(self) -> str | None:
@@ -82,7 +83,15 @@ class Tables:
 
     @property
     def data_tables(self) -> tuple[sa.Table, ...]:
-        return (self.states, self.schemas, self.progress, self.destination, self.resync_requests, self.copy_progress)
+        return (
+            self.states,
+            self.schemas,
+            self.progress,
+            self.destination,
+            self.resync_requests,
+            self.copy_progress,
+            self.table_activity,
+        )
 
 
 def define_tables(schema: str | None) -> Tables:
@@ -144,6 +153,7 @@ def define_tables(schema: str | None) -> Tables:
         ),
         resync_requests=_resync_requests_table(md),
         copy_progress=_copy_progress_table(md),
+        table_activity=_table_activity_table(md),
     )
 
 
@@ -174,6 +184,23 @@ def _copy_progress_table(md: sa.MetaData) -> sa.Table:
     )
 
 
+def _table_activity_table(md: sa.MetaData) -> sa.Table:
+    # What the running pipeline wrote into each table, for `etl status` (see Store.record_table_activity).
+    # Migration 4 creates it in this shape: to change it, add a migration and keep this shape for migration 4.
+    return sa.Table(
+        "etl_table_activity",
+        md,
+        sa.Column("pipeline_id", sa.BigInteger, primary_key=True),
+        sa.Column("table_id", sa.BigInteger, primary_key=True),
+        sa.Column("inserts", sa.BigInteger, nullable=False),
+        sa.Column("updates", sa.BigInteger, nullable=False),
+        sa.Column("deletes", sa.BigInteger, nullable=False),
+        sa.Column("truncates", sa.BigInteger, nullable=False),
+        sa.Column("since", UtcDateTime, nullable=False, comment="when the run that counted them began"),
+        sa.Column("last_write_at", UtcDateTime, nullable=False),
+    )
+
+
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -196,10 +223,15 @@ def _create_copy_progress(conn: sa.Connection, schema: str | None) -> None:
     _copy_progress_table(sa.MetaData(schema=schema)).create(conn)
 
 
+def _create_table_activity(conn: sa.Connection, schema: str | None) -> None:
+    _table_activity_table(sa.MetaData(schema=schema)).create(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "table states, schemas, progress, destination tables", _create_initial_tables),
     Migration(2, "resync requests", _create_resync_requests),
     Migration(3, "copy progress", _create_copy_progress),
+    Migration(4, "table activity", _create_table_activity),
 )
 
 

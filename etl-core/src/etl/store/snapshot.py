@@ -6,8 +6,9 @@ the stored document to ``_restore_document`` when it opens, and again once it ho
 It must take a pipeline lock: two instances writing one document would overwrite each other's changes,
 and so would a holder going on from a document read before the previous holder's last save.
 
-The document's ``copy_progress`` key came after the first release of the format; a document without it
-reads as one without copy progress (and older releases ignore the key), so the format number stays 1.
+The document's ``copy_progress`` and ``activity`` keys came after the first release of the format; a document
+without them reads as one without copy progress or table activity (and older releases ignore the keys), so the
+format number stays 1.
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ from etl.store.base import (
     TableStateKind,
 )
 from etl.store.cached import CachedStore, StateRow
-from etl.store.codec import lsn_from_text, lsn_to_text, schema_from_obj, schema_to_obj
+from etl.store.codec import (
+    activity_from_obj,
+    activity_to_obj,
+    lsn_from_text,
+    lsn_to_text,
+    schema_from_obj,
+    schema_to_obj,
+)
 
 DOCUMENT_FORMAT = 1
 
@@ -69,6 +77,8 @@ class SnapshotStore(CachedStore):
                 )
             for table_id, obj in document.get("copy_progress", {}).items():
                 self._copy_progress[int(table_id)] = _copy_progress_from_obj(obj)
+            for table_id, obj in document.get("activity", {}).items():
+                self._activity[int(table_id)] = activity_from_obj(obj)
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(
                 f"{self.describe()} holds a state document this version cannot read: {type(exc).__name__}: {exc}",
@@ -98,6 +108,7 @@ class SnapshotStore(CachedStore):
                 str(table_id): _copy_progress_to_obj(progress)
                 for table_id, progress in sorted(self._copy_progress.items())
             },
+            "activity": {str(table_id): activity_to_obj(a) for table_id, a in sorted(self._activity.items())},
         }
 
     @contextmanager
@@ -110,6 +121,7 @@ class SnapshotStore(CachedStore):
                 dict(self._progress),
                 dict(self._metadata),
                 dict(self._copy_progress),
+                dict(self._activity),
             )
             try:
                 yield
@@ -120,7 +132,14 @@ class SnapshotStore(CachedStore):
                 except Exception as exc:
                     raise StoreError(f"{self.describe()}: saving the state failed: {exc}") from exc
             except BaseException:
-                self._states, self._schemas, self._progress, self._metadata, self._copy_progress = before
+                (
+                    self._states,
+                    self._schemas,
+                    self._progress,
+                    self._metadata,
+                    self._copy_progress,
+                    self._activity,
+                ) = before
                 raise
 
 

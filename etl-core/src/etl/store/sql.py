@@ -29,6 +29,7 @@ from etl.store.base import (
     DestinationSchemaStatus,
     DestinationTableMetadata,
     RetryKind,
+    TableActivity,
     TableState,
     TableStateKind,
     table_sync_worker,
@@ -131,7 +132,10 @@ class SqlStore(CachedStore):
                     status=DestinationSchemaStatus(row.status),
                     extra=extra_from_json(row.extra),
                 )
-            self._load_copy_progress(conn)
+            if self._migrated(3):
+                self._load_copy_progress(conn)
+            if self._migrated(4):
+                self._load_table_activity(conn)
         except ValueError as exc:
             raise StoreError(
                 f"{self.describe()} holds data this version cannot read: {exc}",
@@ -140,8 +144,11 @@ class SqlStore(CachedStore):
         for history in self._states.values():
             del history[: -self.history_limit]
 
+    def _migrated(self, version: int) -> bool:
+        """Whether this store's migrations include ``version`` (a test may pose as an earlier release)."""
+        return any(m.version == version for m in self.migrations)
+
     def _load_copy_progress(self, conn: sa.Connection) -> None:
-        """Load ``etl_copy_progress`` (migration 3; a test posing as an earlier release skips it)."""
         t = self._tables.copy_progress
         for row in conn.execute(self._mine(sa.select(t), t)):
             self._copy_progress[row.table_id] = CopyProgress(
@@ -150,6 +157,13 @@ class SqlStore(CachedStore):
                 started_at=row.started_at,
                 recorded_at=row.recorded_at,
                 finished=bool(row.finished),
+            )
+
+    def _load_table_activity(self, conn: sa.Connection) -> None:
+        t = self._tables.table_activity
+        for row in conn.execute(self._mine(sa.select(t), t)):
+            self._activity[row.table_id] = TableActivity(
+                row.inserts, row.updates, row.deletes, row.truncates, row.since, row.last_write_at
             )
 
     def _mine(self, select: sa.Select[Any], table: sa.Table) -> sa.Select[Any]:
@@ -269,6 +283,23 @@ class SqlStore(CachedStore):
                 },
             )
 
+    def _persist_table_activity(self, activity: dict[TableId, TableActivity]) -> None:
+        with self._transaction("recording table activity") as conn:
+            for table_id, entry in activity.items():
+                self._upsert(
+                    conn,
+                    self._tables.table_activity,
+                    {
+                        "table_id": table_id,
+                        "inserts": entry.inserts,
+                        "updates": entry.updates,
+                        "deletes": entry.deletes,
+                        "truncates": entry.truncates,
+                        "since": entry.since,
+                        "last_write_at": entry.last_write_at,
+                    },
+                )
+
     def _delete_copy_state(self, conn: sa.Connection, table_id: TableId) -> None:
         t = self._tables
         conn.execute(self._delete(t.destination, table_id=table_id))
@@ -304,3 +335,4 @@ class SqlStore(CachedStore):
         with self._transaction("deleting a table's state") as conn:
             self._delete_copy_state(conn, table_id)
             conn.execute(self._delete(self._tables.states, table_id=table_id))
+            conn.execute(self._delete(self._tables.table_activity, table_id=table_id))

@@ -54,6 +54,7 @@ from etl.store.base import (
     DestinationTableMetadata,
     RetryKind,
     Store,
+    TableActivity,
     TableState,
     TableStateKind,
     table_sync_worker,
@@ -124,6 +125,12 @@ def sample_copy_progress(rows: int = 1234, *, finished: bool = False) -> CopyPro
     return CopyProgress(rows, 2**40 + 7, started, started + timedelta(seconds=61, microseconds=5), finished)
 
 
+def sample_activity(inserts: int = 5, *, truncates: int = 0) -> TableActivity:
+    """A table's activity with times in a zone other than UTC (stores give them back in UTC)."""
+    since = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=timezone(timedelta(hours=2)))
+    return TableActivity(inserts, 2**40, 0, truncates, since, since + timedelta(minutes=5, microseconds=3))
+
+
 class StoreContract:
     """Behaviour every store has, durable or not."""
 
@@ -168,6 +175,7 @@ class StoreContract:
         assert store.get_progress(APPLY_WORKER) is None
         assert store.get_destination_metadata(T1) is None
         assert store.get_copy_progress(T1) is None
+        assert store.get_table_activity() == {}
 
     # -- table states ------------------------------------------------------------------------------
     def test_update_table_states_keeps_every_field(self, store: Store) -> None:
@@ -346,6 +354,34 @@ class StoreContract:
             store.record_copy_progress(T1, {"rows": 1})  # type: ignore[arg-type]
         assert store.get_copy_progress(T1) == good
 
+    def test_table_activity_round_trip_replaces_only_the_tables_named(self, store: Store) -> None:
+        store.record_table_activity({T1: sample_activity(1), T2: sample_activity(2)})
+        assert store.get_table_activity() == {T1: sample_activity(1), T2: sample_activity(2)}
+        assert store.get_table_activity()[T1].since.tzinfo == UTC
+        store.record_table_activity({T1: sample_activity(2**63 - 1, truncates=3)})
+        assert store.get_table_activity() == {T1: sample_activity(2**63 - 1, truncates=3), T2: sample_activity(2)}
+        store.record_table_activity({})
+        assert len(store.get_table_activity()) == 2
+
+    def test_bad_table_activity_is_refused_and_nothing_changes(self, store: Store) -> None:
+        good = sample_activity()
+        store.record_table_activity({T1: good})
+        naive = datetime(2030, 1, 2, 3, 4, 5)
+        for bad in (
+            replace(good, inserts=-1),
+            replace(good, deletes=2**63),
+            replace(good, truncates=True),
+            replace(good, since=naive),
+            replace(good, last_write_at=naive),
+        ):
+            with pytest.raises(ValueError, match="table activity"):
+                store.record_table_activity({T2: good, T1: bad})
+        with pytest.raises(ValueError, match="table id"):
+            store.record_table_activity({-1: good})
+        with pytest.raises(TypeError):
+            store.record_table_activity({T1: {"inserts": 1}})  # type: ignore[dict-item]
+        assert store.get_table_activity() == {T1: good}
+
     # -- lifecycle operations ------------------------------------------------------------------------
     def _populate(self, store: Store) -> None:
         store.update_table_states(sample_states())
@@ -355,6 +391,7 @@ class StoreContract:
             store.store_destination_metadata(table_id, sample_metadata())
             store.upsert_progress(table_sync_worker(table_id), Lsn(table_id))
             store.record_copy_progress(table_id, sample_copy_progress(table_id, finished=True))
+            store.record_table_activity({table_id: sample_activity(table_id)})
         store.upsert_progress(APPLY_WORKER, Lsn(99))
 
     def test_prepare_table_for_copy_keeps_only_the_state(self, store: Store) -> None:
@@ -392,6 +429,7 @@ class StoreContract:
         assert store.get_destination_metadata(T1) is None
         assert store.get_progress(table_sync_worker(T1)) is None
         assert store.get_copy_progress(T1) is None
+        assert store.get_table_activity() == {T2: sample_activity(T2)}
         with pytest.raises(StoreError):
             store.rollback_table_state(T1)
         assert store.get_table_state(T2) == sample_states()[T2]
@@ -491,6 +529,8 @@ class DurableStoreContract(StoreContract):
         store.record_copy_progress(T1, sample_copy_progress(0))
         store.record_copy_progress(T1, sample_copy_progress(10**12, finished=True))
         store.record_copy_progress(T2, CopyProgress(0, None, sample_copy_progress().started_at, datetime.now(UTC)))
+        store.record_table_activity({T1: sample_activity(1), T2: sample_activity(2)})
+        store.record_table_activity({T1: sample_activity(10**12, truncates=1)})
         store.close()
 
         reopened = make_store()
@@ -505,6 +545,7 @@ class DurableStoreContract(StoreContract):
         assert reopened.get_copy_progress(T1) == sample_copy_progress(10**12, finished=True)
         assert reopened.get_copy_progress(T2) == store.get_copy_progress(T2)
         assert reopened.get_copy_progress(T3) is None
+        assert reopened.get_table_activity() == {T1: sample_activity(10**12, truncates=1), T2: sample_activity(2)}
         assert reopened.rollback_table_state(T1) == history[1]  # history is durable too
         reopened.close()
         assert make_store().get_table_state(T1) == history[1]
