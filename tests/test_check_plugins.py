@@ -92,3 +92,38 @@ def test_a_bigquery_dataset_of_the_wrong_form_says_the_form(tmp_path: Path) -> N
         validate_plugins(load_config(path), str(path))
     expected = "expected letters, digits and _ only, at most 1,024 of them, for example analytics"
     assert f"  destination.dataset: {expected}" in err.value.message
+
+
+@pytest.mark.first_major  # Spark's start and a job do not depend on the source's major
+def test_check_deep_runs_a_spark_job_where_the_run_would(pg_database: TestDatabase, tmp_path: Path) -> None:
+    """`etl check --deep` starts the destination's Spark session and runs a job: it passes with a working master,
+    and fails, with the fix, on one Spark cannot start; without --deep no Spark line is printed."""
+    db = pg_database
+    db.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t")
+
+    def check(master: str, *options: str) -> subprocess.CompletedProcess[str]:
+        path = tmp_path / "pipeline.toml"
+        path.write_text(
+            f'[pipeline]\nid = 1\npublication = "pub"\n'
+            f'[source]\nhost = "127.0.0.1"\nport = {db.cluster.port}\ndatabase = "{db.name}"\nuser = "postgres"\n'
+            f'sslmode = "disable"\n[destination]\ntype = "ducklake"\ncatalog = "sqlite:///{tmp_path}/catalog.sqlite"\n'
+            f'data_path = "{tmp_path}/lake/"\n[destination.spark]\nmaster = "{master}"\n'
+        )
+        return subprocess.run(
+            [sys.executable, "-m", "etl.cli", "--log-level", "error", "check", "-c", str(path), *options],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+
+    shallow = check("local[1]")
+    assert shallow.returncode == 0 and "spark:" not in shallow.stdout, shallow.stdout
+    deep = check("local[1]", "--deep")
+    assert deep.returncode == 0, deep.stdout + deep.stderr
+    assert "PASS  spark: Spark 4." in deep.stdout and "a job of two tasks ran" in deep.stdout, deep.stdout
+    broken = check("local[0]", "--deep")
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    (line,) = [x for x in broken.stdout.splitlines() if x.startswith("FAIL")]
+    assert line.startswith("FAIL  spark: Spark did not start with master 'local[0]'"), broken.stdout
+    assert "fix: check the spark.master setting" in broken.stdout

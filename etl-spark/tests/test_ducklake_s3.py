@@ -21,6 +21,7 @@ from moto.server import ThreadedMotoServer
 
 from etl.schema import ColumnSchema, TableName, TableSchema
 from etl_spark.ducklake.maintenance import Maintenance, MaintenanceConfig
+from etl_spark.ducklake.preflight import remote_data_path_check
 from etl_spark.ducklake.reader import connect_duckdb
 
 HOSTILE = [("public", "../../victim"), ("public", ".."), ("public", "a/b"), ("public", "/etc"), ("../..", "t")]
@@ -124,3 +125,14 @@ def test_the_orphan_sweep_on_s3_deletes_only_the_lakes_own_unregistered_files(s3
     destination.lake.storage.delete(f"s3://{key}" for key in others)  # asked outright: still refused
     assert s3_lake.keys() == sorted([registered, *others])
     assert s3_lake.query('SELECT v FROM lake.public."../../victim"') == [("kept",)]
+
+
+def test_check_deep_writes_a_probe_under_an_s3_data_path(s3_lake: S3Lake, tmp_path: Path) -> None:
+    """`etl check --deep` proves the run can write where its data goes: a probe under the data path, removed; a
+    bucket that is not there fails with the fix."""
+    checks = remote_data_path_check(s3_lake.data_path)
+    assert [(c.name, c.ok) for c in checks] == [("ducklake data path write", True)], checks
+    assert s3_lake.keys() == []
+    (missing,) = remote_data_path_check(f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/lake/")
+    assert not missing.ok and "cannot write into s3://no-such-bucket" in missing.detail, missing
+    assert remote_data_path_check(f"{tmp_path}/lake/") == []  # a local path is etl check's own (preflight)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -95,3 +97,30 @@ def test_java_check_fails_for_a_java_older_than_spark_needs(tmp_path: Path, monk
     check = java_check()
     assert not check.ok
     assert check.detail == f"{java} is Java 11; Spark needs Java 17 or later"
+
+
+FAILED_START = """
+import sys
+from etl.errors import RuntimeSetupError
+from etl.log import configure_logging
+configure_logging("json", "info")
+from etl_spark.session import SparkSettings, get_spark
+try:
+    get_spark(SparkSettings(master="local[1]", conf={"spark.driver.extraJavaOptions": "-Xmx64m"}))
+except RuntimeSetupError as exc:
+    print(exc.message)
+    sys.exit(3)
+"""
+
+
+def test_a_jvm_that_fails_to_start_says_why_in_the_log() -> None:
+    """The JVM's output is read from before it starts: when it exits at once (a heap size set where Spark refuses it), what
+    it printed is in the log, as events of the ``spark`` logger, beside the error that stops the start."""
+    result = subprocess.run(
+        [sys.executable, "-c", FAILED_START], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "Spark did not start with master 'local[1]'" in result.stdout
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    said = [e["event"] for e in events if e.get("logger") == "spark"]
+    assert any("Xmx" in text for text in said), events

@@ -15,15 +15,17 @@ from etl.plugins import Registry, load_registry
 from etl.postgres.connection import connect
 from etl.postgres.ddl import ddl_trigger_installed
 from etl.postgres.replication import slot_state
-from etl.preflight import Check, Preflighted
+from etl.preflight import Check, DeepPreflighted, Preflighted
 from etl.replication.slots import apply_slot
 
 
-def run_checks(config: PipelineConfig, source: str = "config", registry: Registry | None = None) -> list[Check]:
+def run_checks(
+    config: PipelineConfig, source: str = "config", registry: Registry | None = None, *, deep: bool = False
+) -> list[Check]:
     """Every check, in order: the source (the rest of its checks are skipped when it cannot be reached), then
-    the store and destination sections, then the apply slot against the store's progress. ``source`` names the
-    config file in messages."""
-    plugins = _plugin_checks(config, source, registry)
+    the store and destination sections (with ``deep``, their slower checks too), then the apply slot against the
+    store's progress. ``source`` names the config file in messages."""
+    plugins = _plugin_checks(config, source, registry, deep)
     try:
         conn = connect(config.source)
     except EtlError as exc:
@@ -81,9 +83,10 @@ def _guide(kind: Literal["store", "destination"], name: str) -> str:
     return f"the documentation of the package that provides the {name!r} destination (etl plugins names it)"
 
 
-def _plugin_checks(config: PipelineConfig, source: str, registry: Registry | None) -> list[Check]:
+def _plugin_checks(config: PipelineConfig, source: str, registry: Registry | None, deep: bool) -> list[Check]:
     """The store and destination sections name installed plugins and hold options those accept; then each
-    plugin's own ``preflight`` checks (``etl.preflight``), when it has them, without creating anything.
+    plugin's own ``preflight`` checks (``etl.preflight``), when it has them, without creating anything, and with
+    ``deep`` its ``deep_preflight`` checks once the others passed.
     """
     try:
         registry = registry or load_registry()
@@ -103,11 +106,15 @@ def _plugin_checks(config: PipelineConfig, source: str, registry: Registry | Non
             )
             continue
         checks.append(Check(kind, True, f"{kind} '{section.type}': the options are valid"))
-        if isinstance(cls, Preflighted):
-            try:
-                checks += cls.preflight(options)
-            except EtlError as exc:
-                checks.append(Check(f"{kind} '{section.type}'", False, exc.message, exc.hint))
+        own: list[Check] = []
+        try:
+            if isinstance(cls, Preflighted):
+                own += cls.preflight(options)
+            if deep and isinstance(cls, DeepPreflighted) and not any(c.failed for c in own):
+                own += cls.deep_preflight(options)
+        except EtlError as exc:
+            own.append(Check(f"{kind} '{section.type}'", False, exc.message, exc.hint))
+        checks += own
     return checks
 
 

@@ -73,6 +73,12 @@ def _parser() -> argparse.ArgumentParser:
     with_config("run", "run a pipeline until interrupted (SIGINT/SIGTERM drain and stop it)")
     check = with_config("check", "check that the source is ready for the pipeline")
     check.add_argument("--format", choices=["text", "json"], default="text", help="output format (default: text)")
+    check.add_argument(
+        "--deep",
+        action="store_true",
+        help="also run what the run runs: start the destination's Spark session and run a job, write a probe where"
+        " data goes",
+    )
     status = with_config("status", "print table states, progress and replication slot lag")
     status.add_argument("--format", choices=["text", "json"], default="text", help="output format (default: text)")
     status.add_argument(
@@ -151,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             return cmd_run(config, args.config)
         if args.command == "check":
-            return cmd_check(config, args.config, args.format)
+            return cmd_check(config, args.config, args.format, deep=args.deep)
         if args.command == "status":
             return cmd_status(config, args.config, args.format, watch=args.watch, interval=args.interval)
         if args.command == "resync":
@@ -276,10 +282,10 @@ class _BoundedStop:
         self.exit_undrained("a second signal came" if second else None)
 
 
-def cmd_check(config: PipelineConfig, path: str, output: str = "text") -> int:
+def cmd_check(config: PipelineConfig, path: str, output: str = "text", *, deep: bool = False) -> int:
     from etl.checks import run_checks
 
-    checks = run_checks(config, path)
+    checks = run_checks(config, path, deep=deep)
     failed = sum(c.failed for c in checks)
     if output == "json":
         from etl.status import check_report

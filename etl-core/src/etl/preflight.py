@@ -1,7 +1,9 @@
 """What ``etl check`` reports, and what a store or destination plugin adds to it.
 
 A plugin class may define ``preflight(config)``: checks that open what ``etl run`` will open (a file's
-directory, a server, a runtime), read-only and creating nothing, so that check fails where the run would.
+directory, a server, a runtime), read-only and creating nothing, so that check fails where the run would;
+and ``deep_preflight(config)``: checks that ``etl check --deep`` adds, which may take longer and leave no
+more than a probe they remove (a Spark job, a file written into a bucket).
 """
 
 from __future__ import annotations
@@ -41,6 +43,16 @@ class Preflighted(Protocol):
     @classmethod
     def preflight(cls, config: Any) -> Iterable[Check]:
         """Checks of the validated ``config``: read-only, and nothing is left behind."""
+        ...
+
+
+@runtime_checkable
+class DeepPreflighted(Protocol):
+    """A store or destination class with checks for ``etl check --deep``."""
+
+    @classmethod
+    def deep_preflight(cls, config: Any) -> Iterable[Check]:
+        """Slower checks of the validated ``config``: they run what the run runs, and remove what they write."""
         ...
 
 

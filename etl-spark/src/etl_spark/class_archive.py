@@ -75,8 +75,10 @@ class ClassArchive:
             if not lock.try_acquire():  # a builder runs
                 return
             lock.release()  # the builder takes it; two that race both check again under it
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY_")}  # a JVM of its own
             subprocess.Popen(
                 [sys.executable, "-m", "etl_spark.class_archive"],
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

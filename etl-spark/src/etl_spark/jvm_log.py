@@ -10,16 +10,19 @@ prints) are logged at info from stdout and at warning from stderr.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from subprocess import Popen
 from typing import IO
 
 import structlog
 
 LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
-log = structlog.get_logger(__name__).bind(logger="spark")
+log = structlog.get_logger(__name__)
 
 _LEVELS = {"TRACE": "debug", "DEBUG": "debug", "INFO": "info", "WARN": "warning", "ERROR": "error", "FATAL": "critical"}
 
@@ -44,17 +47,31 @@ def parse(line: str, default: str) -> tuple[str, str, dict[str, str]]:
     return default, line, {}
 
 
-def route(process: Popen[bytes]) -> None:
-    """Log what ``process`` (the JVM, started with stdout and stderr as pipes) prints, until it exits."""
-    for stream, default in ((process.stdout, "info"), (process.stderr, "warning")):
-        if stream is not None:
-            threading.Thread(target=_pump, args=(stream, default), name="spark-jvm-log", daemon=True).start()
+@contextmanager
+def routed() -> Iterator[dict[str, int]]:
+    """The ``stdout`` and ``stderr`` to start the JVM with (``Popen`` keyword arguments): pipes whose lines are
+    logged from before the JVM starts until it exits. Readers come first, so a JVM that prints much before it is
+    up never blocks on a full pipe, and one that fails to start has said why in the log. The JVM's ends are
+    closed here once it started (or failed to)."""
+    pipes = [os.pipe(), os.pipe()]
+    for (read, _), default in zip(pipes, ("info", "warning"), strict=True):
+        stream = os.fdopen(read, "rb")
+        threading.Thread(target=_pump, args=(stream, default), name="spark-jvm-log", daemon=True).start()
+    try:
+        yield {"stdout": pipes[0][1], "stderr": pipes[1][1]}
+    finally:
+        for _, write in pipes:
+            os.close(write)
 
 
 def _pump(stream: IO[bytes], default: str) -> None:
+    """Log each line until the JVM closes its end. A line that cannot be logged is dropped, not the reader: a
+    reader that stopped would leave the JVM blocked on a full pipe."""
     with stream:
         for raw in stream:
             line = raw.decode(errors="replace").rstrip("\r\n")
-            if line.strip():
-                level, message, fields = parse(line, default)
-                getattr(log, level)(message, **fields)
+            if not line.strip():
+                continue
+            level, message, fields = parse(line, default)
+            with contextlib.suppress(Exception):
+                getattr(log, level)(message, logger="spark", **fields)

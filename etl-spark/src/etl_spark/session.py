@@ -118,14 +118,42 @@ def _java_version_check(java: Path) -> Check:
     return Check("java", True, f"{java} (Java {major})")
 
 
-def start_in_background(settings: SparkSettings, extra: dict[str, str] | None = None) -> None:
-    """For a destination's start: stop at once on a Java that Spark cannot run on (no table's fault, and every
-    copy would fail on it), then start the process's session (``get_spark``) on a thread of its own. A start takes
-    seconds, which the pipeline's own start (slots, the copies' planning) overlaps; the first Spark job waits for
-    what is left of it."""
+def first_line(exc: BaseException) -> str:
+    """An exception's first line of text: a JVM error's message without its Java stack trace."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def spark_check(settings: SparkSettings, extra: dict[str, str] | None = None) -> Check:
+    """``etl check --deep``'s line about Spark: the session starts with these settings and runs a job of two tasks."""
+    try:
+        spark = get_spark(settings, extra)
+        total = spark.range(0, 4, numPartitions=2).selectExpr("sum(id)").collect()[0][0]
+    except RuntimeSetupError as exc:
+        return Check("spark", False, exc.message, exc.hint)
+    except Exception as exc:
+        return Check(
+            "spark",
+            False,
+            f"a job on {settings.master} failed: {type(exc).__name__}: {first_line(exc)}",
+            "check spark.master and that its executors can start this Python (spark.pyspark.python)",
+        )
+    if total != 6:
+        return Check("spark", False, f"a job on {settings.master} summed 0..3 to {total}", "check the Spark cluster")
+    return Check("spark", True, f"Spark {spark.version} on {settings.master}: a job of two tasks ran")
+
+
+def require_java() -> None:
+    """For a destination's start, before it opens anything: stop at once on a Java that Spark cannot run on (no
+    table's fault, and every copy would fail on it)."""
     check = java_check()
     if not check.ok:
         raise RuntimeSetupError(check.detail, hint=check.fix)
+
+
+def start_in_background(settings: SparkSettings, extra: dict[str, str] | None = None) -> None:
+    """Start the process's session (``get_spark``) on a thread of its own. A start takes seconds, which the
+    pipeline's own start (slots, the copies' planning) overlaps; the first Spark job waits for what is left."""
     threading.Thread(target=_start_quietly, args=(settings, extra), name="spark-start", daemon=True).start()
 
 
@@ -194,18 +222,19 @@ def get_spark(settings: SparkSettings, extra: dict[str, str] | None = None) -> S
 
 def _start(master: str, conf: dict[str, str], java_option: str | None = None) -> SparkSession:
     """A session on the process's driver JVM, which is launched on first use (with ``java_option``, and its
-    output logged by ``jvm_log``) and kept for later sessions, as PySpark does."""
+    output logged by ``jvm_log``) and kept for later sessions, as PySpark does. With the option to write the class
+    archive, ``_gateway`` is that JVM, which ``build_class_archive`` then waits for."""
     global _gateway
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
 
-    if _gateway is None:
+    # Under spark-submit, or beside a context the embedding program made, PySpark's own gateway is used as it is
+    if _gateway is None and SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
         spark_conf = SparkConf().setMaster(master).setAll(list(conf.items()))
         spark_conf.set("spark.driver.extraJavaOptions", _driver_java_options(conf, java_option))
-        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
-        _gateway = launch_gateway(spark_conf, popen_kwargs=pipes)  # type: ignore[no-untyped-call]
-        jvm_log.route(_gateway.proc)
+        with jvm_log.routed() as output:
+            _gateway = launch_gateway(spark_conf, popen_kwargs=output)  # type: ignore[no-untyped-call]
         SparkContext(conf=spark_conf, gateway=_gateway)  # later contexts start on this gateway, as PySpark's do
     builder = SparkSession.builder.master(master)
     for key, value in conf.items():
@@ -227,8 +256,8 @@ def _class_archive(java: Path) -> ClassArchive:
 def _archive_option(settings: SparkSettings, java: Path) -> str | None:
     """The option that starts a new driver JVM from the class archive; None (and a build begun) while there is
     none, and when the JVM runs already or the settings turn archives off."""
-    if not settings.class_archive or _gateway is not None:
-        return None
+    if not settings.class_archive or _gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return None  # off, or the JVM runs already (this process's, or spark-submit's)
     archive = _class_archive(java)
     option = archive.use_option()
     if option is None:
@@ -248,6 +277,7 @@ def build_class_archive() -> None:
     try:
         if archive.path.is_file():
             return
+        archive.part.unlink(missing_ok=True)  # what a builder killed while dumping left
         conf = session_conf(SparkSettings(master="local[1]", app_name="etl-class-archive"))
         spark = _start("local[1]", conf, archive.dump_option())
         with tempfile.TemporaryDirectory() as scratch:  # the classes a copy and a batch load: Arrow, SQL, Parquet

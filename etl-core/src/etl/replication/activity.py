@@ -31,6 +31,8 @@ class ActivityRecorder:
         self._clock = clock
         self._since = datetime.now(UTC)
         self._lock = threading.Lock()
+        """Guards the counts; held briefly, never across a store write (writers count while a record is written)."""
+        self._recording = threading.Lock()
         self._activity: dict[TableId, TableActivity] = {}
         self._pending: set[TableId] = set()
         self._last_record = float("-inf")
@@ -58,15 +60,16 @@ class ActivityRecorder:
     def flush(self) -> None:
         """Record what changed since the last record, if anything. A store unreachable for a moment costs this
         record, not the stream: the next one carries the counts."""
-        with self._lock:
-            if not self._pending:
-                return
-            pending = {table_id: self._activity[table_id] for table_id in self._pending}
-            self._pending.clear()
-            self._last_record = self._clock()
-        try:
-            self._store.record_table_activity(pending)
-        except TransientError as exc:
+        with self._recording:  # one record at a time: a later snapshot is never overwritten by an earlier one
             with self._lock:
-                self._pending.update(pending)
-            log.warning("could not record the tables' activity; the stream goes on", error=exc.message)
+                if not self._pending:
+                    return
+                pending = {table_id: self._activity[table_id] for table_id in self._pending}
+                self._pending.clear()
+                self._last_record = self._clock()
+            try:
+                self._store.record_table_activity(pending)
+            except TransientError as exc:
+                with self._lock:
+                    self._pending.update(pending)
+                log.warning("could not record the tables' activity; the stream goes on", error=exc.message)

@@ -36,15 +36,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from etl.config import Integer, validate
 from etl.destination.base import DestinationContext, WriteResult
-from etl.errors import ConfigError, DestinationError, EtlError, TableError, TransientError, naming_table
+from etl.errors import DestinationError, EtlError, TableError, TransientError, naming_table
 from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
 from etl.preflight import Check
 from etl.schema import ColumnSchema, TableSchema
 from etl.store.base import Store
 from etl_spark.bigquery import history
+from etl_spark.bigquery.client import make_client
 from etl_spark.bigquery.errors import classify, passes
 from etl_spark.bigquery.metrics import BigQueryMetrics
 from etl_spark.bigquery.names import column_name, table_id
+from etl_spark.bigquery.preflight import deep_preflight, preflight
 from etl_spark.bigquery.schema_change import alter_statements, unrecorded
 from etl_spark.bigquery.staging import groups, side_by_side, source, table_prefix
 from etl_spark.bigquery.types import bq_type, check_columns, staged, table_ddl, table_options
@@ -62,7 +64,7 @@ from etl_spark.collapse import (
     missing_columns,
     net_changes_without_key,
 )
-from etl_spark.session import SparkSettings, delete_path, get_spark, java_check, start_in_background
+from etl_spark.session import SparkSettings, delete_path, get_spark, require_java, start_in_background
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -194,8 +196,13 @@ class BigQueryDestination:
 
     @classmethod
     def preflight(cls, config: BigQueryConfig) -> list[Check]:
-        """``etl check``: Java there for the Spark session (the dataset and staging are checked at start)."""
-        return [java_check()]
+        """``etl check``: the dataset, a local staging directory, and Java for the Spark session."""
+        return preflight(config)
+
+    @classmethod
+    def deep_preflight(cls, config: BigQueryConfig) -> list[Check]:
+        """``etl check --deep``: the Spark session runs a job, and writes into the staging location and removes it."""
+        return deep_preflight(config, SPARK_CONF)
 
     def __repr__(self) -> str:
         return f"BigQueryDestination({self.config.project}.{self.config.dataset})"
@@ -205,7 +212,8 @@ class BigQueryDestination:
         from google.api_core import exceptions
         from google.cloud import bigquery
 
-        self._client = _client(self.config)
+        require_java()
+        self._client = make_client(self.config)
         dataset = bigquery.Dataset(f"{self.config.project}.{self.config.dataset}")
         dataset.location = self.config.location
         try:
@@ -770,31 +778,3 @@ def _with_staged_old(schema: TableSchema, table: pa.Table) -> pa.Table:
     mask = pc.invert(old.is_valid()) if old.null_count else None
     struct = pa.StructArray.from_arrays(children, names=[f.name for f in old.type], mask=mask)
     return table.set_column(table.column_names.index(OLD_COLUMN), OLD_COLUMN, struct)
-
-
-def _client(config: BigQueryConfig) -> bigquery.Client:
-    from google.api_core.client_options import ClientOptions
-    from google.cloud import bigquery
-
-    options = ClientOptions(api_endpoint=config.endpoint) if config.endpoint else None
-    if config.credentials_file:
-        from google.oauth2 import service_account
-
-        try:
-            credentials: Any = service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]
-                config.credentials_file
-            )
-        except (OSError, ValueError) as exc:
-            raise ConfigError(
-                f"cannot read the service-account key {config.credentials_file}: {type(exc).__name__}",
-                hint="point credentials_file at a service-account JSON key, or leave it out for application default",
-            ) from None
-    elif config.endpoint:
-        from google.auth.credentials import AnonymousCredentials
-
-        credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
-    else:
-        credentials = None  # application default credentials
-    return bigquery.Client(
-        project=config.project, credentials=credentials, location=config.location, client_options=options
-    )

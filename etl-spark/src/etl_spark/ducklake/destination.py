@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -50,11 +50,11 @@ from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.maintenance import Maintenance, MaintenanceConfig
 from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.plan import FlushFirst, TablePlan, inline_limits, plan_changes, plan_copy
-from etl_spark.ducklake.preflight import preflight
+from etl_spark.ducklake.preflight import deep_preflight, preflight
 from etl_spark.ducklake.reader import open_lake
 from etl_spark.ducklake.table_state import TableState, read_states
 from etl_spark.ducklake.upkeep import UPKEEP_SECONDS, Step, Turns, Upkeep
-from etl_spark.session import SparkSettings, get_spark, start_in_background
+from etl_spark.session import SparkSettings, get_spark, require_java, start_in_background
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -186,6 +186,7 @@ class DuckLakeDestination:
         self._maintenance = Maintenance(config.maintenance, self.metrics) if config.maintenance else None
         self._copies = 0
         """Copies under way (their files are registered only at their end: not orphans)."""
+        self._copies_lock = threading.Lock()
         self._upkeep: Upkeep | None = None
         self._planner: ThreadPoolExecutor | None = None
         self._pool = threading.local()
@@ -202,6 +203,11 @@ class DuckLakeDestination:
         """``etl check``: the catalog reachable, the data path writable, Java there (``ducklake.preflight``)."""
         return preflight(config.catalog.get_secret_value(), config.data_path)
 
+    @classmethod
+    def deep_preflight(cls, config: DuckLakeConfig) -> list[Check]:
+        """``etl check --deep``: a Spark job, and a probe written under a remote data path and removed."""
+        return deep_preflight(config.data_path, config.spark, SPARK_CONF)
+
     def __repr__(self) -> str:
         return f"DuckLakeDestination({redacted(self.config.catalog.get_secret_value())!r}, {self.config.data_path!r})"
 
@@ -209,6 +215,7 @@ class DuckLakeDestination:
     def startup(self) -> None:
         if self._upkeep is not None:
             return
+        require_java()
         self.catalog.open()
         try:
             self._check_lake_holds_the_copies()
@@ -316,7 +323,8 @@ class DuckLakeDestination:
     def copy_table(self, plan: CopyPlan, stop: threading.Event) -> int:
         """Copy the table on Spark's executors (``copy_job``), or on the driver when it is small (``on_driver``),
         and register every file in one snapshot."""
-        on_driver = plan.size_bytes is not None and plan.size_bytes <= self.config.driver_copy_max_bytes
+        limit = self.config.driver_copy_max_bytes
+        on_driver = limit > 0 and plan.size_bytes is not None and plan.size_bytes <= limit
         write = self._copy_on_driver if on_driver else self._copy_files
         with naming_table(plan.schema.id), self._copying():
             copy = plan_copy(self.lake, plan.schema, partial(write, plan, stop))
@@ -326,12 +334,12 @@ class DuckLakeDestination:
 
     @contextmanager
     def _copying(self) -> Iterator[None]:
-        with self._spark_lock:
+        with self._copies_lock:  # not the session's lock: a copy on the driver does not wait for Spark's start
             self._copies += 1
         try:
             yield
         finally:
-            with self._spark_lock:
+            with self._copies_lock:
                 self._copies -= 1
 
     def _copy_files(self, plan: CopyPlan, stop: threading.Event, spec: DataFileSpec) -> list[NewFile]:
@@ -339,8 +347,8 @@ class DuckLakeDestination:
 
     def _copy_on_driver(self, plan: CopyPlan, stop: threading.Event, spec: DataFileSpec) -> list[NewFile]:
         """Read every range on one connection of this process and write the rows here: no Spark job to wait for."""
-        batches = plan.copy_ranges(range(len(plan.ranges)), stop=stop)
-        return self.storage.written(spec, partial(write_data_files, spec, batches))
+        with closing(plan.copy_ranges(range(len(plan.ranges)), stop=stop)) as batches:  # its connection, too
+            return self.storage.written(spec, partial(write_data_files, spec, batches))
 
     def write_table_rows(self, schema: TableSchema, rows: pa.Table) -> WriteResult:
         """Copied rows handed over by an embedder: written as data files here, on the driver, one snapshot each.

@@ -1,11 +1,13 @@
 """``etl check``'s lines for the DuckLake destination: the catalog, the data path and Java, as the run opens them.
 
 Nothing is created: a SQLite catalog's directory is checked, a Postgres catalog is connected to, and a local
-data path gets a probe file written and removed. A remote data path (``s3://``...) is left to the run.
+data path gets a probe file written and removed. A remote data path (``s3://``...) gets its probe with
+``etl check --deep``, which also runs a Spark job.
 """
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -13,7 +15,8 @@ from sqlalchemy.engine import make_url
 
 from etl.preflight import Check, file_to_create, writable_directory
 from etl_spark.ducklake.catalog.engine import masked, redacted
-from etl_spark.session import java_check
+from etl_spark.ducklake.datafiles import filesystem
+from etl_spark.session import SparkSettings, java_check, spark_check
 
 CONNECT_TIMEOUT_S = 10
 
@@ -46,3 +49,30 @@ def data_path_checks(data_path: str) -> list[Check]:
 
 def preflight(catalog: str, data_path: str) -> list[Check]:
     return [catalog_check(catalog), *data_path_checks(data_path), java_check()]
+
+
+def remote_data_path_check(data_path: str) -> list[Check]:
+    """A probe file written under a remote data path (``s3://``...) and removed, with pyarrow's file system and
+    the credentials of the environment, as the run writes there; nothing for a local path (``preflight``)."""
+    if "://" not in data_path or data_path.startswith("file://"):
+        return []
+    try:
+        fs, root = filesystem(data_path)
+        probe = f"{root}_etl_check_{uuid.uuid4().hex}"
+        with fs.open_output_stream(probe) as out:
+            out.write(b"")
+        fs.delete_file(probe)
+    except Exception as exc:
+        return [
+            Check(
+                "ducklake data path write",
+                False,
+                f"cannot write into {data_path}: {type(exc).__name__}: {exc}",
+                "check the bucket and the credentials in the environment (AWS_*, GOOGLE_APPLICATION_CREDENTIALS...)",
+            )
+        ]
+    return [Check("ducklake data path write", True, f"wrote and removed a probe in {data_path}")]
+
+
+def deep_preflight(data_path: str, spark: SparkSettings, extra: dict[str, str]) -> list[Check]:
+    return [spark_check(spark, extra), *remote_data_path_check(data_path)]
