@@ -114,8 +114,9 @@ except RuntimeSetupError as exc:
 
 
 def test_a_jvm_that_fails_to_start_says_why_in_the_log() -> None:
-    """The JVM's output is read from before it starts: when it exits at once (a heap size set where Spark refuses it), what
-    it printed is in the log, as events of the ``spark`` logger, beside the error that stops the start."""
+    """The JVM's output is read from before it starts: when it exits at once (Spark's launcher refuses a heap
+    size set in the JVM's options), what it printed is in the log, as events of the ``spark`` logger, beside the
+    error that stops the start."""
     result = subprocess.run(
         [sys.executable, "-c", FAILED_START], capture_output=True, text=True, timeout=120, check=False
     )
