@@ -157,25 +157,28 @@ def define_tables(schema: str | None) -> Tables:
     )
 
 
-def _resync_requests_table(md: sa.MetaData) -> sa.Table:
-    # Tables that `etl resync` asked the running pipeline to copy again (see Store.request_resync).
+def _per_table(name: str, md: sa.MetaData, *columns: sa.Column[Any]) -> sa.Table:
+    """A table of one row per pipeline and table (its key), with ``columns``."""
     return sa.Table(
-        "etl_resync_requests",
+        name,
         md,
         sa.Column("pipeline_id", sa.BigInteger, primary_key=True),
         sa.Column("table_id", sa.BigInteger, primary_key=True),
-        sa.Column("requested_at", UtcDateTime, nullable=False),
+        *columns,
     )
+
+
+def _resync_requests_table(md: sa.MetaData) -> sa.Table:
+    # Tables that `etl resync` asked the running pipeline to copy again (see Store.request_resync).
+    return _per_table("etl_resync_requests", md, sa.Column("requested_at", UtcDateTime, nullable=False))
 
 
 def _copy_progress_table(md: sa.MetaData) -> sa.Table:
     # Where each table's initial copy stands, for `etl status` (see Store.record_copy_progress). Migration 3
     # creates it in this shape: to change it, add a migration and keep this shape for migration 3.
-    return sa.Table(
+    return _per_table(
         "etl_copy_progress",
         md,
-        sa.Column("pipeline_id", sa.BigInteger, primary_key=True),
-        sa.Column("table_id", sa.BigInteger, primary_key=True),
         sa.Column("copied_rows", sa.BigInteger, nullable=False),
         sa.Column("estimated_rows", sa.BigInteger, comment="the planner's estimate; NULL when never analyzed"),
         sa.Column("started_at", UtcDateTime, nullable=False),
@@ -187,11 +190,9 @@ def _copy_progress_table(md: sa.MetaData) -> sa.Table:
 def _table_activity_table(md: sa.MetaData) -> sa.Table:
     # What the running pipeline wrote into each table, for `etl status` (see Store.record_table_activity).
     # Migration 4 creates it in this shape: to change it, add a migration and keep this shape for migration 4.
-    return sa.Table(
+    return _per_table(
         "etl_table_activity",
         md,
-        sa.Column("pipeline_id", sa.BigInteger, primary_key=True),
-        sa.Column("table_id", sa.BigInteger, primary_key=True),
         sa.Column("inserts", sa.BigInteger, nullable=False),
         sa.Column("updates", sa.BigInteger, nullable=False),
         sa.Column("deletes", sa.BigInteger, nullable=False),
