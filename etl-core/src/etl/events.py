@@ -163,10 +163,6 @@ class EventBatch:
     def table_ids(self) -> Sequence[TableId]:
         return list(self.changes)
 
-    def change_counts(self) -> dict[str, int]:
-        """The batch's changes by kind (``CHANGE_KINDS``' names)."""
-        return summed_counts(self.change_counts_by_table())
-
     def change_counts_by_table(self) -> dict[TableId, dict[str, int]]:
         """Each table's changes by kind (``CHANGE_KINDS``' names), counted in Arrow; tables without changes
         (a schema change alone) are left out."""

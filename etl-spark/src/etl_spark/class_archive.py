@@ -6,8 +6,8 @@ ready to use and starts in about 60% of the time. An archive fits one Java insta
 jars and one set of ``JDK_JAVA_OPTIONS``: its name is a digest of them. When none fits yet, the process
 starting Spark builds one in the background (``python -m etl_spark.class_archive``): a small local session
 runs a query and stops, and its JVM writes the archive as it exits. A lock keeps to one builder at a time; a
-builder that dies leaves a ``.part`` file, which the next one overwrites. A JVM that finds the archive unfit
-(a JDK updated in place, say) says so and starts without it.
+builder that dies leaves a ``.part`` file, which the next one removes. A JVM that finds the archive unfit
+(a JDK updated in place, say) starts without it, silently.
 """
 
 from __future__ import annotations

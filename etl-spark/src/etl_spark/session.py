@@ -229,8 +229,7 @@ def _start(master: str, conf: dict[str, str], java_option: str | None = None) ->
     from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
 
-    # Under spark-submit, or beside a context the embedding program made, PySpark's own gateway is used as it is
-    if _gateway is None and SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+    if _launches_jvm():
         spark_conf = SparkConf().setMaster(master).setAll(list(conf.items()))
         spark_conf.set("spark.driver.extraJavaOptions", _driver_java_options(conf, java_option))
         with jvm_log.routed() as output:
@@ -240,6 +239,14 @@ def _start(master: str, conf: dict[str, str], java_option: str | None = None) ->
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def _launches_jvm() -> bool:
+    """Whether the next session launches this process's driver JVM: not when it runs already, nor under
+    spark-submit or beside a context the embedding program made (PySpark's own gateway is used as it is)."""
+    from pyspark import SparkContext
+
+    return _gateway is None and SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
 
 
 def _driver_java_options(conf: dict[str, str], java_option: str | None) -> str:
@@ -256,8 +263,8 @@ def _class_archive(java: Path) -> ClassArchive:
 def _archive_option(settings: SparkSettings, java: Path) -> str | None:
     """The option that starts a new driver JVM from the class archive; None (and a build begun) while there is
     none, and when the JVM runs already or the settings turn archives off."""
-    if not settings.class_archive or _gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
-        return None  # off, or the JVM runs already (this process's, or spark-submit's)
+    if not settings.class_archive or not _launches_jvm():
+        return None
     archive = _class_archive(java)
     option = archive.use_option()
     if option is None:
