@@ -359,10 +359,23 @@ def test_ten_tables_at_one_second_batches_use_one_load_per_batch_and_pace_the_ap
     def batches() -> float:
         return registry.get_sample_value("etl_batch_write_seconds_count", {"destination": "bigquery"}) or 0.0
 
+    def settled() -> tuple[float, float, dict[str, int]]:
+        """Loads, batches and applies once they hold still for a second: a batch shows in the dataset before
+        its write returns and is counted."""
+        readings = [(loads(), batches(), apply_jobs(emulator, dataset, oids))]
+
+        def still() -> bool:
+            time.sleep(1)
+            readings.append((loads(), batches(), apply_jobs(emulator, dataset, oids)))
+            return readings[-1] == readings[-2]
+
+        wait_until(still, "the counts to settle", pipeline)
+        return readings[-1]
+
     try:
         wait_until(lambda: all_ready(pipeline, len(tables)), "tables ready", pipeline, timeout=240)
         wait_equal(db, emulator, dataset, tables, pipeline)
-        loads_before, batches_before, applies_before = loads(), batches(), apply_jobs(emulator, dataset, oids)
+        loads_before, batches_before, applies_before = settled()
         started = time.monotonic()
         n = 0
         while time.monotonic() - started < 60:
@@ -375,10 +388,10 @@ def test_ten_tables_at_one_second_batches_use_one_load_per_batch_and_pace_the_ap
             time.sleep(0.2)
         wait_equal(db, emulator, dataset, tables, pipeline)
         window = time.monotonic() - started
-        staged, written = loads() - loads_before, batches() - batches_before
+        loads_after, batches_after, applies = settled()
     finally:
         pipeline.shutdown()
-    applies = apply_jobs(emulator, dataset, oids)
+    staged, written = loads_after - loads_before, batches_after - batches_before
     per_table = {t: applies[t] - applies_before[t] for t in tables}
     assert n >= 250  # transactions arrived every 0.2 s, so 1 s batches would be due about every second
     assert 2 <= staged <= written  # one load job per batch written, whatever the number of tables it carries
