@@ -4,6 +4,7 @@ JVM's output included (it comes through the pipeline's log as events of the ``sp
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import duckdb
@@ -64,3 +65,5 @@ def test_etl_run_into_ducklake_prints_only_json_lines(pg_database: TestDatabase,
     from_jvm = [e for e in events if e.get("logger") == "spark"]
     assert any("Using incubator modules" in e["event"] for e in from_jvm), from_jvm
     assert not any("log4j" in e["event"] for e in from_jvm), "Spark's default log4j profile was used"
+    warned = [e["event"] for e in events if re.search(r"\w+Warning: ", e["event"])]  # as logging.captureWarnings logs
+    assert not warned, warned  # a library's warning (pyspark's about pandas 3, say) is noise to an operator

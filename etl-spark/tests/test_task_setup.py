@@ -20,15 +20,17 @@ CHILD = textwrap.dedent(
     sys.path.insert(0, archive)
     import zipped_first
 
+    from etl_spark.task_setup import prepare_task
+
+    prepare_task()  # the first task (Python 3.13 reads each archive's directory once more, then only on change)
+    importlib.invalidate_caches()
     reads = []
     read_directory = zipimport._read_directory
     zipimport._read_directory = lambda path: reads.append(path) or read_directory(path)
 
-    from etl_spark.task_setup import prepare_task
-
-    prepare_task()
-    prepare_task()
+    prepare_task()  # the tasks after it
     importlib.invalidate_caches()
+    prepare_task()
     importlib.invalidate_caches()
     unchanged = len(reads)
 

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = structlog.get_logger(__name__)
+
+# pyspark 4.1+ warns, at each Arrow-mapped job (a lake copy or batch), that it does not yet fully support pandas 3.
+# The notice is about pandas-based features in general; this project's default test environment runs pandas 3.
+warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
 
 _lock = threading.Lock()
 _session: SparkSession | None = None

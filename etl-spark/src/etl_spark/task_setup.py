@@ -4,7 +4,8 @@ Spark reuses a Python worker for many tasks, and before each it calls ``importli
 (``pyspark.worker_util.setup_spark_files``). On Python 3.11 and 3.12 that makes every zip importer
 read its archive's whole directory again: sixteen of them in a worker (``pyspark.zip``, the
 ``py4j`` zip, the spark-core jar with its 5,000 entries, and the packages imported from them), about
-70 ms per task on a quiet machine, more than a tenth of a copy task. Python 3.13 made the call lazy.
+70 ms per task on a quiet machine, more than a tenth of a copy task. Python 3.13 reads an archive again
+only when it changed (seen on 3.13.0: once at the first call, then not while the archive is unchanged).
 ``prepare_task`` gives earlier Pythons the same cost: an archive's directory is read again only when
 the archive changed on disk.
 """

@@ -267,7 +267,7 @@ def _name_of_field(schema: pa.Schema, field_id: int) -> str | None:
     return None
 
 
-def write_partition(spec: DataFileSpec) -> Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]:
+def write_partition(spec: DataFileSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The task that writes one frame partition's rows as data files (for ``mapInArrow``)."""
 
     def task(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -278,7 +278,7 @@ def write_partition(spec: DataFileSpec) -> Callable[[Iterable[pa.RecordBatch]], 
 
 
 def run_file_tasks(
-    frame: DataFrame, spec: DataFileSpec, task: Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]
+    frame: DataFrame, spec: DataFileSpec, task: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 ) -> list[NewFile]:
     """Run ``task`` on every partition of ``frame`` and collect the metadata of the files the tasks wrote."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType

@@ -6,8 +6,9 @@ DuckLake lists, nested once per dimension. Values then take one of two forms (``
 - ``FILE``: what data files hold, as DuckDB itself writes them: Parquet ``UUID``, ``TIME(MICROS)``,
   lists with a field id on every element. ``interval`` is text ``<m> months <d> days <us> microseconds``:
   Parquet's ``INTERVAL`` holds milliseconds, so it would lose the microseconds DuckDB keeps.
-- ``SPARK``: what Spark plans with (Spark 4.0 has no time or uuid type): ``uuid`` and ``time`` as their
-  canonical text. Files that hold them natively are read back into this form (``files.read_rows``).
+- ``SPARK``: what Spark plans with (Spark 4.0 has no time or uuid type, and 4.1's ``TIME`` is not on 4.0):
+  ``uuid`` and ``time`` as their canonical text, on every Spark version. Files that hold them natively are
+  read back into this form (``files.read_rows``).
 
 A lake column written by an earlier version of this writer as ``json`` (arrays) keeps that type: its
 values are written as JSON text. The table is documented in docs/destinations/ducklake.md; keep the
