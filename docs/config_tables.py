@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from etl.config import BatchSection, MetricsSection, PipelineSection, PostgresConnection
+from etl.config import BatchSection, CopySection, MetricsSection, PipelineSection, PostgresConnection
 from etl.config_reference import fill_config_tables
 from etl_spark.bigquery.destination import BigQueryConfig
 from etl_spark.ducklake.destination import DuckLakeConfig
@@ -26,6 +26,7 @@ TABLES: dict[str, dict[str, type[BaseModel]]] = {
     "configuration.md": {
         "pipeline": PipelineSection,
         "source": PostgresConnection,
+        "copy": CopySection,
         "batch": BatchSection,
         "metrics": MetricsSection,
     },

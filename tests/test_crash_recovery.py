@@ -50,7 +50,7 @@ def setup(
     config = pipeline_config(
         db,
         pipeline_id=9,
-        pipeline={"copy_connections": 2},
+        copy={"connections": 2},
         batch={"max_fill_ms": 200, "max_bytes": 65536, "busy_max_bytes": 262144},
         store=store_section(request.param, db, tmp_path),
         destination={"type": "sqlite_mirror", "path": str(mirror)},

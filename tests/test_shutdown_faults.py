@@ -94,7 +94,8 @@ def test_sigterm_ends_run_against_a_frozen_source_then_restart_catches_up(
     config = pipeline_config(
         db,
         pipeline_id=5,
-        pipeline={"copy_connections": 2, "shutdown_timeout_s": timeout_s},
+        pipeline={"shutdown_timeout_s": timeout_s},
+        copy={"connections": 2},
         batch={"max_fill_ms": 200, "max_bytes": 65536},
         store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
         destination={"type": "sqlite_mirror", "path": str(mirror)},

@@ -135,6 +135,27 @@ def test_unknown_key_is_named(tmp_path: Path) -> None:
     assert "batch.max_bites: unknown key" in str(err.value)
 
 
+def test_the_copy_section_reads_table_names_and_the_deprecated_copy_connections(tmp_path: Path) -> None:
+    text = GOOD + '[copy]\nmode = "never"\nskip = ["audit", "Sales.\\"Order Items\\""]\n'
+    copy = load_config(write(tmp_path, text), environ={"PGPASSWORD": "x"}).copy_
+    assert (copy.mode, copy.connections, copy.skip) == ("never", 2, ["audit", 'Sales."Order Items"'])
+
+    with structlog.testing.capture_logs() as logs:
+        old = load_config(
+            write(tmp_path, GOOD.replace('"my_pub"', '"my_pub"\ncopy_connections = 6')), environ={"PGPASSWORD": "x"}
+        )
+    assert old.copy_.connections == 6
+    assert any("copy_connections is deprecated" in e["event"] for e in logs)
+
+    both = GOOD.replace('"my_pub"', '"my_pub"\ncopy_connections = 6') + "[copy]\nconnections = 3\n"
+    with pytest.raises(ConfigError, match=r"copy_connections and \[copy\] connections are both set"):
+        load_config(write(tmp_path, both), environ={"PGPASSWORD": "x"})
+    with pytest.raises(ConfigError, match=r"copy\.include: not a table name: 'a\.b\.c'"):
+        load_config(write(tmp_path, GOOD + '[copy]\ninclude = ["a.b.c"]\n'), environ={"PGPASSWORD": "x"})
+    with pytest.raises(ConfigError, match="copy.mode: Input should be 'initial', 'never' or 'initial_only'"):
+        load_config(write(tmp_path, GOOD + '[copy]\nmode = "always"\n'), environ={"PGPASSWORD": "x"})
+
+
 def test_a_mistyped_key_is_one_line_that_says_what_was_meant(tmp_path: Path) -> None:
     """Not two lines (the key meant is missing, the key written is unknown): one, with the key meant."""
     path = write(tmp_path, GOOD.replace("publication =", "publicaton ="))

@@ -86,7 +86,7 @@ def test_a_destinations_own_copy_shows_progress_before_it_returns(pg_database: T
     destination = SlowCopier()
     assert isinstance(destination, TableCopier)
     store = MemoryStore(pipeline_id=1)
-    config = pipeline_config(pg_database, pipeline={"copy_connections": 1})
+    config = pipeline_config(pg_database, copy={"connections": 1})
     pipeline = Pipeline(config, store, destination)
 
     def counted() -> float:

@@ -25,7 +25,8 @@ def test_write_config_reads_back_as_the_same_config(pg_database: TestDatabase, t
     config = pipeline_config(
         pg_database,
         pipeline_id=9,
-        pipeline={"copy_connections": 3, "install_ddl_trigger": False},
+        pipeline={"install_ddl_trigger": False},
+        copy={"connections": 3, "skip": ["public.a"]},
         source={"password": 'p"w\\ é ${HOME} $$'},
         batch={"max_fill_ms": 250},
         store={"type": "sqlite", "path": str(tmp_path / "state dir" / "state.sqlite")},

@@ -10,13 +10,14 @@ import psycopg
 from etl.config import PipelineConfig, PluginSection
 from etl.errors import EtlError
 from etl.factory import build_store, validate_plugin
-from etl.pipeline import apply_slot_lost, slot_lost_error
+from etl.pipeline import apply_slot_lost, copy_names_error, slot_lost_error
 from etl.plugins import Registry, load_registry
 from etl.postgres.connection import connect
 from etl.postgres.ddl import ddl_trigger_installed
 from etl.postgres.replication import slot_state
 from etl.preflight import Check, DeepPreflighted, Preflighted
 from etl.replication.slots import apply_slot
+from etl.schema import TableName
 
 
 def run_checks(
@@ -168,6 +169,10 @@ def _checks(conn: psycopg.Connection[Any], config: PipelineConfig) -> Iterator[C
         )
     else:
         yield Check("publication", True, f"publication '{pub}' has {len(tables)} table(s)")
+        unpublished = config.copy_.unpublished({TableName.parse(name) for _, name, *_ in tables})
+        if unpublished:
+            error = copy_names_error(pub, unpublished)
+            yield Check("copy tables", False, error.message, error.hint)
 
     unusable = []
     unreadable = []

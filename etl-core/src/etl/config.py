@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
+import structlog
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -29,8 +30,11 @@ from pydantic.fields import FieldInfo
 
 from etl.errors import ConfigError
 from etl.log import redact_text, redact_value
+from etl.schema import TableName
 
 M = TypeVar("M", bound=BaseModel)
+
+log = structlog.get_logger(__name__)
 
 _ENV_REF = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -194,7 +198,6 @@ class PipelineSection(Section):
         ge=1,
         description="Tables copied at the same time. Each needs a replication slot and a WAL sender while it copies.",
     )
-    copy_connections: Integer = Field(2, ge=1, description="Parallel `COPY` connections per table (ctid ranges).")
     invalidated_slot: Literal["stop", "recreate"] = Field(
         "stop",
         description="When a slot cannot go on — the source dropped the WAL it needed (`wal_status = lost`), or it is"
@@ -235,6 +238,53 @@ class PipelineSection(Section):
         " store its progress, close connections) before it exits anyway with code 3."
         " See [Stopping `etl run`](#stopping-etl-run).",
     )
+
+
+CopyMode = Literal["initial", "never", "initial_only"]
+
+
+class CopySection(Section):
+    """Which tables are copied before they stream, and whether the pipeline streams at all after the copies."""
+
+    mode: CopyMode = Field(
+        "initial",
+        description="`initial`: copy each table, then stream its changes. `never`: copy nothing; every table streams"
+        " from the moment the pipeline takes it on (its destination table starts empty). `initial_only`: copy each"
+        " table, then stop once all are copied, dropping the pipeline's slots."
+        " See [Copy control](configuration.md#copy-control).",
+    )
+    include: list[str] | None = Field(
+        None,
+        description="Only these tables (`schema.table`, or `table` in `public`) are copied; the other published"
+        " tables are streamed without a copy. Unset: every published table is copied.",
+    )
+    skip: list[str] = Field(
+        default_factory=list, description="These tables are not copied, only streamed (applied after `include`)."
+    )
+    connections: Integer = Field(2, ge=1, description="Parallel `COPY` connections per table (ctid ranges).")
+
+    @field_validator("include", "skip")
+    @classmethod
+    def _table_names(cls, names: list[str] | None) -> list[str] | None:
+        for name in names or []:
+            TableName.parse(name)  # TableNameError is a ValueError: the key is named, with what was wrong
+        return names
+
+    def copies(self, table: TableName) -> bool:
+        """Whether a table the pipeline takes on for the first time is copied (rather than only streamed)."""
+        if self.mode == "never" or table in self.skipped:
+            return False
+        return self.include is None or table in {TableName.parse(n) for n in self.include}
+
+    @property
+    def skipped(self) -> set[TableName]:
+        return {TableName.parse(n) for n in self.skip}
+
+    def unpublished(self, published: set[TableName]) -> list[TableName]:
+        """The tables ``include`` and ``skip`` name that are not in ``published``: a typo there would copy a table
+        meant to be skipped (or skip one meant to be copied) without a word."""
+        named = {TableName.parse(n) for n in (*(self.include or ()), *self.skip)}
+        return sorted(named - published)
 
 
 class BatchSection(Section):
@@ -338,11 +388,29 @@ class MetricsSection(Section):
 class PipelineConfig(Section):
     pipeline: PipelineSection
     source: PostgresConnection
+    copy_: CopySection = Field(CopySection(), alias="copy")
     batch: BatchSection = BatchSection()
     store: PluginSection = PluginSection(type="memory")
     destination: PluginSection = PluginSection(type="memory")
     metrics: MetricsSection | None = None
     """With a ``[metrics]`` section the source is sampled for lag and retained WAL; with ``listen`` also served."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _copy_connections_moved(cls, data: Any) -> Any:
+        """``[pipeline] copy_connections`` is read as ``[copy] connections``, with a deprecation warning."""
+        pipeline = data.get("pipeline") if isinstance(data, dict) else None
+        if not isinstance(pipeline, dict) or "copy_connections" not in pipeline:
+            return data
+        copy = data.get("copy", {})
+        if isinstance(copy, dict) and "connections" in copy:
+            raise ValueError(
+                "[pipeline] copy_connections and [copy] connections are both set; keep [copy] connections only"
+            )
+        log.warning("[pipeline] copy_connections is deprecated; it is read as [copy] connections, write that instead")
+        pipeline = {k: v for k, v in pipeline.items() if k != "copy_connections"}
+        copy = {**copy, "connections": data["pipeline"]["copy_connections"]} if isinstance(copy, dict) else copy
+        return {**data, "pipeline": pipeline, "copy": copy}
 
 
 def load_config(path: str | Path, environ: dict[str, str] | None = None) -> PipelineConfig:
@@ -414,7 +482,7 @@ def format_errors(exc: ValidationError, prefix: str = "", model: type[BaseModel]
             message = message.removeprefix("Value error, ")
         elif err["type"] == "string_pattern_mismatch" and model is not None:
             message = _pattern_message(model, err["loc"]) or message
-        line = f"  {key}: {message}"
+        line = f"  {key}: {message}" if key else f"  {message}"  # a check across sections has no key
         if redact_text(line) != line:  # "password: <message>" would read as a secret in logs and be masked
             line = f"  {key} (secret): {message}"
         lines.append(line)

@@ -11,7 +11,7 @@ import structlog
 
 from etl.config import MetricsSection, PipelineConfig
 from etl.destination.base import Destination
-from etl.errors import EtlError, SourceError, TransientError
+from etl.errors import ConfigError, EtlError, SourceError, TransientError
 from etl.log import route_to_stdlib
 from etl.lsn import Lsn
 from etl.metrics import PipelineMetrics
@@ -220,6 +220,10 @@ class Pipeline:
                     hint=f"CREATE PUBLICATION {self.config.pipeline.publication} FOR TABLE ...; or fix [pipeline]"
                     " publication",
                 )
+            publication = self.config.pipeline.publication
+            unpublished = self.config.copy_.unpublished({t.name for t in publication_tables(conn, publication)})
+            if unpublished:
+                raise copy_names_error(publication, unpublished)
             if self.config.pipeline.install_ddl_trigger:
                 self._install_ddl_trigger(conn)
 
@@ -327,6 +331,19 @@ class Pipeline:
             finally:
                 self._streaming = False
                 writer.close()
+        if worker.copies_done:
+            self._drop_after_copies(slot)
+
+    def _drop_after_copies(self, slot: str) -> None:
+        """``initial_only``: the copies are done and nothing streams on, so no slot may hold WAL on the source."""
+        with ReplicationConnection.connect(self.config.source) as rconn:
+            rconn.drop_slot_if_exists(slot)
+        self.log.info(
+            "the apply slot is dropped: this pipeline's copies are final",
+            slot=slot,
+            hint="to stream from here on, run a pipeline of another [pipeline] id; this one would copy again"
+            " (etl reset --recopy)",
+        )
 
     def _on_table_error(self, table_id: int, error: Any) -> None:
         assert self._apply is not None
@@ -383,6 +400,16 @@ def slot_lost_error(slot: str, state: SlotState, config_path: str, alternative: 
         "the destination cannot be brought up to date from it",
         f"copy every table again: etl reset --recopy -c {config_path}{alternative}; raise max_slot_wal_keep_size on"
         " the source if WAL removal invalidated it (docs/configuration.md, Source failover)",
+    )
+
+
+def copy_names_error(publication: str, names: list[TableName]) -> ConfigError:
+    """``[copy] include`` or ``skip`` names tables the publication does not publish."""
+    return ConfigError(
+        f"[copy] include/skip name tables that publication '{publication}' does not publish: "
+        + ", ".join(str(n) for n in names),
+        hint="fix the names (schema.table), or add the tables to the publication first: ALTER PUBLICATION"
+        f" {publication} ADD TABLE ...",
     )
 
 

@@ -63,6 +63,8 @@ class ApplyWorker(StreamWorker):
         self.tables: dict[TableId, PublishedTable] = {}
         self.sync_workers = sync_workers  # outlives this worker: it is kept across reconnects
         self._next_refresh = 0.0
+        self.copies_done = False
+        """``[copy] mode = "initial_only"``, and every published table is copied: the stream ends."""
 
     def applies(self, table_id: TableId, final_lsn: Lsn) -> bool:
         return self.ctx.states.applies(table_id, final_lsn)
@@ -93,6 +95,14 @@ class ApplyWorker(StreamWorker):
     def tick(self) -> None:
         if time.monotonic() >= self._next_refresh:
             self.refresh()
+        if self.ctx.config.copy_.mode == "initial_only" and not self.copies_done:
+            states = self.ctx.states.snapshot()
+            if all((s := states.get(t)) is not None and s.kind is TableStateKind.READY for t in self.tables):
+                log.info("every table is copied; the pipeline stops ([copy] mode = initial_only)")
+                self.copies_done = True
+
+    def finished(self) -> bool:
+        return self.copies_done or super().finished()
 
     def _advance_synced(self, states: dict[TableId, TableState]) -> None:
         ready = {
@@ -215,10 +225,18 @@ class ApplyWorker(StreamWorker):
             if free <= 0:
                 break
             if state.kind in NEEDS_SYNC_WORKER and table_id not in self.sync_workers and table_id in self.tables:
-                worker = TableSyncWorker(self.ctx, self.tables[table_id])
+                worker = TableSyncWorker(self.ctx, self.tables[table_id], self._copies(table_id, state))
                 self.sync_workers[table_id] = worker
                 worker.thread.start()
                 free -= 1
+
+    def _copies(self, table_id: TableId, state: TableState) -> bool:
+        """Whether the table is copied. ``[copy]`` decides for a table the pipeline takes on for the first time; one
+        taken on before (a resync, a timed retry, a copy cut short) is copied whatever it says: only a copy makes
+        its destination table whole again."""
+        if self.ctx.config.copy_.copies(self.tables[table_id].name):
+            return True
+        return state.kind is not TableStateKind.INIT or self.ctx.store.get_table_schema(table_id) is not None
 
     # -- copies again ------------------------------------------------------------------------------------
     def _copy_again(self, table_ids: Iterable[TableId], *, why: CopyAgainReason) -> None:

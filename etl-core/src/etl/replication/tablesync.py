@@ -4,20 +4,26 @@ Init/DataSync -> (drop the destination object, new slot with an exported snapsho
 -> FinishedCopy -> SyncWait -> (the apply worker pauses and answers Catchup at its position) ->
 (stream the table's own slot up to that position) -> SyncDone -> the apply worker makes it Ready.
 A crash before FinishedCopy restarts the copy from scratch; after it, catch-up resumes.
+
+A table that ``[copy]`` leaves out goes from Init to SyncDone at the source's current position, with an empty
+destination table and no slot of its own.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import replace
+from typing import Any
 
 import pyarrow as pa
 import structlog
+from psycopg import Connection
 
 from etl.destination.base import TableCopier
 from etl.errors import EtlError, RuntimeSetupError, TableError, TransientError
 from etl.lsn import Lsn
 from etl.postgres.catalog import (
+    WAL_POSITION,
     PublishedTable,
     estimated_rows,
     publication_options,
@@ -51,9 +57,11 @@ def empty_table(schema: TableSchema) -> pa.Table:
 
 
 class TableSyncWorker:
-    def __init__(self, ctx: WorkerContext, table: PublishedTable) -> None:
+    def __init__(self, ctx: WorkerContext, table: PublishedTable, copies: bool = True) -> None:
         self.ctx = ctx
         self.table = table
+        self.copies = copies
+        """False: the table is taken on without a copy (``stream_without_copy``)."""
         self.slot = table_sync_slot(ctx.pipeline_id, table.id)
         self.thread = threading.Thread(target=self.run, name=f"tablesync-{table.name}", daemon=True)
         self.log = log.bind(table=str(table.name))
@@ -66,6 +74,9 @@ class TableSyncWorker:
         states = self.ctx.states
         try:
             state = states.get(self.table_id)
+            if not self.copies and (state is None or state.kind is TableStateKind.INIT):
+                self.stream_without_copy()
+                return
             if state is None or state.kind in (TableStateKind.INIT, TableStateKind.DATA_SYNC):
                 self.copy()
             if not self.ctx.stop.is_set():
@@ -130,22 +141,14 @@ class TableSyncWorker:
             with connect(source) as conn, conn.transaction():
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 conn.execute(import_snapshot(slot.snapshot_name))
-                # The leaves as of the snapshot: one attached or detached since the publication was read counts.
-                self.table = with_current_leaves(conn, self.table)
-                # Stored generated columns are in the stream where the publication publishes them (Postgres 18+).
-                generated = publication_options(conn, ctx.config.pipeline.publication).generated_columns
-                schema = table_schema(
-                    conn, table_id, self.table.column_list, include_generated=generated
-                ).with_snapshot(slot.consistent_point)
-                if self.table.partitioned:
-                    schema = replace(schema, partitions=self.table.partitions)
+                schema = self._read_schema(conn, slot.consistent_point)
                 estimate = estimated_rows(conn, self.table.sources)
             ctx.store.store_table_schema(schema)
             tracker = CopyTracker(str(self.table.name), estimate, ctx.metrics, ctx.copy_progress(table_id))
             if isinstance(ctx.destination, TableCopier):
                 named = copy_application_name(source, ctx.pipeline_id, table_id)
                 copying = source.model_copy(update={"application_name": named})
-                parts = copy_parts(ctx.config.pipeline.copy_connections)
+                parts = copy_parts(ctx.config.copy_.connections)
                 plan = plan_copy(copying, schema, self.table, slot.snapshot_name, parts, stop=ctx.stop)
                 with CopyWatch(source, named, tracker.advance):
                     rows = ctx.destination.copy_table(plan, ctx.stop)
@@ -158,12 +161,42 @@ class TableSyncWorker:
             "table copied", rows=done.rows, rows_per_s=round(done.rate), consistent_point=str(slot.consistent_point)
         )
 
+    def _read_schema(self, conn: Connection[Any], position: Lsn) -> TableSchema:
+        """The table's schema in ``conn``'s transaction, valid from ``position``; its leaves too, as of then (one
+        attached or detached since the publication was read counts)."""
+        self.table = with_current_leaves(conn, self.table)
+        # Stored generated columns are in the stream where the publication publishes them (Postgres 18+).
+        generated = publication_options(conn, self.ctx.config.pipeline.publication).generated_columns
+        schema = table_schema(conn, self.table_id, self.table.column_list, include_generated=generated)
+        schema = schema.with_snapshot(position)
+        return replace(schema, partitions=self.table.partitions) if self.table.partitioned else schema
+
+    def stream_without_copy(self) -> None:
+        """Take the table on without copying it (``[copy]`` leaves it out): its destination table is created empty,
+        and the apply worker applies its changes that commit from the source's current position on.
+
+        The schema is stored just before the state: a crash between the two leaves a stored schema, so the next run
+        copies the table (a table with a stored schema was taken on before, and only a copy is sure to be whole).
+        """
+        ctx = self.ctx
+        with connect(ctx.config.source) as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            row = conn.execute(f"SELECT {WAL_POSITION}::text").fetchone()
+            assert row is not None
+            start = Lsn.parse(row[0])
+            schema = self._read_schema(conn, start)
+        ctx.destination.write_table_rows(schema, empty_table(schema))
+        ctx.destination.flush()
+        ctx.store.store_table_schema(schema)
+        ctx.states.set(self.table_id, TableState(TableStateKind.SYNC_DONE, lsn=start))
+        self.log.info("table streamed without a copy", streamed_from=str(start))
+
     def _copy_rows(self, schema: TableSchema, snapshot: str, tracker: CopyTracker) -> bool:
         """Copy the table through the engine into ``write_table_rows``; False when stopped half-way."""
         ctx = self.ctx
         wrote = False
         for batch in copy_table(
-            ctx.config.source, schema, self.table, snapshot, ctx.config.pipeline.copy_connections, stop=ctx.stop
+            ctx.config.source, schema, self.table, snapshot, ctx.config.copy_.connections, stop=ctx.stop
         ):
             if ctx.stop.is_set():
                 return False

@@ -38,7 +38,7 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 def write_config(path: Path, config: PipelineConfig) -> Path:
     """Write ``config`` as the TOML file ``etl run -c`` reads, values as given (no ``${VAR}``); return ``path``."""
-    path.write_text(_toml(config.model_dump(exclude_none=True)))
+    path.write_text(_toml(config.model_dump(exclude_none=True, by_alias=True)))
     return path
 
 

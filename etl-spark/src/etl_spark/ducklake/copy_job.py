@@ -52,7 +52,7 @@ def copy_files(spark: SparkSession, plan: CopyPlan, spec: DataFileSpec, stop: th
 
 def copy_tasks(ranges: Sequence[CopyRange], parallelism: int) -> int:
     """The tasks of a copy of ``ranges``: one per executor core (``parallelism``), at most one per range, and at
-    least one per copy connection the ranges were planned for (``[pipeline] copy_connections``: the ranges of one
+    least one per copy connection the ranges were planned for (``[copy] connections``: the ranges of one
     source table over ``RANGES_PER_CONNECTION``). On a cluster whose executors have not all registered yet Spark
     counts only those that have (or 2), and a copy started then would run on that few cores for good."""
     if not ranges:
