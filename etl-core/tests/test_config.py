@@ -152,7 +152,7 @@ def test_the_copy_section_reads_table_names_and_the_deprecated_copy_connections(
         load_config(write(tmp_path, both), environ={"PGPASSWORD": "x"})
     with pytest.raises(ConfigError, match=r"copy\.include: not a table name: 'a\.b\.c'"):
         load_config(write(tmp_path, GOOD + '[copy]\ninclude = ["a.b.c"]\n'), environ={"PGPASSWORD": "x"})
-    with pytest.raises(ConfigError, match="copy.mode: Input should be 'initial', 'never' or 'initial_only'"):
+    with pytest.raises(ConfigError, match=r"copy\.mode: Input should be 'initial', 'never' or 'initial_only'"):
         load_config(write(tmp_path, GOOD + '[copy]\nmode = "always"\n'), environ={"PGPASSWORD": "x"})
 
 
