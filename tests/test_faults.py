@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pytest
+from structlog.testing import capture_logs
 
 from etl.destination.base import WriteResult
 from etl.destination.memory import MemoryDestination
@@ -240,6 +241,53 @@ def test_an_apply_slot_dropped_while_running_is_recreated_and_every_table_copied
     wait_until(lambda: all_ready(p, 1) and destination_matches(db, destination, "public.t"), "equal again", p)
     db.execute("UPDATE t SET v = 'after' WHERE id = 2")
     wait_until(lambda: destination_matches(db, destination, "public.t"), "streaming again", p)
+
+
+class HeldCatchUp(CopyCounting):
+    """Holds table ``u``'s copy, then its catch-up's first batch, each until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.copying, self.copy_goes = threading.Event(), threading.Event()
+        self.catching_up, self.catch_up_goes = threading.Event(), threading.Event()
+
+    def write_table_rows(self, schema: TableSchema, rows: pa.Table) -> WriteResult:
+        if str(schema.name) == "public.u":
+            self.copying.set()
+            assert self.copy_goes.wait(60)
+        return super().write_table_rows(schema, rows)
+
+    def write_events(self, batch: Any) -> WriteResult:
+        if any(str(segments[0].schema.name) == "public.u" for segments in batch.changes.values()):
+            self.catching_up.set()  # only u's own catch-up writes u before it is ready
+            assert self.catch_up_goes.wait(60)
+        return super().write_events(batch)
+
+
+def test_a_catch_up_in_flight_when_the_apply_slot_is_recreated_is_abandoned(table_t: TestDatabase, run: Run) -> None:
+    """The apply slot vanishes while table u catches up on its own slot. Recreating the slot resets every table;
+    the catch-up, still running, must not then mark u ready at the lost slot's position: the change made between
+    there and the new slot would be missing for good."""
+    db = table_t
+    destination = HeldCatchUp()
+    p = run(destination, invalidated_slot="recreate")
+    wait_until(lambda: all_ready(p, 1), "t ready", p)
+    db.execute("CREATE TABLE u (id int PRIMARY KEY, v text); INSERT INTO u VALUES (1, 'copied')")
+    db.execute("ALTER PUBLICATION pub ADD TABLE u")
+    assert destination.copying.wait(60), "u's copy never began"
+    db.execute("INSERT INTO u VALUES (2, 'caught up'); INSERT INTO t VALUES (21, 'a marker')")
+    wait_until(lambda: destination_matches(db, destination, "public.t"), "the apply worker past u's change", p)
+    destination.copy_goes.set()
+    assert destination.catching_up.wait(60), "u's catch-up never wrote"
+    db.execute("INSERT INTO u VALUES (3, 'after the catch-up target')")
+    with capture_logs() as logs:
+        drop_slot(db, APPLY_SLOT)
+        recreating = "replication slot lost; recreating it and copying every table again"
+        wait_until(lambda: any(e["event"] == recreating for e in logs), "the pipeline recreating its slot", p)
+        time.sleep(1)  # the reset follows at once, unless the pipeline waits for u's worker first
+    destination.catch_up_goes.set()
+    wait_until(lambda: destination.drops >= 2, "every table copied again", p)
+    wait_until(lambda: all_ready(p, 2) and destination_matches(db, destination, "public.t", "public.u"), "equal", p)
 
 
 def test_an_apply_slot_dropped_while_running_stops_the_pipeline(table_t: TestDatabase, run: Run) -> None:

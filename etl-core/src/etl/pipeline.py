@@ -274,8 +274,14 @@ class Pipeline:
             self.log.error("pipeline failed", error=str(exc))
         finally:
             self._stop.set()
-            for worker in self._sync_workers.values():
-                worker.thread.join()
+            self._stop_sync_workers()
+
+    def _stop_sync_workers(self) -> None:
+        for worker in self._sync_workers.values():
+            worker.cancel()
+        for worker in self._sync_workers.values():
+            worker.thread.join()
+        self._sync_workers.clear()
 
     def _run_apply(self) -> None:
         config = self.config
@@ -358,6 +364,9 @@ class Pipeline:
         if self.config.pipeline.invalidated_slot == "stop":
             raise slot_lost_error(slot, state, "<pipeline file>", ' (or set [pipeline] invalidated_slot = "recreate")')
         self.log.warning("replication slot lost; recreating it and copying every table again", slot=slot)
+        # A copy or catch-up still running would write its state over the reset: a catch-up that ends at the lost
+        # slot's position would make its table ready without the changes between there and the new slot.
+        self._stop_sync_workers()
         rconn.drop_slot_if_exists(slot)
         self.store.reset_tables_for_resync()
         assert self._states is not None

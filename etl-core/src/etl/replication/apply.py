@@ -127,7 +127,9 @@ class ApplyWorker(StreamWorker):
             )
 
         while not self.ctx.states.wait(caught_up, timeout=1.0):
-            self.send_status()
+            # Every second, not every STATUS_INTERVAL_S: the paused stream reads nothing, so a write is what finds a
+            # connection the server ended (the second write after it fails), in seconds rather than half a minute.
+            self.send_status(force=True)
             self._reap_sync_workers()
             for table_id in tables:  # a worker that died mid catch-up starts over from FinishedCopy
                 state = self.ctx.states.get(table_id)
@@ -207,10 +209,11 @@ class ApplyWorker(StreamWorker):
     def _remove_table(self, table_id: TableId) -> None:
         log.info("table left the publication; forgetting it", table_id=table_id)
         worker = self.sync_workers.pop(table_id, None)
+        if worker is not None:  # stopped before the table is forgotten, so that it writes no state after that
+            worker.cancel()
+            worker.thread.join(timeout=30)
         self.ctx.states.forget(table_id)
         self.ctx.schemas.forget(table_id)
-        if worker is not None:
-            worker.thread.join(timeout=30)
         with ReplicationConnection.connect(self.ctx.config.source) as rconn:
             rconn.drop_slot_if_exists(table_sync_slot(self.ctx.pipeline_id, table_id))
 

@@ -58,7 +58,8 @@ def empty_table(schema: TableSchema) -> pa.Table:
 
 class TableSyncWorker:
     def __init__(self, ctx: WorkerContext, table: PublishedTable, copies: bool = True) -> None:
-        self.ctx = ctx
+        self.ctx = replace(ctx, stop=threading.Event())
+        """The pipeline's context, with a stop of this worker's own (``cancel``)."""
         self.table = table
         self.copies = copies
         """False: the table is taken on without a copy (``stream_without_copy``)."""
@@ -69,6 +70,12 @@ class TableSyncWorker:
     @property
     def table_id(self) -> TableId:
         return self.table.id
+
+    def cancel(self) -> None:
+        """Stop this worker: its copy or catch-up ends at the next check, writing no further state once
+        ``thread.join()`` returned. The pipeline cancels every worker when it stops, and when it recreates a lost
+        apply slot (the states it resets must not be overwritten by a worker still running)."""
+        self.ctx.stop.set()
 
     def run(self) -> None:
         states = self.ctx.states
