@@ -44,6 +44,7 @@ def test_an_exceeded_quota_names_the_quota_and_the_setting_that_avoids_it() -> N
         "merging into public.orders",
     )
     assert isinstance(error, DestinationError) and not isinstance(error, TransientError)
+    assert not error.transient  # stops at once: retries within minutes do not bring a daily quota back
     assert "quotaExceeded" in error.message and "public.orders" in error.message
     assert "min_apply_interval_s" in error.hint
 
@@ -55,6 +56,14 @@ def test_a_denied_permission_is_named() -> None:
     assert "bigquery.tables.updateData" in error.message and "bigquery.tables.updateData" in error.hint
     refused = classify(answer(401, "unauthorized", "Request had invalid authentication credentials"), "starting")
     assert isinstance(refused, DestinationError) and "credentials" in refused.hint
+    assert not error.transient and not refused.transient
+
+
+def test_a_request_bigquery_refused_is_not_retried_and_other_failures_are() -> None:
+    missing = classify(answer(404, "notFound", "Not found: Dataset p:d"), "merging into public.orders")
+    assert isinstance(missing, DestinationError) and not missing.transient
+    unknown = classify(answer(507, "whatever", "something new"), "merging into public.orders")
+    assert isinstance(unknown, DestinationError) and unknown.transient
 
 
 def test_only_a_job_already_held_is_a_passing_conflict() -> None:

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from etl.destination.memory import MemoryDestination, sort_rows
-from etl.errors import TableError
+from etl.errors import TableError, TableErrors
 from etl.lsn import Lsn
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl_spark.ducklake import destination as destination_module
@@ -321,6 +321,21 @@ def test_changes_to_a_table_dropped_in_the_lake_error_that_table(lake: Any, kit:
     destination.write_table_rows(ORDERS, kit.rows_table(ORDERS, [{"id": 1, "note": "n", "qty": 1, "amount": None}]))
     destination.write_events(batch)
     assert lake.query("SELECT id FROM lake.public.orders ORDER BY id") == [(1,), (2,)]
+
+
+def test_tables_dropped_in_the_lake_error_together_in_one_write(lake: Any, kit: Any) -> None:
+    """Every table that fails to plan is reported at once (``TableErrors``), not the first of them per attempt."""
+    destination = kit.make_destination(lake)
+    destination.write_table_rows(ORDERS, kit.rows_table(ORDERS, [{"id": 1, "note": "n", "qty": 1, "amount": None}]))
+    destination.write_table_rows(LOG, kit.rows_table(LOG, [{"a": "x", "b": 1}]))
+    con = lake.duckdb()
+    con.execute("DROP TABLE lake.public.orders; DROP TABLE lake.public.log")
+    con.close()
+    b = kit.BatchBuilder().commit().insert(ORDERS, {"id": 2, "note": "m", "qty": 2, "amount": None})
+    with pytest.raises(TableErrors) as raised:
+        destination.write_events(b.insert(LOG, {"a": "y", "b": 2}).build())
+    assert {e.table_id for e in raised.value.errors} == {ORDERS.id, LOG.id}
+    assert all("its DuckLake table is gone" in e.message for e in raised.value.errors)
 
 
 def test_a_schema_version_with_no_change_of_its_own_reaches_the_lake(lake: Any, kit: Any) -> None:

@@ -6,7 +6,7 @@ what to do about it. Messages never contain secrets.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 
@@ -47,7 +47,17 @@ class PipelineLockedError(StoreError):
 
 
 class DestinationError(EtlError):
-    """A destination rejected a write or is unreachable."""
+    """A destination rejected a write or is unreachable.
+
+    ``transient`` says what a retry can do. True (the default): the failure may pass (the destination unreachable,
+    busy, or a write that lost to another writer), and the engine retries the write with backoff. False: no retry
+    mends it (a refused permission, a quota spent for the day, a lake this version cannot write), so the write
+    fails at once with the error's hint, instead of after minutes of retries.
+    """
+
+    def __init__(self, message: str, *, hint: str | None = None, transient: bool = True) -> None:
+        super().__init__(message, hint=hint)
+        self.transient = transient
 
 
 class RuntimeSetupError(EtlError):
@@ -68,6 +78,16 @@ class TableError(EtlError):
         super().__init__(message, hint=hint)
         self.table_id = table_id
         self.transient = transient
+
+
+class TableErrors(EtlError):
+    """Several tables failed in one write, each for a reason of its own: every one goes Errored at once (rather
+    than one per attempt of the write), and the write goes on with the other tables."""
+
+    def __init__(self, errors: Sequence[TableError]) -> None:
+        names = "; ".join(e.message for e in errors)
+        super().__init__(f"{len(errors)} tables failed: {names}", hint="each table's own error says what to do")
+        self.errors = tuple(errors)
 
 
 @contextmanager

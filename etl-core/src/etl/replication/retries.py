@@ -21,9 +21,9 @@ from etl.store.base import RetryKind, TableState, TableStateKind
 
 def may_pass(error: BaseException) -> bool:
     """Whether ``error`` may go away without the user doing anything."""
-    if isinstance(error, TableError):
+    if isinstance(error, TableError | DestinationError):
         return error.transient
-    if isinstance(error, DestinationError | TransientError | OSError):
+    if isinstance(error, TransientError | OSError):
         return True
     # Other errors of ours (source, config, store) need the user; an exception no one classified comes
     # from a destination's own libraries (Spark, a cloud client) more often than not.

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import structlog
 
 from etl.destination.base import Destination, Paced, WriteResult
-from etl.errors import DestinationError, TableError, TransientError
+from etl.errors import DestinationError, TableError, TableErrors, TransientError
 from etl.events import EventBatch, summed_counts
 from etl.lsn import Lsn
 from etl.metrics import PipelineMetrics
@@ -31,8 +31,9 @@ class BatchWriter:
     ``submit`` returns as soon as the previous write is done and the new one started, so the next
     batch fills while this one is written. Progress is stored, and reported through ``durable_lsn``,
     only after the destination says the write is durable (after ``flush`` for accepted writes).
-    Transient destination failures are retried with backoff; a ``TableError`` naming a table is
-    handed to ``on_table_error`` and the batch is retried without that table.
+    Destination failures that may pass are retried with backoff (a ``DestinationError`` that says it is not
+    ``transient`` fails the write at once); a ``TableError`` naming a table, or each of a ``TableErrors``, is
+    handed to ``on_table_error`` and the batch is retried without those tables.
     """
 
     def __init__(
@@ -118,16 +119,19 @@ class BatchWriter:
                 if result is WriteResult.ACCEPTED:
                     self._destination.flush()
                 break
-            except TableError as exc:
-                if exc.table_id is None or exc.table_id not in batch.changes:
+            except (TableError, TableErrors) as exc:
+                errors = exc.errors if isinstance(exc, TableErrors) else (exc,)
+                if any(e.table_id is None or e.table_id not in batch.changes for e in errors):
                     raise
-                self._on_table_error(exc.table_id, exc)
-                batch = batch.without_table(exc.table_id)
+                for error in errors:
+                    assert error.table_id is not None
+                    self._on_table_error(error.table_id, error)
+                    batch = batch.without_table(error.table_id)
             except (TransientError, DestinationError, OSError) as exc:
                 if self._metrics is not None:
                     self._metrics.errors.labels("destination").inc()
                 failures += 1
-                if failures > RETRIES:
+                if failures > RETRIES or (isinstance(exc, DestinationError) and not exc.transient):
                     raise
                 delay = next(delays)
                 log.warning("destination write failed; retrying", worker=self._worker, error=str(exc), retry_in=delay)

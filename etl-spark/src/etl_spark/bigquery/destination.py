@@ -292,7 +292,9 @@ class BigQueryDestination:
     @property
     def client(self) -> bigquery.Client:
         if self._client is None:
-            raise DestinationError("the bigquery destination is not started", hint="call startup() first")
+            raise DestinationError(
+                "the bigquery destination is not started", hint="call startup() first", transient=False
+            )
         return self._client
 
     @property

@@ -9,10 +9,11 @@ itself for a while; what still reaches the destination is classified here:
   transaction BigQuery aborted for a concurrent update of the same table (by another writer), and a job
   BigQuery already holds (409: the client resent a call whose answer was lost; the watermark decides
   whether its work is done);
-- stopped with the quota's name and the setting that avoids it: ``quotaExceeded`` and the other daily
-  limits;
-- stopped with the missing IAM permission: 401 and 403 ``accessDenied``;
-- anything else: a ``DestinationError`` with BigQuery's message.
+- stopped at once (a ``DestinationError`` that is not ``transient``) with the quota's name and the setting that
+  avoids it: ``quotaExceeded`` and the other daily limits;
+- stopped at once with the missing IAM permission: 401 and 403 ``accessDenied``;
+- anything else: a ``DestinationError`` with BigQuery's message, retried unless BigQuery refused the request
+  itself (another 4xx: a dataset not found, an invalid request).
 
 A rejected statement (400 ``invalidQuery``, bad values) is the destination's to report: it knows the
 table (``TableError``).
@@ -79,7 +80,9 @@ def classify(exc: BaseException, doing: str) -> EtlError | None:
     found, message, status = reasons(exc), exc.message, exc.code
     if found & QUOTA_REASONS:
         quota = next(iter(sorted(found & QUOTA_REASONS)))
-        return DestinationError(f"BigQuery quota exceeded ({quota}) while {doing}: {message}", hint=_QUOTA_HINT)
+        return DestinationError(
+            f"BigQuery quota exceeded ({quota}) while {doing}: {message}", hint=_QUOTA_HINT, transient=False
+        )
     if status in RETRIED_STATUS or found & RETRIED_REASONS or _lost_to_concurrent(exc):
         return TransientError(f"BigQuery failed while {doing} ({status}): {message}", hint="retried with backoff")
     if status == 409 and _JOB_EXISTS.search(message or ""):
@@ -92,6 +95,7 @@ def classify(exc: BaseException, doing: str) -> EtlError | None:
             f"BigQuery refused the credentials while {doing}: {message}",
             hint="check credentials_file, or the application default credentials (gcloud auth application-default"
             " login)",
+            transient=False,
         )
     if status == 403:
         permission = _PERMISSION.search(message or "")
@@ -100,5 +104,10 @@ def classify(exc: BaseException, doing: str) -> EtlError | None:
             f"BigQuery denied {missing} while {doing}: {message}",
             hint=f"grant the pipeline's service account a role with {missing} on the dataset or project"
             " (roles/bigquery.dataEditor and roles/bigquery.jobUser hold all the destination needs)",
+            transient=False,
         )
-    return DestinationError(f"BigQuery failed while {doing} ({status}): {message}", hint="see BigQuery's message")
+    return DestinationError(  # a request BigQuery refused (4xx: not found, invalid) is refused again
+        f"BigQuery failed while {doing} ({status}): {message}",
+        hint="see BigQuery's message",
+        transient=not 400 <= (status or 0) < 500,
+    )

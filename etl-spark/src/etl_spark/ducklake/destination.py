@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from etl.config import Integer, validate
 from etl.destination.base import DestinationContext, TablePreview, WriteResult
-from etl.errors import ConfigError, DestinationError, naming_table
+from etl.errors import ConfigError, DestinationError, TableError, TableErrors, naming_table
 from etl.events import EventBatch, TableChanges
 from etl.postgres.copy import CopyPlan
 from etl.preflight import Check
@@ -298,13 +298,17 @@ class DuckLakeDestination:
     @property
     def planner(self) -> ThreadPoolExecutor:
         if self._planner is None:
-            raise DestinationError("the ducklake destination is not started", hint="call startup() first")
+            raise DestinationError(
+                "the ducklake destination is not started", hint="call startup() first", transient=False
+            )
         return self._planner
 
     @property
     def storage(self) -> LakeStorage:
         if self._storage is None:
-            raise DestinationError("the ducklake destination is not started", hint="call startup() first")
+            raise DestinationError(
+                "the ducklake destination is not started", hint="call startup() first", transient=False
+            )
         return self._storage
 
     @property
@@ -416,8 +420,7 @@ class DuckLakeDestination:
             for plan in plans:
                 if plan is not None:
                     plan.discard(self.storage)
-            firsts = [error for error in failed if isinstance(error, FlushFirst)]
-            raise failed[0] if len(firsts) < len(failed) else FlushFirst(*(t for e in firsts for t in e.tables))
+            raise _first_or_all(failed)
         return plans
 
     def _plan_changes(self, segment: TableChanges, inline_limit: int, state: TableState) -> TablePlan | None:
@@ -513,3 +516,16 @@ def _apply_all(plans: list[TablePlan], storage: LakeStorage, txn: Transaction) -
     for plan in plans:
         with naming_table(plan.schema.id):
             plan.apply(txn, storage, None if plan.handle is None else current[plan.handle.table.table_id])
+
+
+def _first_or_all(failed: list[BaseException]) -> BaseException:
+    """What a batch whose tables failed to plan raises: every table's own error at once when each failure is one
+    table's (``TableErrors``: each table is errored, the rest of the batch goes on), the tables whose inlined rows
+    must be flushed first when that is all, else the first other failure."""
+    others = [error for error in failed if not isinstance(error, FlushFirst)]
+    if not others:
+        return FlushFirst(*(t for e in failed if isinstance(e, FlushFirst) for t in e.tables))
+    tables = [error for error in others if isinstance(error, TableError) and error.table_id is not None]
+    if len(tables) == len(others) > 1:
+        return TableErrors(tables)
+    return others[0]

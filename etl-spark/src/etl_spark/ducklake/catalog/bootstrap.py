@@ -58,9 +58,12 @@ def check_lake(conn: Connection, data_path: str, catalog: str) -> str:
             f"the DuckLake catalog {catalog} has specification version {version!r};"
             f" this writer supports {SPEC_VERSION!r} only",
             hint="migrate the lake with DuckDB 1.5 (ATTACH it once with the ducklake extension) or use a new catalog",
+            transient=False,
         )
     if metadata.get("encrypted", "false") != "false":
-        raise DestinationError("the DuckLake lake is encrypted", hint="this writer supports unencrypted lakes only")
+        raise DestinationError(
+            "the DuckLake lake is encrypted", hint="this writer supports unencrypted lakes only", transient=False
+        )
     if "data_inlining_row_limit" not in metadata:
         conn.execute(sa.insert(TABLES["ducklake_metadata"]).values(key="data_inlining_row_limit", value="0"))
     found = metadata.get("data_path", data_path)
@@ -68,5 +71,6 @@ def check_lake(conn: Connection, data_path: str, catalog: str) -> str:
         raise DestinationError(
             f"the DuckLake catalog keeps its data at {found}, but data_path is {data_path}",
             hint="set data_path to the lake's data path",
+            transient=False,
         )
     return str(found) if found.endswith("/") else f"{found}/"

@@ -103,6 +103,7 @@ def migrate(conn: Connection, catalog: str) -> None:
             f"the DuckLake catalog {catalog} was written by a newer etl-spark (catalog version {found};"
             f" this version knows up to {latest})",
             hint="upgrade the package: pip install --upgrade etl-spark",
+            transient=False,
         )
     for migration in MIGRATIONS:
         if migration.version > found:

@@ -84,7 +84,7 @@ class Catalog:
     @property
     def engine(self) -> Engine:
         if self._engine is None:
-            raise DestinationError("the DuckLake catalog is not open", hint="call startup() first")
+            raise DestinationError("the DuckLake catalog is not open", hint="call startup() first", transient=False)
         return self._engine
 
     # -- lifecycle -------------------------------------------------------------------------------

@@ -1,0 +1,105 @@
+"""``BatchWriter``: which destination failures it retries, and tables that fail together.
+
+The destination is the memory destination with failures injected in front of its writes (a stand-in for a
+destination that fails, named as such below); the store is the memory store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from etl.config import PipelineSection
+from etl.destination.base import WriteResult
+from etl.destination.memory import MemoryDestination
+from etl.errors import DestinationError, EtlError, TableError, TableErrors
+from etl.events import EventBatch
+from etl.replication.retries import TableRetries
+from etl.replication.writer import BatchWriter
+from etl.schema import ColumnSchema, TableName, TableSchema
+from etl.store.base import APPLY_WORKER, RetryKind
+from etl.store.memory import MemoryStore
+from etl.testing.batches import BatchBuilder
+
+SCHEMAS = {
+    name: TableSchema(oid, TableName("public", name), (ColumnSchema("id", 23, primary_key=True), ColumnSchema("v", 25)))
+    for oid, name in ((101, "a"), (102, "b"), (103, "c"))
+}
+
+
+class FailingDestination(MemoryDestination):
+    """Stand-in for a failing destination: the memory destination, raising each of ``failures`` in turn before
+    its writes, then writing."""
+
+    def __init__(self, failures: list[EtlError]) -> None:
+        super().__init__()
+        self.failures = failures
+        self.calls: list[set[int]] = []
+
+    def write_events(self, batch: EventBatch) -> WriteResult:
+        self.calls.append(set(batch.changes))
+        if self.failures:
+            raise self.failures.pop(0)
+        return super().write_events(batch)
+
+
+def one_row_each() -> EventBatch:
+    builder = BatchBuilder()
+    for schema in SCHEMAS.values():
+        builder.relation(schema).insert(schema, {"id": 1, "v": schema.name.name})
+    return builder.commit().build()
+
+
+@pytest.fixture
+def store() -> Iterator[MemoryStore]:
+    store = MemoryStore(pipeline_id=1)
+    yield store
+    store.close()
+
+
+def write(destination: FailingDestination, store: MemoryStore) -> tuple[BatchWriter, dict[int, TableError]]:
+    errored: dict[int, TableError] = {}
+    writer = BatchWriter(destination, store, APPLY_WORKER, errored.__setitem__)
+    destination.startup()
+    writer.submit(one_row_each())
+    return writer, errored
+
+
+def test_a_destination_error_no_retry_mends_fails_the_write_at_once(store: MemoryStore) -> None:
+    refused = DestinationError("permission denied", hint="grant it", transient=False)
+    destination = FailingDestination([refused])
+    writer, _ = write(destination, store)
+    with pytest.raises(DestinationError, match="permission denied"):
+        writer.wait()
+    writer.close()
+    assert len(destination.calls) == 1  # not eight retries with backoff first
+    assert store.get_progress(APPLY_WORKER) is None
+
+
+def test_a_destination_error_that_may_pass_is_retried(store: MemoryStore) -> None:
+    destination = FailingDestination([DestinationError("busy"), DestinationError("busy again")])
+    writer, _ = write(destination, store)
+    writer.wait()
+    writer.close()
+    assert len(destination.calls) == 3
+    assert [r["v"] for r in destination.rows("public.a")] == ["a"]
+    assert store.get_progress(APPLY_WORKER) is not None
+
+
+def test_tables_that_fail_together_are_errored_in_one_go(store: MemoryStore) -> None:
+    failures = [TableError("bad a", table_id=101), TableError("bad b", table_id=102)]
+    destination = FailingDestination([TableErrors(failures)])
+    writer, errored = write(destination, store)
+    writer.wait()
+    writer.close()
+    assert {t: e.message for t, e in errored.items()} == {101: "bad a", 102: "bad b"}
+    assert destination.calls == [{101, 102, 103}, {103}]  # one more write, with the table that did not fail
+    assert [r["v"] for r in destination.rows("public.c")] == ["c"]
+
+
+def test_an_errored_table_waits_for_the_user_when_its_destination_error_cannot_pass() -> None:
+    retries = TableRetries(PipelineSection(id=1, publication="p"))
+    refused = retries.errored(101, DestinationError("denied", transient=False), "etl resync --table public.a")
+    assert refused.retry is RetryKind.MANUAL
+    assert retries.errored(101, DestinationError("unreachable"), "etl resync").retry is RetryKind.TIMED
