@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from etl_spark.bigquery.emulator import BigQueryEmulator
+    from etl_spark.testing.bigquery_emulator import BigQueryEmulator
 
 
 @pytest.fixture(scope="session")
 def bigquery_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BigQueryEmulator]:
     """One local BigQuery server (local-bigquery 0.4.0, loopback) per test process, for etl-spark's tests and the
     end-to-end ones alike; tests use datasets of their own."""
-    from etl_spark.bigquery.emulator import running_emulator
+    from etl_spark.testing.bigquery_emulator import running_emulator
 
     with running_emulator(tmp_path_factory.mktemp("bigquery")) as server:
         yield server

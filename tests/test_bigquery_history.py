@@ -24,8 +24,8 @@ from etl.testing.pipelines import pipeline_config
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
 from etl.testing.workload import churn, concurrent_transactions, create_items_and_ledger
-from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator
 from etl_spark.bigquery.names import table_id
+from etl_spark.testing.bigquery_emulator import PROJECT, BigQueryEmulator
 
 pytestmark = pytest.mark.slow  # see docs/testing.md
 

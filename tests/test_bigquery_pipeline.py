@@ -26,9 +26,9 @@ from etl.schema import TableName
 from etl.store.base import APPLY_WORKER, TableStateKind
 from etl.testing.pipelines import all_ready, pipeline_config, poll_pause, wait_until
 from etl.testing.pytest_plugin import TestDatabase
-from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator
 from etl_spark.bigquery.names import table_id
 from etl_spark.testing import comparable_source_rows, sorted_rows
+from etl_spark.testing.bigquery_emulator import PROJECT, BigQueryEmulator
 
 SPARK = {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "2"}}
 

@@ -17,8 +17,8 @@ from etl.errors import TableError
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl.store.memory import MemoryStore
 from etl_spark.bigquery.destination import BigQueryDestination
-from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator
 from etl_spark.bigquery.names import table_id
+from etl_spark.testing.bigquery_emulator import PROJECT, BigQueryEmulator
 
 NUMERIC_10_2 = ((10 << 16) | 2) + 4
 NUMERIC_60_30 = ((60 << 16) | 30) + 4

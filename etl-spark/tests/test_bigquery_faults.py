@@ -13,9 +13,9 @@ from etl.destination.memory import MemoryDestination
 from etl.errors import DestinationError, TransientError
 from etl.schema import ColumnSchema, TableName, TableSchema
 from etl_spark.bigquery.destination import BigQueryDestination
-from etl_spark.bigquery.emulator import BigQueryEmulator
-from etl_spark.bigquery.fault_proxy import DROP, LOSE_ANSWER, Fault, FaultProxy
 from etl_spark.bigquery.names import table_id
+from etl_spark.testing.bigquery_emulator import BigQueryEmulator
+from etl_spark.testing.fault_proxy import DROP, LOSE_ANSWER, Fault, FaultProxy
 
 ORDERS = TableSchema(
     16700,

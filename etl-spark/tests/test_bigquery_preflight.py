@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from etl_spark.bigquery.destination import BigQueryConfig, BigQueryDestination
-from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator
 from etl_spark.bigquery.preflight import dataset_check
+from etl_spark.testing.bigquery_emulator import PROJECT, BigQueryEmulator
 
 
 def config(emulator: BigQueryEmulator, dataset: str, **options: Any) -> BigQueryConfig:

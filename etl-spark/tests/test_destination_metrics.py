@@ -23,12 +23,12 @@ from etl.pipeline import Pipeline
 from etl.schema import ColumnSchema, TableName, TableSchema
 from etl.testing.pipelines import all_ready, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
-from etl_spark.bigquery.emulator import PROJECT, BigQueryEmulator
 from etl_spark.bigquery.names import table_id
 from etl_spark.ducklake import destination as destination_module
 from etl_spark.ducklake.plan import plan_changes
 from etl_spark.ducklake.reader import open_lake
 from etl_spark.testing import comparable_source_rows, lake_rows
+from etl_spark.testing.bigquery_emulator import PROJECT, BigQueryEmulator
 
 SPARK = {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "2"}}
 

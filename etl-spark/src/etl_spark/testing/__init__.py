@@ -1,5 +1,8 @@
-"""Helpers for tests of pipelines into DuckLake: plan a table's copy, read a lake's tables with real DuckDB,
-compare with the source.
+"""Test kits of the Spark destinations, not part of the destinations themselves.
+
+This module: helpers for tests of pipelines into DuckLake (plan a table's copy, read a lake's tables with real
+DuckDB, compare with the source). ``bigquery_emulator``: a local BigQuery server in its own virtualenv.
+``fault_proxy``: an HTTP proxy that fails chosen requests to it.
 
 Rows come back as dicts sorted like ``etl.testing.compare.source_rows``, with timestamps with a time
 zone in UTC and uuids as text on both sides, so a lake table and its source table compare with ``==``.
