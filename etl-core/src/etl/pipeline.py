@@ -222,8 +222,9 @@ class Pipeline:
                 )
             publication = self.config.pipeline.publication
             unpublished = self.config.copy_.unpublished({t.name for t in publication_tables(conn, publication)})
-            if unpublished:
-                raise copy_names_error(publication, unpublished)
+            if unpublished:  # a warning: a skipped table dropped since must not stop every later start
+                error = copy_names_error(publication, unpublished)
+                self.log.warning(error.message, hint=error.hint)
             if self.config.pipeline.install_ddl_trigger:
                 self._install_ddl_trigger(conn)
 
@@ -277,6 +278,8 @@ class Pipeline:
             self._stop_sync_workers()
 
     def _stop_sync_workers(self) -> None:
+        if self._sync_workers:
+            self.log.info("waiting for the copies and catch-ups in flight to stop", tables=len(self._sync_workers))
         for worker in self._sync_workers.values():
             worker.cancel()
         for worker in self._sync_workers.values():
@@ -338,15 +341,19 @@ class Pipeline:
                 self._streaming = False
                 writer.close()
         if worker.copies_done:
-            self._drop_after_copies(slot)
+            self._drop_after_copies()
 
-    def _drop_after_copies(self, slot: str) -> None:
-        """``initial_only``: the copies are done and nothing streams on, so no slot may hold WAL on the source."""
+    def _drop_after_copies(self) -> None:
+        """``initial_only``: the copies are done and nothing streams on, so no slot of the pipeline may hold WAL on
+        the source (a table's own slot that a failed drop left behind included)."""
+        with connect(self.config.source) as conn:
+            slots = pipeline_slots(conn, self.config.pipeline.id)
         with ReplicationConnection.connect(self.config.source) as rconn:
-            rconn.drop_slot_if_exists(slot)
+            for slot in slots:
+                rconn.drop_slot_if_exists(slot)
         self.log.info(
-            "the apply slot is dropped: this pipeline's copies are final",
-            slot=slot,
+            "the pipeline's slots are dropped: its copies are final",
+            slots=slots,
             hint="to stream from here on, run a pipeline of another [pipeline] id; this one would copy again"
             " (etl reset --recopy)",
         )

@@ -95,9 +95,12 @@ class ApplyWorker(StreamWorker):
     def tick(self) -> None:
         if time.monotonic() >= self._next_refresh:
             self.refresh()
-        if self.ctx.config.copy_.mode == "initial_only" and not self.copies_done:
+        if self.ctx.config.copy_.mode == "initial_only" and not self.copies_done and self.nothing_pending():
+            # Nothing pending: no write is left that could still error a table after the copies count as done.
             states = self.ctx.states.snapshot()
-            if all((s := states.get(t)) is not None and s.kind is TableStateKind.READY for t in self.tables):
+            if self.tables and all(
+                (s := states.get(t)) is not None and s.kind is TableStateKind.READY for t in self.tables
+            ):
                 log.info("every table is copied; the pipeline stops ([copy] mode = initial_only)")
                 self.copies_done = True
 
@@ -209,7 +212,7 @@ class ApplyWorker(StreamWorker):
     def _remove_table(self, table_id: TableId) -> None:
         log.info("table left the publication; forgetting it", table_id=table_id)
         worker = self.sync_workers.pop(table_id, None)
-        if worker is not None:  # stopped before the table is forgotten, so that it writes no state after that
+        if worker is not None:  # stopped first, so that (unless it hangs past the wait) it writes no state after
             worker.cancel()
             worker.thread.join(timeout=30)
         self.ctx.states.forget(table_id)

@@ -5,8 +5,8 @@ Init/DataSync -> (drop the destination object, new slot with an exported snapsho
 (stream the table's own slot up to that position) -> SyncDone -> the apply worker makes it Ready.
 A crash before FinishedCopy restarts the copy from scratch; after it, catch-up resumes.
 
-A table that ``[copy]`` leaves out goes from Init to SyncDone at the source's current position, with an empty
-destination table and no slot of its own.
+A table that ``[copy]`` leaves out goes from Init through a hand-over (SyncWait, Catchup) to SyncDone at the apply
+worker's position, with an empty destination table and no slot of its own.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from etl.destination.base import TableCopier
 from etl.errors import EtlError, RuntimeSetupError, TableError, TransientError
 from etl.lsn import Lsn
 from etl.postgres.catalog import (
-    WAL_POSITION,
     PublishedTable,
     estimated_rows,
     publication_options,
@@ -180,23 +179,25 @@ class TableSyncWorker:
 
     def stream_without_copy(self) -> None:
         """Take the table on without copying it (``[copy]`` leaves it out): its destination table is created empty,
-        and the apply worker applies its changes that commit from the source's current position on.
+        and the apply worker applies its changes from where it stands once the table is taken on.
 
-        The schema is stored just before the state: a crash between the two leaves a stored schema, so the next run
-        copies the table (a table with a stored schema was taken on before, and only a copy is sure to be whole).
+        That position is the apply worker's, taken in a hand-over: the apply worker pauses between transactions
+        until the table is SyncDone there, so no transaction of the table is applied in part, and none that commits
+        after it is decoded while the table is not yet applied (and dropped). The schema is read meanwhile, and
+        stored just before the state: a crash between the two leaves a stored schema, so the next run copies the
+        table (a table with a stored schema was taken on before, and only a copy is sure to be whole).
         """
         ctx = self.ctx
+        position = self._await_position()
+        if position is None:
+            return
         with connect(ctx.config.source) as conn, conn.transaction():
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            row = conn.execute(f"SELECT {WAL_POSITION}::text").fetchone()
-            assert row is not None
-            start = Lsn.parse(row[0])
-            schema = self._read_schema(conn, start)
+            schema = self._read_schema(conn, position)
         ctx.destination.write_table_rows(schema, empty_table(schema))
         ctx.destination.flush()
         ctx.store.store_table_schema(schema)
-        ctx.states.set(self.table_id, TableState(TableStateKind.SYNC_DONE, lsn=start))
-        self.log.info("table streamed without a copy", streamed_from=str(start))
+        ctx.states.set(self.table_id, TableState(TableStateKind.SYNC_DONE, lsn=position))
+        self.log.info("table streamed without a copy", streamed_from=str(position))
 
     def _copy_rows(self, schema: TableSchema, snapshot: str, tracker: CopyTracker) -> bool:
         """Copy the table through the engine into ``write_table_rows``; False when stopped half-way."""
@@ -216,7 +217,9 @@ class TableSyncWorker:
         return True
 
     # -- catch-up ------------------------------------------------------------------------------------
-    def catch_up(self) -> None:
+    def _await_position(self) -> Lsn | None:
+        """SyncWait: ask the apply worker to pause between transactions; its position once it did (Catchup), or
+        ``None`` when stopped first. It stays paused until this worker moves the table on from Catchup."""
         ctx, table_id = self.ctx, self.table_id
         ctx.states.set(table_id, TableState(TableStateKind.SYNC_WAIT))
 
@@ -228,8 +231,14 @@ class TableSyncWorker:
             pass
         state = ctx.states.get(table_id)
         if ctx.stop.is_set() or state is None or state.kind is not TableStateKind.CATCHUP or state.lsn is None:
+            return None
+        return state.lsn
+
+    def catch_up(self) -> None:
+        ctx, table_id = self.ctx, self.table_id
+        target = self._await_position()
+        if target is None:
             return
-        target = state.lsn
         with connect(ctx.config.source) as conn:
             slot = slot_state(conn, self.slot)
         if not slot.exists or slot.invalidated:
