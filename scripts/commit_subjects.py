@@ -21,11 +21,11 @@ def git(*args: str) -> str:
 
 
 def checked_commits() -> list[tuple[str, str]]:
-    """(hash, subject) of every commit after the one that added this script; none when it is not in the history
-    (a shallow clone that cut it off checks what it has)."""
+    """(hash, subject) of every commit but merges after the one that added this script (in a shallow clone whose
+    oldest commit seems to add every file, the commits after that one)."""
     added = git("log", "--diff-filter=A", "--format=%H", "--", SCRIPT).split()
     since = [f"{added[-1]}..HEAD"] if added else ["HEAD"]
-    lines = git("log", "--format=%H %s", *since).splitlines()
+    lines = git("log", "--no-merges", "--format=%H %s", *since).splitlines()  # a merge's subject is git's own
     return [(line[:40], line[41:]) for line in lines]
 
 

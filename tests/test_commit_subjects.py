@@ -12,7 +12,10 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "commit_subjects.py"
 
 def git(repo: Path, *args: str) -> None:
     subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=repo, check=True, capture_output=True
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
     )
 
 
