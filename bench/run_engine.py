@@ -2,7 +2,8 @@
 
 Started by ``bench_copy.py`` and ``bench_streaming.py``; not meant to be run by hand. Modes:
 
-- ``copy``: start the pipeline and time until the null destination counted ``--rows`` copied rows.
+- ``copy``: start the pipeline and time until the null destination counted ``--rows`` copied rows (with
+  ``--method incremental``, chunk rows, which come as changes).
 - ``ready``: start the pipeline, wait until every table is Ready, stop (the store keeps the states).
 - ``stream``: start the pipeline (tables already Ready in the store) and time until the null
   destination counted ``--rows`` changed rows.
@@ -55,7 +56,7 @@ class CountingNull(NullDestination):
 
     def write_events(self, batch: EventBatch) -> WriteResult:
         result = super().write_events(batch)
-        if self.changed_rows >= self.target:
+        if self.changed_rows + self.copied_rows >= self.target:
             self.reached.set()
         return result
 
@@ -117,6 +118,8 @@ def main() -> None:
     parser.add_argument("--pipeline-id", type=int, default=1)
     parser.add_argument("--rows", type=int, default=0, help="rows the null destination must count")
     parser.add_argument("--store", type=Path, help="SQLite store file (default: the memory store)")
+    parser.add_argument("--method", choices=["snapshot", "incremental"], default="snapshot", help="[copy] method")
+    parser.add_argument("--chunk-rows", type=int, default=50_000, help="[copy] chunk_rows (incremental)")
     parser.add_argument(
         "--metrics", action="store_true", help="serve [metrics] on a free port and scrape it every second"
     )
@@ -127,6 +130,7 @@ def main() -> None:
         "pipeline": {"id": args.pipeline_id, "publication": args.publication},
         "source": {"host": "127.0.0.1", "port": args.port, "database": args.database, "sslmode": "disable"},
     }
+    raw["copy"] = {"method": args.method, "chunk_rows": args.chunk_rows}
     port = free_port()
     if args.metrics:
         raw["metrics"] = {"listen": f"127.0.0.1:{port}", "sample_interval_s": 1}
@@ -140,7 +144,9 @@ def main() -> None:
     scraper = Scraper(f"http://127.0.0.1:{port}/metrics") if args.metrics else None
     try:
         if args.mode == "copy":
-            wait_for(pipeline, lambda: destination.copied_rows >= args.rows, destination.reached)
+            wait_for(
+                pipeline, lambda: destination.copied_rows + destination.changed_rows >= args.rows, destination.reached
+            )
         elif args.mode == "ready":
             wait_for(pipeline, lambda: all_ready(pipeline))
         else:
@@ -152,7 +158,8 @@ def main() -> None:
             scraper.stop()
         pipeline.shutdown(timeout=60)
     cpu = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
-    rows = destination.copied_rows if args.mode == "copy" else destination.changed_rows
+    copied = destination.copied_rows + destination.changed_rows  # an incremental copy's chunks come as changes
+    rows = copied if args.mode == "copy" else destination.changed_rows
     emit("done", seconds=seconds, rows=rows, cpu_seconds=cpu, peak_rss_mb=peak_rss_mb(), batches=destination.batches)
 
 

@@ -6,6 +6,7 @@ import os
 import sqlite3
 import threading
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -158,7 +159,26 @@ def test_a_file_of_the_second_release_gains_the_copy_progress(tmp_path: Path) ->
     with sqlite3.connect(path) as conn:
         versions = conn.execute("SELECT version, description FROM etl_store_version ORDER BY version").fetchall()
     conn.close()
-    assert versions[2:] == [(3, "copy progress"), (4, "table activity")]
+    assert versions[2:] == [(3, "copy progress"), (4, "table activity"), (5, "incremental copy position")]
+
+
+def test_copy_progress_of_the_fourth_release_gains_an_incremental_position(tmp_path: Path) -> None:
+    class FourthReleaseStore(SqliteStore):
+        migrations = MIGRATIONS[:4]
+
+    path = tmp_path / "state.db"
+    progress = CopyProgress(5, 10, datetime(2030, 1, 1, tzinfo=UTC), datetime(2030, 1, 1, 0, 0, 1, tzinfo=UTC))
+    fourth = FourthReleaseStore(path, 1)
+    fourth.record_copy_progress(1, progress)
+    fourth.close()
+    store = SqliteStore(path, 1)
+    assert store.get_copy_progress(1) == progress  # resume_after: None, as a snapshot copy has
+    resumable = replace(progress, rows=7, resume_after='{"after": 7}')
+    store.record_copy_progress(1, resumable)
+    store.close()
+    reopened = SqliteStore(path, 1)
+    assert reopened.get_copy_progress(1) == resumable
+    reopened.close()
 
 
 def test_a_failing_migration_changes_nothing(tmp_path: Path) -> None:

@@ -262,6 +262,19 @@ class CopySection(Section):
         default_factory=list, description="These tables are not copied, only streamed (applied after `include`)."
     )
     connections: Integer = Field(2, ge=1, description="Parallel `COPY` connections per table (ctid ranges).")
+    method: Literal["snapshot", "incremental"] = Field(
+        "snapshot",
+        description="`snapshot`: each table in one exported snapshot, over `connections` parallel ranges, while a"
+        " slot of its own keeps the WAL until the table catches up. `incremental`: each table in chunks of"
+        " `chunk_rows` in key order, each read in a short transaction of its own while every table streams;"
+        " resumes after a crash from the last chunk written, and holds back no vacuum on the source for the"
+        " length of the copy. Tables without a one-column integer primary key, and partitioned tables"
+        " published through their root, are copied by `snapshot`."
+        " See [Incremental copy](configuration.md#incremental-copy).",
+    )
+    chunk_rows: Integer = Field(
+        50_000, ge=1, description="Rows of one chunk of an `incremental` copy (one read, one write, one record)."
+    )
 
     @field_validator("include", "skip")
     @classmethod

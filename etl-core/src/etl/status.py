@@ -349,6 +349,7 @@ _STATE_STYLES = {
     TableStateKind.ERRORED: "bold red",
     TableStateKind.INIT: "dim",
     TableStateKind.DATA_SYNC: "yellow",
+    TableStateKind.COPYING: "yellow",
 }
 
 
@@ -394,7 +395,8 @@ def status_view(
                 left = "done"
             else:
                 left = "" if eta is None else duration(eta)
-                if t.state.kind is TableStateKind.DATA_SYNC and copy.age(now) > STALE_AFTER_S:
+                copying = t.state.kind in (TableStateKind.DATA_SYNC, TableStateKind.COPYING)
+                if copying and copy.age(now) > STALE_AFTER_S:
                     left += f" (no report for {duration(copy.age(now))}: is `etl run` running?)"
             tables.add_row(t.label, state, bar, rows, f"{copy.rate:,.0f}", left, _text(t.sync_progress), *written)
         if not report.tables:

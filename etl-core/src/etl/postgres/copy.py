@@ -85,6 +85,34 @@ class CopyRange:
 
 
 @dataclass(frozen=True)
+class KeyChunk:
+    """The rows of one chunk of an incremental copy: the first ``limit`` after ``after`` (``None``: from the first
+    row) in the order of the integer key ``column``."""
+
+    column: str
+    after: int | None
+    limit: int
+
+    def predicate(self) -> str | None:
+        return None if self.after is None else f"{quote_ident(self.column)} > {int(self.after)}"
+
+    def order(self) -> str:
+        return f" ORDER BY {quote_ident(self.column)} LIMIT {int(self.limit)}"
+
+
+def copy_chunk(
+    config: PostgresConnection, schema: TableSchema, source: TableName, row_filter: str | None, chunk: KeyChunk
+) -> tuple[str, pa.Table]:
+    """Read one chunk in a short ``REPEATABLE READ`` transaction of its own: the snapshot it read in
+    (``pg_current_snapshot()``'s text) and its rows, as a table of ``schema``'s columns in key order."""
+    output = pa.schema([arrow_field(c) for c in schema.columns])
+    with _CopySession(config, None) as session:
+        snapshot = session.scalar("SELECT pg_catalog.pg_current_snapshot()::text", "read a chunk")  # takes it
+        batches = list(session.copy(schema, source, None, row_filter, max(1, chunk.limit), key_chunk=chunk))
+    return snapshot, pa.Table.from_batches(batches, schema=output)
+
+
+@dataclass(frozen=True)
 class CopyPlan:
     """Everything needed to copy one table, from any process that reaches the source.
 
@@ -347,6 +375,19 @@ class _CopySession:
         pgconn.notice_handler = _log_notice
         return pgconn, waiter
 
+    def scalar(self, query: str, doing: str) -> str:
+        """The one value ``query`` returns, as text."""
+        try:
+            results = self._run(generators.execute(self.pgconn, query), None)
+        except psycopg.OperationalError as exc:
+            raise _copy_error(exc, self.config, doing) from None
+        result = results[-1]
+        if result.status != pq.ExecStatus.TUPLES_OK:
+            raise _copy_error(error_from_result(result), self.config, doing)
+        value = result.get_value(0, 0)
+        assert value is not None
+        return bytes(value).decode()
+
     def _command(self, command: str, doing: str) -> None:
         """Run one statement that returns no rows."""
         try:
@@ -376,6 +417,8 @@ class _CopySession:
         ctid_range: CtidRange | None,
         row_filter: str | None,
         batch_rows: int,
+        *,
+        key_chunk: KeyChunk | None = None,
     ) -> Iterator[pa.RecordBatch]:
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
@@ -383,7 +426,7 @@ class _CopySession:
         names = [c.name for c in schema.columns]
         output = pa.schema([arrow_field(c) for c in schema.columns])
         convert = pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()), **_CONVERT_OPTIONS_ARGS)
-        query = _copy_query(names, source, ctid_range, row_filter)
+        query = _copy_query(names, source, ctid_range, row_filter, key_chunk)
         halt = threading.Event()
         chunks = _ReadAhead(self._csv_chunks(query, batch_rows, f"copy {source}", halt), halt, f"copy-read-{source}")
         try:
@@ -565,12 +608,23 @@ def _check_columns(schema: TableSchema) -> None:
         )
 
 
-def _copy_query(names: list[str], source: TableName, ctid_range: CtidRange | None, row_filter: str | None) -> str:
-    conditions = [ctid_range.predicate() if ctid_range is not None else None, f"({row_filter})" if row_filter else None]
+def _copy_query(
+    names: list[str],
+    source: TableName,
+    ctid_range: CtidRange | None,
+    row_filter: str | None,
+    chunk: KeyChunk | None = None,
+) -> str:
+    conditions = [
+        ctid_range.predicate() if ctid_range is not None else None,
+        f"({row_filter})" if row_filter else None,
+        chunk.predicate() if chunk is not None else None,
+    ]
     where = " AND ".join(c for c in conditions if c)
     # ONLY: rows of inheritance children are published (and copied) as those tables
     select = f"SELECT {', '.join(quote_ident(n) for n in names)} FROM ONLY {source.quoted()}"
-    return f"COPY ({select}{' WHERE ' + where if where else ''}) TO STDOUT (FORMAT csv)"
+    order = chunk.order() if chunk is not None else ""
+    return f"COPY ({select}{' WHERE ' + where if where else ''}{order}) TO STDOUT (FORMAT csv)"
 
 
 def _copy_error(exc: psycopg.Error, config: PostgresConnection, doing: str) -> EtlError:

@@ -17,12 +17,14 @@ from typing import Literal
 import structlog
 
 from etl.errors import TableError
+from etl.events import EventBatch
 from etl.lsn import Lsn
 from etl.postgres import pgoutput as pg
 from etl.postgres.catalog import PublishedTable, publication_tables
 from etl.postgres.connection import connect
 from etl.postgres.replication import ReplicationConnection
 from etl.replication import retries
+from etl.replication.chunked_copy import ChunkedCopies
 from etl.replication.context import WorkerContext
 from etl.replication.slots import table_sync_slot
 from etl.replication.stream import StreamWorker
@@ -63,11 +65,19 @@ class ApplyWorker(StreamWorker):
         self.tables: dict[TableId, PublishedTable] = {}
         self.sync_workers = sync_workers  # outlives this worker: it is kept across reconnects
         self._next_refresh = 0.0
+        self.chunked = ChunkedCopies(ctx, self, writer.wait)
+        """Tables copied in chunks (``[copy] method = "incremental"``)."""
         self.copies_done = False
         """``[copy] mode = "initial_only"``, and every published table is copied: the stream ends."""
 
     def applies(self, table_id: TableId, final_lsn: Lsn) -> bool:
         return self.ctx.states.applies(table_id, final_lsn)
+
+    def began(self, xid: int) -> None:
+        self.chunked.began(xid)
+
+    def prepared(self, batch: EventBatch) -> EventBatch:
+        return self.chunked.prepared(batch)
 
     def awaiting_position(self) -> bool:
         return self.ctx.states.waiting_on_apply
@@ -95,6 +105,7 @@ class ApplyWorker(StreamWorker):
     def tick(self) -> None:
         if time.monotonic() >= self._next_refresh:
             self.refresh()
+        self.chunked.copy_chunks()
         if self.ctx.config.copy_.mode == "initial_only" and not self.copies_done and self.nothing_pending():
             # Nothing pending: no write is left that could still error a table after the copies count as done.
             states = self.ctx.states.snapshot()
@@ -103,6 +114,9 @@ class ApplyWorker(StreamWorker):
             ):
                 log.info("every table is copied; the pipeline stops ([copy] mode = initial_only)")
                 self.copies_done = True
+
+    def work_due(self) -> bool:
+        return self.chunked.due()
 
     def finished(self) -> bool:
         return self.copies_done or super().finished()
@@ -160,6 +174,9 @@ class ApplyWorker(StreamWorker):
         self._copy_again(self.ctx.store.take_resync_requests(), why="requested")
         self._copy_again(retries.due(states.snapshot(), datetime.now(UTC)), why="retry")
         self._copy_again(self._repartitioned(), why="partitions attached or detached")
+        for table_id, state in states.snapshot().items():
+            if state.kind is TableStateKind.COPYING and table_id not in self.chunked.copies and table_id in self.tables:
+                self.chunked.resume(table_id)
         self._start_sync_workers()
 
     def _repartitioned(self) -> list[TableId]:
@@ -211,6 +228,7 @@ class ApplyWorker(StreamWorker):
 
     def _remove_table(self, table_id: TableId) -> None:
         log.info("table left the publication; forgetting it", table_id=table_id)
+        self.chunked.forget(table_id)
         worker = self.sync_workers.pop(table_id, None)
         if worker is not None:  # stopped first, so that (unless it hangs past the wait) it writes no state after
             worker.cancel()
@@ -231,7 +249,11 @@ class ApplyWorker(StreamWorker):
             if free <= 0:
                 break
             if state.kind in NEEDS_SYNC_WORKER and table_id not in self.sync_workers and table_id in self.tables:
-                worker = TableSyncWorker(self.ctx, self.tables[table_id], self._copies(table_id, state))
+                copies = self._copies(table_id, state)
+                incremental = self.ctx.config.copy_.method == "incremental" and state.kind is TableStateKind.INIT
+                if copies and incremental and self.chunked.take_on(table_id):
+                    continue
+                worker = TableSyncWorker(self.ctx, self.tables[table_id], copies)
                 self.sync_workers[table_id] = worker
                 worker.thread.start()
                 free -= 1
@@ -269,6 +291,7 @@ class ApplyWorker(StreamWorker):
         self.flush()
         self.writer.wait()
         for table_id in wanted:
+            self.chunked.forget(table_id)
             self.ctx.schemas.forget(table_id)
         self.ctx.states.set_many({t: TableState.init() for t in wanted})
 

@@ -69,7 +69,7 @@ class TableStates:
         state = self._states.get(table_id)  # a dict read is atomic; no lock on the hot path
         if state is None:
             return False
-        if state.kind is TableStateKind.READY:
+        if state.kind in (TableStateKind.READY, TableStateKind.COPYING):  # COPYING: the apply worker filters by key
             return True
         return state.kind is TableStateKind.SYNC_DONE and state.lsn is not None and state.lsn <= final_lsn
 

@@ -17,6 +17,7 @@ import structlog
 
 from etl.config import BatchSection
 from etl.errors import SourceError, TableError
+from etl.events import EventBatch
 from etl.lsn import Lsn
 from etl.postgres import ddl
 from etl.postgres import pgoutput as pg
@@ -68,6 +69,9 @@ class StreamWorker:
         self.streamed = StreamedTransactions(SpillDirectory(spill), batch.spill_threshold_bytes)
         self.received_lsn = Lsn.ZERO
         self.final_lsn = Lsn.ZERO  # final LSN of the transaction being decoded
+        self.last_commit_end = writer.durable_lsn
+        """The end of the last transaction received (at first, where the stream resumes): every transaction still
+        to come commits after it."""
         self.in_transaction = False
         self._stream_xid: int | None = None
         self._batch_started: float | None = None
@@ -94,6 +98,9 @@ class StreamWorker:
     # -- hooks ---------------------------------------------------------------------------------------
     def applies(self, table_id: TableId, final_lsn: Lsn) -> bool:
         raise NotImplementedError
+
+    def began(self, xid: int) -> None:
+        """Called as each transaction's changes begin to arrive (``xid``: its id), before any of them."""
 
     def after_commit(self, end_lsn: Lsn) -> None:
         """Called after each transaction's commit, and when idle at a keepalive position."""
@@ -142,6 +149,10 @@ class StreamWorker:
 
     def tick(self) -> None:
         """Called between transactions on every turn of the read loop (at least once a second)."""
+
+    def work_due(self) -> bool:
+        """Whether ``tick`` has work to do now: the read loop then waits for no message."""
+        return False
 
     def awaiting_position(self) -> bool:
         """True when the worker waits for the stream to reach a position even if no change arrives."""
@@ -212,6 +223,8 @@ class StreamWorker:
         self.send_status(force=item.reply_requested)
 
     def _read_timeout(self) -> float:
+        if self.work_due():
+            return 0.0
         if self._batch_started is None:
             return 1.0
         filling = self.batch_config.max_fill_ms / 1000 - (time.monotonic() - self._batch_started)
@@ -288,6 +301,7 @@ class StreamWorker:
         self.streamed.abort(msg.xid, msg.subxid)
 
     def _begin(self, xid: int, final_lsn: Lsn, commit_ts: datetime) -> None:
+        self.began(xid)
         self.in_transaction = True
         self.final_lsn = final_lsn
         self.builder.begin(xid, final_lsn, commit_ts, final_lsn)
@@ -295,6 +309,7 @@ class StreamWorker:
     def _commit(self, commit_lsn: Lsn, end_lsn: Lsn, commit_ts: datetime) -> None:
         self.builder.commit(commit_lsn, end_lsn, commit_ts, commit_lsn)
         self.in_transaction = False
+        self.last_commit_end = max(self.last_commit_end, end_lsn)
         self.after_commit(end_lsn)
 
     def _on_insert(self, msg: pg.Insert) -> None:
@@ -355,6 +370,14 @@ class StreamWorker:
                 self.table_failed(exc.table_id, exc)
                 self.builder.discard_table(exc.table_id)
         self._batch_started = None
+        self.submit(self.prepared(batch))
+
+    def prepared(self, batch: EventBatch) -> EventBatch:
+        """The batch to hand over, made from what the stream gave (the apply worker leaves out what it copies)."""
+        return batch
+
+    def submit(self, batch: EventBatch) -> None:
+        """Hand ``batch`` to the writer once the write in flight has ended."""
         while not self.writer.wait(timeout=1.0):  # backpressure: keep the server informed meanwhile
             self.send_status()
         self.writer.submit(batch)

@@ -40,6 +40,8 @@ class TableStateKind(StrEnum):
     SYNC_WAIT = "sync_wait"  # in memory only
     CATCHUP = "catchup"  # in memory only
     SYNC_DONE = "sync_done"
+    COPYING = "copying"
+    """Copied in chunks by the apply worker while its changes stream (``[copy] method = "incremental"``)."""
     READY = "ready"
     ERRORED = "errored"
 
@@ -126,6 +128,8 @@ class CopyProgress:
     """When ``rows`` was counted."""
     finished: bool = False
     """The copy wrote its last row (the table moved on to catching up)."""
+    resume_after: str | None = None
+    """An incremental copy's key after which its next chunk begins (JSON); ``None`` before its first chunk."""
 
     @property
     def seconds(self) -> float:

@@ -173,9 +173,9 @@ def _resync_requests_table(md: sa.MetaData) -> sa.Table:
     return _per_table("etl_resync_requests", md, sa.Column("requested_at", UtcDateTime, nullable=False))
 
 
-def _copy_progress_table(md: sa.MetaData) -> sa.Table:
+def _copy_progress_table(md: sa.MetaData, *, resume: bool = True) -> sa.Table:
     # Where each table's initial copy stands, for `etl status` (see Store.record_copy_progress). Migration 3
-    # creates it in this shape: to change it, add a migration and keep this shape for migration 3.
+    # creates it without resume_after, which migration 5 adds.
     return _per_table(
         "etl_copy_progress",
         md,
@@ -184,7 +184,12 @@ def _copy_progress_table(md: sa.MetaData) -> sa.Table:
         sa.Column("started_at", UtcDateTime, nullable=False),
         sa.Column("recorded_at", UtcDateTime, nullable=False),
         sa.Column("finished", sa.Boolean, nullable=False),
+        *([_RESUME_AFTER()] if resume else []),
     )
+
+
+def _RESUME_AFTER() -> sa.Column[Any]:  # noqa: N802 - a column, made anew for each table it joins
+    return sa.Column("resume_after", sa.Text, comment="an incremental copy's last key copied (JSON)")
 
 
 def _table_activity_table(md: sa.MetaData) -> sa.Table:
@@ -221,7 +226,14 @@ def _create_resync_requests(conn: sa.Connection, schema: str | None) -> None:
 
 
 def _create_copy_progress(conn: sa.Connection, schema: str | None) -> None:
-    _copy_progress_table(sa.MetaData(schema=schema)).create(conn)
+    _copy_progress_table(sa.MetaData(schema=schema), resume=False).create(conn)
+
+
+def _add_resume_after(conn: sa.Connection, schema: str | None) -> None:
+    table = _copy_progress_table(sa.MetaData(schema=schema))
+    column = table.c.resume_after
+    name = conn.dialect.identifier_preparer.format_table(table)
+    conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {column.name} {column.type.compile(conn.dialect)}")
 
 
 def _create_table_activity(conn: sa.Connection, schema: str | None) -> None:
@@ -233,6 +245,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "resync requests", _create_resync_requests),
     Migration(3, "copy progress", _create_copy_progress),
     Migration(4, "table activity", _create_table_activity),
+    Migration(5, "incremental copy position", _add_resume_after),
 )
 
 

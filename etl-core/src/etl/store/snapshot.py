@@ -172,6 +172,7 @@ def _copy_progress_to_obj(progress: CopyProgress) -> dict[str, Any]:
         "started_at": progress.started_at.isoformat(),
         "recorded_at": progress.recorded_at.isoformat(),
         "finished": progress.finished,
+        "resume_after": progress.resume_after,
     }
 
 
@@ -182,4 +183,5 @@ def _copy_progress_from_obj(obj: Mapping[str, Any]) -> CopyProgress:
         started_at=datetime.fromisoformat(obj["started_at"]),
         recorded_at=datetime.fromisoformat(obj["recorded_at"]),
         finished=bool(obj["finished"]),
+        resume_after=obj.get("resume_after"),
     )

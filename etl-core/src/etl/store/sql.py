@@ -150,13 +150,16 @@ class SqlStore(CachedStore):
 
     def _load_copy_progress(self, conn: sa.Connection) -> None:
         t = self._tables.copy_progress
-        for row in conn.execute(self._mine(sa.select(t), t)):
+        resumable = self._migrated(5)  # resume_after came with migration 5
+        columns = [c for c in t.c if resumable or c.name != "resume_after"]
+        for row in conn.execute(self._mine(sa.select(*columns), t)):
             self._copy_progress[row.table_id] = CopyProgress(
                 rows=row.copied_rows,
                 estimate=row.estimated_rows,
                 started_at=row.started_at,
                 recorded_at=row.recorded_at,
                 finished=bool(row.finished),
+                resume_after=row.resume_after if resumable else None,
             )
 
     def _load_table_activity(self, conn: sa.Connection) -> None:
@@ -280,6 +283,7 @@ class SqlStore(CachedStore):
                     "started_at": progress.started_at,
                     "recorded_at": progress.recorded_at,
                     "finished": progress.finished,
+                    **({"resume_after": progress.resume_after} if self._migrated(5) else {}),
                 },
             )
 

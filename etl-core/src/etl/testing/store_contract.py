@@ -119,10 +119,16 @@ def sample_metadata() -> DestinationTableMetadata:
     )
 
 
+RESUME_AFTER = '{"after": 9223372036854775807, "position": "FFFFFFFF/FFFFFFFE", "ordinal": 1099511627776}'
+"""An incremental copy's position (JSON text; the store keeps it as given)."""
+
+
 def sample_copy_progress(rows: int = 1234, *, finished: bool = False) -> CopyProgress:
-    """A copy's progress with times in a zone other than UTC (stores give them back in UTC)."""
+    """A copy's progress with times in a zone other than UTC (stores give them back in UTC), and an incremental
+    copy's position."""
     started = datetime(2030, 1, 2, 3, 4, 5, 678901, tzinfo=timezone(timedelta(hours=-5)))
-    return CopyProgress(rows, 2**40 + 7, started, started + timedelta(seconds=61, microseconds=5), finished)
+    recorded = started + timedelta(seconds=61, microseconds=5)
+    return CopyProgress(rows, 2**40 + 7, started, recorded, finished, RESUME_AFTER)
 
 
 def sample_activity(inserts: int = 5, *, truncates: int = 0) -> TableActivity:

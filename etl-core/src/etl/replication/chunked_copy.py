@@ -1,0 +1,200 @@
+"""The apply worker's incremental copies (``[copy] method = "incremental"``): taking tables on, and a chunk of each
+between two transactions of the stream. What a chunk means for the stream's changes is ``incremental``'s."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, Protocol
+
+import psycopg
+import structlog
+
+from etl.errors import EtlError, TableError
+from etl.events import EventBatch
+from etl.lsn import Lsn
+from etl.postgres.catalog import PublishedTable, estimated_rows, publication_options, table_schema
+from etl.postgres.connection import connect
+from etl.postgres.copy import KeyChunk, copy_chunk
+from etl.postgres.xid_snapshot import XidSnapshot
+from etl.replication.context import WorkerContext
+from etl.replication.incremental import NO_MARK, ChunkMark, IncrementalCopy, incremental_key
+from etl.replication.tablesync import empty_table
+from etl.schema import TableId
+from etl.store.base import CopyProgress, TableState, TableStateKind
+
+log = structlog.get_logger(__name__)
+
+RETRY_S: Final = 2.0
+"""How long a copy waits after a chunk it could not read or use, or while its barrier holds."""
+SNAPSHOT_QUERY: Final = "SELECT pg_catalog.pg_current_snapshot()::text"
+
+
+class Stream(Protocol):
+    """What the copies need of the apply worker."""
+
+    position: Lsn
+    last_commit_end: Lsn
+    tables: dict[TableId, PublishedTable]
+
+    def flush(self) -> None: ...
+
+    def submit(self, batch: EventBatch) -> None: ...
+
+    def table_failed(self, table_id: TableId, error: TableError) -> None: ...
+
+
+@dataclass
+class ChunkedCopies:
+    ctx: WorkerContext
+    stream: Stream
+    wait_written: Callable[[], object]
+    """Waits until the write in flight is durable (``BatchWriter.wait``)."""
+
+    def __post_init__(self) -> None:
+        self.copies: dict[TableId, IncrementalCopy] = {}
+        self._snapshot_copies: set[TableId] = set()
+        self._not_before: dict[TableId, float] = {}
+
+    # -- the stream's hooks --------------------------------------------------------------------------------
+    def began(self, xid: int) -> None:
+        for copy in self.copies.values():
+            copy.streamed.add(xid)
+
+    def prepared(self, batch: EventBatch) -> EventBatch:
+        for copy in self.copies.values():
+            batch = copy.filtered(batch)
+        return batch
+
+    def forget(self, table_id: TableId) -> None:
+        """The table leaves the copy (copied again from the start, or out of the publication)."""
+        self.copies.pop(table_id, None)
+
+    # -- taking tables on ------------------------------------------------------------------------------------
+    def take_on(self, table_id: TableId) -> bool:
+        """Begin an incremental copy of a table in Init, between two transactions of the stream; ``False`` when
+        the table gets a snapshot copy instead (it has no one-column integer key)."""
+        ctx, table = self.ctx, self.stream.tables[table_id]
+        with connect(ctx.config.source) as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            generated = publication_options(conn, ctx.publication).generated_columns
+            schema = table_schema(conn, table_id, table.column_list, include_generated=generated)
+            key = incremental_key(schema, table.partitioned)
+            if key is None:
+                if table_id not in self._snapshot_copies:
+                    self._snapshot_copies.add(table_id)
+                    log.info("table copied by snapshot: it has no one-column integer key", table=str(table.name))
+                return False
+            barrier = _snapshot(conn)
+            estimate = estimated_rows(conn, [table.name])
+        schema = schema.with_snapshot(self.stream.position)
+        previous = ctx.store.get_table_schema(table_id)
+        if previous is not None:
+            ctx.destination.drop_table_for_copy(previous)
+        ctx.store.prepare_table_for_copy(table_id)
+        ctx.schemas.forget(table_id)
+        ctx.destination.write_table_rows(schema, empty_table(schema))
+        ctx.destination.flush()
+        ctx.store.store_table_schema(schema)
+        now = datetime.now(UTC)
+        ctx.store.record_copy_progress(table_id, CopyProgress(0, estimate, now, now))
+        ctx.states.set(table_id, TableState(TableStateKind.COPYING))
+        self.copies[table_id] = IncrementalCopy(table_id, key, None, 0, NO_MARK, barrier)
+        log.info("copying a table in chunks", table=str(table.name), key=key, chunk_rows=ctx.config.copy_.chunk_rows)
+        return True
+
+    def resume(self, table_id: TableId) -> None:
+        """Go on with a table's incremental copy after the last chunk a run wrote (at a start)."""
+        ctx, table = self.ctx, self.stream.tables[table_id]
+        key = incremental_key(ctx.schemas.current(table_id), table.partitioned)
+        progress = ctx.store.get_copy_progress(table_id)
+        if key is None or progress is None:  # its key changed since: copy it again from the start
+            ctx.states.set(table_id, TableState.init())
+            return
+        with connect(ctx.config.source) as conn:
+            barrier = _snapshot(conn)
+        after, mark = (None, NO_MARK) if progress.resume_after is None else ChunkMark.from_json(progress.resume_after)
+        self.copies[table_id] = IncrementalCopy(table_id, key, after, progress.rows, mark, barrier)
+        log.info("going on with a table's copy in chunks", table=str(table.name), after=after, rows=progress.rows)
+
+    # -- chunks ------------------------------------------------------------------------------------------------
+    def due(self) -> bool:
+        """Whether a table under copy may take its next chunk now."""
+        now = time.monotonic()
+        return any(now >= self._not_before.get(t, 0.0) for t in self.copies)
+
+    def copy_chunks(self) -> None:
+        """A chunk of each table under copy whose turn it is; between two transactions of the stream."""
+        now = time.monotonic()
+        for copy in list(self.copies.values()):
+            if now >= self._not_before.get(copy.table_id, 0.0):
+                self._copy_chunk(copy)
+
+    def _copy_chunk(self, copy: IncrementalCopy) -> None:
+        ctx, table_id = self.ctx, copy.table_id
+        table = self.stream.tables.get(table_id)
+        if table is None:
+            return
+        schema = ctx.schemas.current(table_id)
+        limit = ctx.config.copy_.chunk_rows
+        try:
+            if copy.barrier is not None:
+                with connect(ctx.config.source) as conn:
+                    if not _snapshot(conn).finished_since(copy.barrier):
+                        self._later(table_id)  # a transaction running when the copy began is still running
+                        return
+                copy.barrier = None
+            self.stream.flush()  # the stream's changes so far go first, left out where not copied yet
+            text, rows = copy_chunk(
+                ctx.config.source, schema, table.name, table.row_filter, KeyChunk(copy.key, copy.after, limit)
+            )
+        except TableError as exc:
+            self.copies.pop(table_id, None)
+            self.stream.table_failed(table_id, exc)
+            return
+        except EtlError as exc:
+            log.warning("reading a chunk failed; reading it again shortly", table=str(table.name), error=exc.message)
+            self._later(table_id)
+            return
+        if copy.misses(XidSnapshot.parse(text)):
+            log.info("a chunk did not see a transaction already streamed; reading it again", table=str(table.name))
+            self._later(table_id)
+            return
+        copy.mark = copy.mark.next(self.stream.last_commit_end, rows.num_rows)
+        self._record(copy, finished=False)  # the mark before the chunk (see ChunkMark)
+        self.stream.submit(copy.chunk_batch(schema, rows, copy.mark, datetime.now(UTC)))
+        self.wait_written()  # durable before the copy's position moves past it
+        state = ctx.states.get(table_id)
+        if state is None or state.kind is not TableStateKind.COPYING:  # its write errored the table
+            self.copies.pop(table_id, None)
+            return
+        copy.after, copy.rows = copy.chunk_after(rows), copy.rows + rows.num_rows
+        ctx.metrics.copied_rows.labels(str(table.name)).inc(rows.num_rows)
+        done = rows.num_rows < limit
+        self._record(copy, done)
+        if done:
+            self.copies.pop(table_id, None)
+            ctx.states.set(table_id, TableState(TableStateKind.READY))
+            log.info("table copied in chunks", table=str(table.name), rows=copy.rows)
+
+    def _record(self, copy: IncrementalCopy, finished: bool) -> None:
+        store = self.ctx.store
+        before = store.get_copy_progress(copy.table_id)
+        now = datetime.now(UTC)
+        resume_after = copy.mark.to_json(copy.after)
+        estimate = before.estimate if before is not None else None
+        started = before.started_at if before is not None else now
+        store.record_copy_progress(
+            copy.table_id, CopyProgress(copy.rows, estimate, started, now, finished, resume_after)
+        )
+
+    def _later(self, table_id: TableId) -> None:
+        self._not_before[table_id] = time.monotonic() + RETRY_S
+
+
+def _snapshot(conn: psycopg.Connection[Any]) -> XidSnapshot:
+    row = conn.execute(SNAPSHOT_QUERY).fetchone()
+    assert row is not None
+    return XidSnapshot.parse(row[0])

@@ -1,0 +1,223 @@
+"""An incremental copy: a table copied in key-ordered chunks while its changes stream.
+
+The apply worker reads each chunk in a short transaction of its own (``copy_chunk``) between two transactions of
+the stream, and writes it as upserts at that point of the stream. Until a key is copied, the stream's changes to it
+are dropped: the chunk that copies the key reads it later, so it holds them. From then on they are applied as any
+others. The one exception is a transaction the stream already delivered but that the chunk's snapshot saw still
+running (its commit was in the WAL, but not yet visible: a synchronous standby's acknowledgement pending, say): its
+changes would be in neither. The chunk's snapshot lists the transactions it saw running; when one of them was
+streamed since the last chunk, the chunk is read again later (``IncrementalCopy.misses``). A transaction streamed
+before the copy began is covered by waiting, before the first chunk, until the transactions running when the copy
+began have ended (``barrier``).
+
+The key is one integer column (``incremental_key``): its order in Postgres and in Arrow is the same, so the stream's
+changes are compared with the last key copied in Arrow. An update that moves a row from a copied key to one not
+yet copied becomes a delete of the copied key (the new key's chunk brings the row). This module is sans-IO.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etl.events import (
+    COMMIT_LSN_COLUMN,
+    MISSING_COLUMN,
+    OLD_COLUMN,
+    OLD_IS_KEY_COLUMN,
+    OP_COLUMN,
+    TX_ORDINAL_COLUMN,
+    DeleteEvent,
+    Event,
+    EventBatch,
+    InsertEvent,
+    TableChanges,
+    UpdateEvent,
+)
+from etl.lsn import Lsn
+from etl.postgres.codecs import python_values
+from etl.postgres.xid_snapshot import XidSnapshot
+from etl.replication.changes import change_schema
+from etl.schema import TableId, TableSchema
+
+INTEGER_KEY_TYPES: Final = frozenset({20, 21, 23})
+"""int8, int2 and int4: the key types an incremental copy orders by."""
+CHUNK_ORDINAL_BASE: Final = 1 << 40
+"""Chunk rows sit after every change of the transaction the stream was at, whose ordinals count from 0."""
+
+
+def incremental_key(schema: TableSchema, partitioned: bool) -> str | None:
+    """The column an incremental copy of the table orders by: its one-column integer key; ``None`` when it has
+    none (or is published through its partition root), and a snapshot copy it gets instead."""
+    keys = schema.key_columns
+    if partitioned or len(keys) != 1 or keys[0].type_oid not in INTEGER_KEY_TYPES:
+        return None
+    return keys[0].name
+
+
+@dataclass(frozen=True)
+class ChunkMark:
+    """Where a chunk's rows sit among the stream's changes: after every change up to ``position`` (the end of a
+    transaction), numbered up to ``ordinal``. Destinations that skip what they applied before (by commit LSN and
+    ordinal) take a chunk only after the marks of the chunks before it, so each chunk gets a mark past the last
+    one's, recorded before it is written: a chunk written by a run that died before recording its key is read
+    again by the next run, and must not be skipped as written before."""
+
+    position: Lsn
+    ordinal: int
+
+    def next(self, position: Lsn, rows: int) -> ChunkMark:
+        """The mark of a chunk of ``rows`` rows written at ``position`` (or this mark's, when later) after it."""
+        if position > self.position:
+            return ChunkMark(position, CHUNK_ORDINAL_BASE + rows - 1)
+        return ChunkMark(self.position, self.ordinal + rows)
+
+    def to_json(self, after: int | None) -> str:
+        return json.dumps({"after": after, "position": str(self.position), "ordinal": self.ordinal})
+
+    @classmethod
+    def from_json(cls, text: str) -> tuple[int | None, ChunkMark]:
+        """The last key copied and the last chunk's mark, as ``to_json`` wrote them."""
+        obj = json.loads(text)
+        return obj["after"], cls(Lsn.parse(obj["position"]), int(obj["ordinal"]))
+
+
+NO_MARK: Final = ChunkMark(Lsn.ZERO, CHUNK_ORDINAL_BASE - 1)
+
+
+@dataclass
+class IncrementalCopy:
+    """One table's incremental copy as the apply worker drives it."""
+
+    table_id: TableId
+    key: str
+    after: int | None
+    """The last key copied; ``None`` before the first chunk."""
+    rows: int
+    """Rows copied so far, over every run."""
+    mark: ChunkMark
+    """The mark of the last chunk written (or about to be)."""
+    barrier: XidSnapshot | None
+    """The transactions running when this run took the copy on; the first chunk waits until they have ended."""
+    streamed: set[int] = field(default_factory=set)
+    """Transactions the stream delivered since the last chunk read (``misses``)."""
+
+    def misses(self, snapshot: XidSnapshot) -> bool:
+        """Whether a chunk read in ``snapshot`` misses a streamed transaction (see the module). Forgets the
+        transactions it saw ended: every later snapshot sees them too."""
+        missed = {xid for xid in self.streamed if snapshot.saw_running(xid)}
+        self.streamed = missed
+        return bool(missed)
+
+    def chunk_after(self, rows: pa.Table) -> int | None:
+        """The last key of a chunk's rows (they are in key order); ``after`` for an empty chunk."""
+        return int(rows.column(self.key)[-1].as_py()) if rows.num_rows else self.after
+
+    # -- the stream's changes ----------------------------------------------------------------------------------
+    def filtered(self, batch: EventBatch) -> EventBatch:
+        """``batch`` without the changes to keys not copied yet (updates from a copied key to one not yet copied
+        become deletes of the copied key), in its Arrow changes and its events alike."""
+        segments = batch.changes.get(self.table_id)
+        if not segments:
+            return batch
+        changes = dict(batch.changes)
+        changes[self.table_id] = [self._filtered_segment(s) for s in segments]
+        source = batch.events
+        index = segments[0].schema.column_names.index(self.key)
+
+        def events() -> Iterator[Event]:
+            for event in source():
+                kept = self._filtered_event(event, index)
+                if kept is not None:
+                    yield kept
+
+        return replace(batch, changes=changes, _events=events)
+
+    def _filtered_segment(self, segment: TableChanges) -> TableChanges:
+        table = segment.table
+        op = table.column(OP_COLUMN).to_numpy(zero_copy_only=False)
+        new = self._copied(table.column(self.key))
+        old_keys = pc.struct_field(table.column(OLD_COLUMN), self.key)
+        old = np.where(pc.is_null(old_keys).to_numpy(zero_copy_only=False), new, self._copied(old_keys))
+        moved_out = (op == "U") & ~new & old  # from a copied key to one not yet copied: a delete of the copied key
+        keep = (op == "T") | new | moved_out
+        if moved_out.any():
+            table = _as_deletes(table, pa.array(moved_out))
+        return TableChanges(segment.schema, table.filter(pa.array(keep)))
+
+    def _copied(self, keys: pa.ChunkedArray | pa.Array) -> np.ndarray:
+        """Which of ``keys`` are copied (null: not a key, as in a truncate's row)."""
+        if self.after is None:
+            return np.zeros(len(keys), np.bool_)
+        copied: np.ndarray = pc.fill_null(pc.less_equal(keys, self.after), False).to_numpy(zero_copy_only=False)
+        return copied
+
+    def _filtered_event(self, event: Event, index: int) -> Event | None:
+        if isinstance(event, InsertEvent) and event.table_id == self.table_id:
+            return event if self._is_copied(event.row[index]) else None
+        if isinstance(event, DeleteEvent) and event.table_id == self.table_id:
+            return event if self._is_copied(event.old_row[index]) else None
+        if isinstance(event, UpdateEvent) and event.table_id == self.table_id:
+            if self._is_copied(event.row[index]):
+                return event
+            if event.old_row is not None and self._is_copied(event.old_row[index]):
+                return DeleteEvent(
+                    event.start_lsn, event.commit_lsn, event.tx_ordinal, self.table_id, event.old_row, event.old_is_key
+                )
+            return None
+        return event
+
+    def _is_copied(self, key: object) -> bool:
+        return self.after is not None and isinstance(key, int) and key <= self.after
+
+    # -- a chunk as a batch ------------------------------------------------------------------------------------
+    def chunk_batch(self, schema: TableSchema, rows: pa.Table, mark: ChunkMark, now: datetime) -> EventBatch:
+        """A chunk's rows as inserts (destinations apply them as upserts) at ``mark``, after every change of the
+        stream before it. The batch commits nothing: it moves no progress."""
+        n = rows.num_rows
+        position, first = mark.position, mark.ordinal - n + 1
+        table = rows.append_column(OP_COLUMN, pa.array(["I"] * n, pa.string()))
+        table = table.append_column(COMMIT_LSN_COLUMN, pa.array(np.full(n, int(position), np.uint64)))
+        ordinals = np.arange(first, first + n, dtype=np.int64)
+        table = table.append_column(TX_ORDINAL_COLUMN, pa.array(ordinals))
+        types = change_schema(schema)
+        table = table.append_column(MISSING_COLUMN, pa.nulls(n, types.field(MISSING_COLUMN).type))
+        table = table.append_column(OLD_COLUMN, pa.nulls(n, types.field(OLD_COLUMN).type))
+        table = table.append_column(OLD_IS_KEY_COLUMN, pa.nulls(n, pa.bool_())).cast(types)
+        return EventBatch(
+            {self.table_id: [TableChanges(schema, table)]},
+            _inserts(self.table_id, rows, position, first),
+            commit_timestamps={int(position): now},
+        )
+
+
+def _inserts(table_id: TableId, rows: pa.Table, position: Lsn, first: int) -> Callable[[], Iterator[Event]]:
+    def events() -> Iterator[Event]:
+        columns = [python_values(rows.column(i)) for i in range(rows.num_columns)]
+        for ordinal, row in enumerate(zip(*columns, strict=True), first):
+            yield InsertEvent(position, position, ordinal, table_id, tuple(row))
+
+    return events
+
+
+def _as_deletes(table: pa.Table, rows: pa.Array) -> pa.Table:
+    """``table`` with the updates at ``rows`` turned into deletes of their old row (``_etl_old``)."""
+    old = table.column(OLD_COLUMN)
+    columns = []
+    for name in table.column_names:
+        column = table.column(name)
+        if name == OP_COLUMN:
+            column = pc.if_else(rows, pa.scalar("D"), column)
+        elif name in (OLD_COLUMN, MISSING_COLUMN):
+            column = pc.if_else(rows, pa.scalar(None, column.type), column)
+        elif name not in (COMMIT_LSN_COLUMN, TX_ORDINAL_COLUMN, OLD_IS_KEY_COLUMN):
+            column = pc.if_else(rows, pc.struct_field(old, name), column)
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=table.schema)

@@ -1,0 +1,109 @@
+"""The sans-IO parts of an incremental copy: what a chunk's snapshot saw, which of the stream's changes a copy
+leaves out (in a batch's Arrow changes and its events alike), and where chunk rows sit among the changes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from etl.events import OP_COLUMN, TX_ORDINAL_COLUMN, DeleteEvent, EventBatch, InsertEvent, UpdateEvent
+from etl.lsn import Lsn
+from etl.postgres.xid_snapshot import XidSnapshot
+from etl.replication.incremental import CHUNK_ORDINAL_BASE, NO_MARK, ChunkMark, IncrementalCopy, incremental_key
+from etl.schema import ColumnSchema, TableName, TableSchema
+from etl.testing.batches import BatchBuilder
+
+BIG = TableSchema(7, TableName("public", "big"), (ColumnSchema("id", 20, primary_key=True), ColumnSchema("v", 25)))
+OTHER = TableSchema(8, TableName("public", "other"), (ColumnSchema("id", 23, primary_key=True),))
+
+
+def test_a_snapshot_tells_transactions_it_saw_running() -> None:
+    snapshot = XidSnapshot.parse("4294967300:4294967310:4294967301,4294967305")
+    assert snapshot.saw_running(5) and snapshot.saw_running(9)  # the stream's 32-bit ids of 2^32 + 5 and + 9
+    assert not snapshot.saw_running(4) and not snapshot.saw_running(6)
+    later = XidSnapshot.parse("4294967306:4294967320:4294967311")
+    assert later.finished_since(XidSnapshot.parse("10:12:")) and later.finished_since(snapshot)
+    assert not XidSnapshot.parse("100:120:105").finished_since(XidSnapshot.parse("100:110:105,107"))
+    with pytest.raises(ValueError, match="not a pg_snapshot"):
+        XidSnapshot.parse("10:x:")
+
+
+def test_only_a_one_column_integer_key_orders_a_copy() -> None:
+    assert incremental_key(BIG, partitioned=False) == "id"
+    assert incremental_key(BIG, partitioned=True) is None
+    text_key = TableSchema(9, BIG.name, (ColumnSchema("k", 25, primary_key=True),))
+    two = TableSchema(9, BIG.name, (ColumnSchema("a", 23, primary_key=True), ColumnSchema("b", 23, primary_key=True)))
+    assert incremental_key(text_key, partitioned=False) is None and incremental_key(two, partitioned=False) is None
+
+
+def batch() -> EventBatch:
+    b = BatchBuilder().commit()
+    b.insert(BIG, {"id": 5, "v": "copied"}).insert(BIG, {"id": 50, "v": "not yet"})
+    b.update(BIG, {"id": 6, "v": "copied"}).update(BIG, {"id": 60, "v": "not yet"})
+    b.update(BIG, {"id": 70, "v": "moved out"}, old={"id": 7})  # from a copied key to one not yet copied
+    b.update(BIG, {"id": 8, "v": "moved in"}, old={"id": 80})  # from a key not yet copied to a copied one
+    b.delete(BIG, {"id": 9}).delete(BIG, {"id": 90}).truncate(BIG)
+    return b.insert(OTHER, {"id": 500}).commit().build()
+
+
+def summary(b: EventBatch, table: int) -> tuple[list[Any], list[Any]]:
+    """The table's changes as (op, id) from the Arrow changes and from the events."""
+    arrow = [
+        (op, row_id)
+        for segment in b.changes[table]
+        for op, row_id in zip(
+            segment.table.column(OP_COLUMN).to_pylist(), segment.table.column(0).to_pylist(), strict=True
+        )
+    ]
+    events: list[Any] = []
+    for event in b.events():
+        if isinstance(event, InsertEvent) and event.table_id == table:
+            events.append(("I", event.row[0]))
+        elif isinstance(event, UpdateEvent) and event.table_id == table:
+            events.append(("U", event.row[0]))
+        elif isinstance(event, DeleteEvent) and event.table_id == table:
+            events.append(("D", event.old_row[0]))
+    return arrow, events
+
+
+def test_changes_to_keys_not_copied_yet_are_left_out_alike_in_arrow_and_events() -> None:
+    copy = IncrementalCopy(BIG.id, "id", after=10, rows=10, mark=NO_MARK, barrier=None)
+    arrow, events = summary(copy.filtered(batch()), BIG.id)
+    kept = [("I", 5), ("U", 6), ("D", 7), ("U", 8), ("D", 9)]
+    assert arrow == [*kept, ("T", None)]
+    assert events == kept
+    assert summary(copy.filtered(batch()), OTHER.id) == ([("I", 500)], [("I", 500)])  # other tables untouched
+    before_any = IncrementalCopy(BIG.id, "id", after=None, rows=0, mark=NO_MARK, barrier=None)
+    assert summary(before_any.filtered(batch()), BIG.id) == ([("T", None)], [])
+
+
+def test_a_chunk_misses_a_transaction_streamed_that_its_snapshot_saw_running() -> None:
+    copy = IncrementalCopy(BIG.id, "id", after=None, rows=0, mark=NO_MARK, barrier=None)
+    copy.streamed |= {100, 101}
+    assert copy.misses(XidSnapshot.parse("99:110:101"))
+    assert copy.streamed == {101}  # 100 ended: every later snapshot sees it
+    assert not copy.misses(XidSnapshot.parse("102:110:"))
+    assert copy.streamed == set()
+
+
+def test_chunks_sit_after_the_changes_before_them_and_after_one_another() -> None:
+    first = NO_MARK.next(Lsn(0x500), rows=3)
+    assert first == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 2)
+    idle = first.next(Lsn(0x500), rows=2)  # no transaction came in between
+    assert idle == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 4)
+    assert idle.next(Lsn(0x400), rows=1) == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 5)  # a run that resumed behind
+    assert ChunkMark.from_json(idle.to_json(after=42)) == (42, idle)
+
+    copy = IncrementalCopy(BIG.id, "id", after=None, rows=0, mark=idle, barrier=None)
+    rows = pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array(["a", "b"])})
+    chunk = copy.chunk_batch(BIG, rows, idle, datetime(2026, 1, 1, tzinfo=UTC))
+    ordinals = chunk.changes[BIG.id][0].table.column(TX_ORDINAL_COLUMN).to_pylist()
+    assert ordinals == [CHUNK_ORDINAL_BASE + 3, CHUNK_ORDINAL_BASE + 4]
+    assert [(e.commit_lsn, e.tx_ordinal, e.row) for e in chunk.events() if isinstance(e, InsertEvent)] == [
+        (Lsn(0x500), CHUNK_ORDINAL_BASE + 3, (1, "a")),
+        (Lsn(0x500), CHUNK_ORDINAL_BASE + 4, (2, "b")),
+    ]
+    assert chunk.last_commit_lsn == Lsn.ZERO  # no progress moves with a chunk

@@ -1,0 +1,181 @@
+"""``[copy] method = "incremental"``: tables copied in key-ordered chunks while every table streams, resumed after a
+stop from the last chunk written, and no transaction of the source held open for the copy."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from etl_plugin_example.mirror_reader import mirrored_rows
+
+from etl.destination.memory import MemoryDestination
+from etl.pipeline import Pipeline
+from etl.store.base import TableStateKind
+from etl.testing.compare import source_rows
+from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, table_states, wait_until
+from etl.testing.pytest_plugin import TestDatabase
+from etl.testing.runner import PipelineProcess, write_config
+from etl.testing.workload import churn, concurrent_transactions, create_items_and_ledger
+from etl_store_sqlite.store import SqliteStore
+
+ROWS = 40_000
+
+
+@pytest.fixture
+def source(pg_database: TestDatabase) -> TestDatabase:
+    pg_database.execute(
+        f"""
+        CREATE TABLE big (id bigint PRIMARY KEY, v text, n int);
+        INSERT INTO big SELECT g, 'row ' || g, g % 97 FROM generate_series(1, {ROWS}) g;
+        CREATE TABLE other (id int PRIMARY KEY, v text);
+        INSERT INTO other SELECT g, 'o' FROM generate_series(1, 100) g;
+        CREATE TABLE keyless (a int, b text);
+        ALTER TABLE keyless REPLICA IDENTITY FULL;
+        INSERT INTO keyless SELECT g, 'k' FROM generate_series(1, 100) g;
+        CREATE PUBLICATION pub FOR TABLE big, other, keyless;
+        ANALYZE big;
+        """
+    )
+    return pg_database
+
+
+def start(db: TestDatabase, destination: MemoryDestination, state: Path, **copy: Any) -> Pipeline:
+    config = pipeline_config(db, copy={"method": "incremental", "chunk_rows": 2000} | copy)
+    pipeline = Pipeline(config, SqliteStore(state, pipeline_id=1), destination)
+    pipeline.start()
+    return pipeline
+
+
+def workload(conn: psycopg.Connection[Any], i: int) -> None:
+    """Changes all over the table, to keys copied, being copied and not copied yet: inserts, updates, key changes
+    both ways across the copy's position, deletes; and a change to another table."""
+    n = ROWS // 200 * (i % 200) + 1
+    conn.execute("INSERT INTO big VALUES (%s, 'new', 0)", (ROWS + 1 + i,))
+    conn.execute("UPDATE big SET v = v || '+', n = n + 1 WHERE id = %s", (n,))
+    conn.execute("UPDATE big SET id = %s WHERE id = %s", (3 * ROWS + i if i % 2 else -1 - i, n + 7))
+    conn.execute("DELETE FROM big WHERE id = %s", (n + 13,))
+    conn.execute("UPDATE other SET v = v || '+' WHERE id = %s", (i % 100 + 1,))
+
+
+def test_an_incremental_copy_under_a_workload_equals_the_source(source: TestDatabase, tmp_path: Path) -> None:
+    destination = MemoryDestination()
+    pipeline = start(source, destination, tmp_path / "state.sqlite")
+    try:
+        with concurrent_transactions(source, workload, 400, pause=0.005):
+            wait_until(
+                lambda: table_states(pipeline).get(oid(source, "big")) is TableStateKind.COPYING, "copying", pipeline
+            )
+        wait_until(lambda: all_ready(pipeline, 3), "every table ready", pipeline, timeout=180)
+        wait_until(
+            lambda: destination_matches(source, destination, "public.big", "public.other", "public.keyless"),
+            "equal to the source",
+            pipeline,
+        )
+        with source.connect() as conn:
+            slots = [r[0] for r in conn.execute("SELECT slot_name FROM pg_replication_slots").fetchall()]
+        assert slots == ["etl_apply_1"]  # keyless was copied by snapshot, and its slot is gone since
+    finally:
+        pipeline.shutdown()
+
+
+def copied_rows(pipeline: Pipeline, table: str) -> float:
+    return pipeline.metrics.registry.get_sample_value("etl_copied_rows_total", {"table": table}) or 0.0
+
+
+def test_a_stopped_copy_goes_on_from_its_last_chunk(source: TestDatabase, tmp_path: Path) -> None:
+    """Stopped about half-way, the copy is taken up by the next run where it stood: that run copies the rest only,
+    as its own etl_copied_rows_total counts."""
+    destination = MemoryDestination()
+    first = start(source, destination, tmp_path / "state.sqlite", chunk_rows=1000)
+    try:
+        wait_until(lambda: copied_rows(first, "public.big") >= ROWS // 2, "half of the copy", first)
+    finally:
+        first.shutdown()
+    assert table_states_in(tmp_path / "state.sqlite")[oid(source, "big")] is TableStateKind.COPYING
+    source.execute("UPDATE big SET v = 'changed while stopped' WHERE id % 1000 = 0")
+    second = start(source, destination, tmp_path / "state.sqlite", chunk_rows=1000)
+    try:
+        wait_until(lambda: all_ready(second, 3), "every table ready", second, timeout=180)
+        wait_until(lambda: destination_matches(source, destination, "public.big"), "equal to the source", second)
+        assert 0 < copied_rows(second, "public.big") <= 0.6 * ROWS
+    finally:
+        second.shutdown()
+
+
+def test_the_copy_holds_back_no_vacuum(source: TestDatabase, tmp_path: Path) -> None:
+    """While the copy runs, no connection of the pipeline keeps a snapshot older than a chunk's read: a
+    transaction committed before two chunks are read is older than every pipeline backend's xmin (a snapshot
+    copy holds one snapshot, and with it the source's xmin horizon, for the whole table)."""
+    destination = MemoryDestination()
+    pipeline = start(source, destination, tmp_path / "state.sqlite", chunk_rows=100)
+    checked = 0
+    try:
+        while table_states(pipeline).get(oid(source, "big")) is not TableStateKind.READY:
+            before = copied_rows(pipeline, "public.big")
+            committed = int(source.execute("SELECT txid_current()")[0][0])
+            wait_until(lambda b=before: copied_rows(pipeline, "public.big") >= b + 200, "two chunks", pipeline)
+            held = source.execute(
+                "SELECT pid, backend_xmin::text FROM pg_stat_activity WHERE application_name = 'etl'"
+                " AND backend_xmin IS NOT NULL AND age(backend_xmin) >= age(%s::text::xid)",
+                (str(committed % 2**32),),
+            )
+            assert held == [], f"backends of the pipeline hold snapshots from before xid {committed}: {held}"
+            checked += 1
+            if checked == 5:
+                break
+    finally:
+        pipeline.shutdown()
+    assert checked == 5, "the copy ended before it was checked five times; make the table bigger"
+
+
+@pytest.mark.slow
+def test_sigkill_three_times_during_an_incremental_copy_under_a_workload(
+    pg_database: TestDatabase, tmp_path: Path
+) -> None:
+    """etl run, into the durable SQLite mirror, killed (SIGKILL) three times as the copy passes a quarter, a half
+    and three quarters of the table, while transactions change it: the mirror ends equal to the source."""
+    db = pg_database
+    create_items_and_ledger(db, items=100_000, ledger=2000)
+    db.execute("CREATE PUBLICATION pub FOR TABLE items, ledger")
+    mirror = tmp_path / "mirror.sqlite"
+    config = pipeline_config(
+        db,
+        copy={"method": "incremental", "chunk_rows": 2000},
+        store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
+        destination={"type": "sqlite_mirror", "path": str(mirror)},
+    )
+    tables = ("public.items", "public.ledger")
+    with PipelineProcess(write_config(tmp_path / "pipeline.toml", config)) as runner:
+        runner.start()
+        with concurrent_transactions(db, partial(churn, key_updates=True), count=1500, pause=0.01, timeout=300):
+            for quarter in (1, 2, 3):
+                deadline = time.monotonic() + 120
+                while len(mirrored_rows(mirror, "public.items") or []) < quarter * 25_000:
+                    runner.ensure_alive()
+                    assert time.monotonic() < deadline, f"the copy never reached {quarter} quarter(s)"
+                    time.sleep(0.05)
+                runner.kill()
+                runner.start()
+        with db.connect() as conn:
+            runner.wait_equal(
+                lambda: [source_rows(conn, t) for t in tables],
+                lambda: [mirrored_rows(mirror, t) for t in tables],
+                timeout=180,
+                interval=0.5,
+            )
+
+
+def table_states_in(state: Path) -> dict[int, TableStateKind]:
+    store = SqliteStore(state, pipeline_id=1)
+    try:
+        return {t: s.kind for t, s in store.get_table_states().items()}
+    finally:
+        store.close()
+
+
+def oid(db: TestDatabase, table: str) -> int:
+    return int(db.execute("SELECT %s::regclass::oid", (table,))[0][0])
