@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from etl.destination.memory import MemoryDestination
 from etl.events import OP_COLUMN, TX_ORDINAL_COLUMN, DeleteEvent, EventBatch, InsertEvent, UpdateEvent
 from etl.lsn import Lsn
 from etl.postgres.xid_snapshot import XidSnapshot
@@ -90,13 +91,12 @@ def test_a_chunk_misses_a_transaction_streamed_that_its_snapshot_saw_running() -
 
 
 def test_chunks_sit_after_the_changes_before_them_and_after_one_another() -> None:
-    first = NO_MARK.next(Lsn(0x500), rows=3)
+    first = NO_MARK.next(Lsn(0x501), rows=3)  # the stream at 0x501: the last transaction ended there
     assert first == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 2)
-    idle = first.next(Lsn(0x500), rows=2)  # no transaction came in between
+    idle = first.next(Lsn(0x501), rows=2)  # no transaction came in between
     assert idle == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 4)
-    assert idle.next(Lsn(0x400), rows=1) == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 5)  # a run that resumed behind
+    assert idle.next(Lsn(0x401), rows=1) == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 5)  # a run that resumed behind
     assert ChunkMark.from_json(idle.to_json(after=42)) == (42, idle)
-
     copy = IncrementalCopy(BIG.id, "id", after=None, rows=0, mark=idle, barrier=None)
     rows = pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array(["a", "b"])})
     chunk = copy.chunk_batch(BIG, rows, idle, datetime(2026, 1, 1, tzinfo=UTC))
@@ -107,3 +107,17 @@ def test_chunks_sit_after_the_changes_before_them_and_after_one_another() -> Non
         (Lsn(0x500), CHUNK_ORDINAL_BASE + 4, (2, "b")),
     ]
     assert chunk.last_commit_lsn == Lsn.ZERO  # no progress moves with a chunk
+
+
+def test_the_next_transaction_after_a_chunk_is_applied_though_it_commits_where_the_last_one_ended() -> None:
+    """A destination that skips what it applied before (by commit position and ordinal) takes the change of the
+    transaction whose commit record starts right where the one before the chunk ended."""
+    destination = MemoryDestination()
+    destination.write_table_rows(BIG, pa.table({"id": pa.array([], pa.int64()), "v": pa.array([], pa.string())}))
+    ended = Lsn(0x1101)  # the end of the last transaction received
+    copy = IncrementalCopy(BIG.id, "id", after=None, rows=0, mark=NO_MARK.next(ended, rows=1), barrier=None)
+    rows = pa.table({"id": pa.array([1], pa.int64()), "v": pa.array(["copied"])})
+    destination.write_events(copy.chunk_batch(BIG, rows, copy.mark, datetime(2026, 1, 1, tzinfo=UTC)))
+    b = BatchBuilder(lsn=int(ended) - 0x100)  # its next transaction commits at exactly 0x1101
+    destination.write_events(b.commit().update(BIG, {"id": 1, "v": "changed after"}).commit().build())
+    assert destination.rows("public.big") == [{"id": 1, "v": "changed after"}]

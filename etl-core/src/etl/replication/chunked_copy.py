@@ -15,7 +15,13 @@ import structlog
 from etl.errors import EtlError, TableError
 from etl.events import EventBatch
 from etl.lsn import Lsn
-from etl.postgres.catalog import PublishedTable, estimated_rows, publication_options, table_schema
+from etl.postgres.catalog import (
+    WAL_POSITION,
+    PublishedTable,
+    estimated_rows,
+    publication_options,
+    table_schema,
+)
 from etl.postgres.connection import connect
 from etl.postgres.copy import KeyChunk, copy_chunk
 from etl.postgres.xid_snapshot import XidSnapshot
@@ -36,7 +42,7 @@ class Stream(Protocol):
     """What the copies need of the apply worker."""
 
     position: Lsn
-    last_commit_end: Lsn
+    """After every transaction received: the end of the last, or a keepalive's position once nothing is pending."""
     tables: dict[TableId, PublishedTable]
 
     def flush(self) -> None: ...
@@ -55,6 +61,7 @@ class ChunkedCopies:
 
     def __post_init__(self) -> None:
         self.copies: dict[TableId, IncrementalCopy] = {}
+        self._resume_at: dict[TableId, Lsn] = {}
         self._snapshot_copies: set[TableId] = set()
         self._not_before: dict[TableId, float] = {}
 
@@ -64,8 +71,13 @@ class ChunkedCopies:
             copy.streamed.add(xid)
 
     def prepared(self, batch: EventBatch) -> EventBatch:
-        for copy in self.copies.values():
-            batch = copy.filtered(batch)
+        for copy in list(self.copies.values()):
+            try:
+                batch = copy.filtered(batch)
+            except TableError as exc:  # its key column is gone: the table errors, and is copied again
+                self.copies.pop(copy.table_id, None)
+                self.stream.table_failed(copy.table_id, exc)
+                batch = batch.without_table(copy.table_id)
         return batch
 
     def forget(self, table_id: TableId) -> None:
@@ -115,7 +127,13 @@ class ChunkedCopies:
             return
         with connect(ctx.config.source) as conn:
             barrier = _snapshot(conn)
+            row = conn.execute(f"SELECT {WAL_POSITION}::text").fetchone()
+            assert row is not None
+            wal = Lsn.parse(row[0])
         after, mark = (None, NO_MARK) if progress.resume_after is None else ChunkMark.from_json(progress.resume_after)
+        # A run that died may have written past its stored progress (a destination writes, then progress is
+        # stored): the next chunk waits until the stream is past all it may have written, and so goes after it.
+        self._resume_at[table_id] = wal
         self.copies[table_id] = IncrementalCopy(table_id, key, after, progress.rows, mark, barrier)
         log.info("going on with a table's copy in chunks", table=str(table.name), after=after, rows=progress.rows)
 
@@ -137,6 +155,13 @@ class ChunkedCopies:
         table = self.stream.tables.get(table_id)
         if table is None:
             return
+        state = ctx.states.get(table_id)
+        if state is None or state.kind is not TableStateKind.COPYING:  # errored meanwhile
+            self.copies.pop(table_id, None)
+            return
+        if self.stream.position < self._resume_at.get(table_id, Lsn.ZERO):
+            self._later(table_id)
+            return
         schema = ctx.schemas.current(table_id)
         limit = ctx.config.copy_.chunk_rows
         try:
@@ -147,6 +172,7 @@ class ChunkedCopies:
                         return
                 copy.barrier = None
             self.stream.flush()  # the stream's changes so far go first, left out where not copied yet
+            self.wait_written()  # and are durable before a chunk's mark after them is recorded
             text, rows = copy_chunk(
                 ctx.config.source, schema, table.name, table.row_filter, KeyChunk(copy.key, copy.after, limit)
             )
@@ -162,7 +188,7 @@ class ChunkedCopies:
             log.info("a chunk did not see a transaction already streamed; reading it again", table=str(table.name))
             self._later(table_id)
             return
-        copy.mark = copy.mark.next(self.stream.last_commit_end, rows.num_rows)
+        copy.mark = copy.mark.next(self.stream.position, rows.num_rows)
         self._record(copy, finished=False)  # the mark before the chunk (see ChunkMark)
         self.stream.submit(copy.chunk_batch(schema, rows, copy.mark, datetime.now(UTC)))
         self.wait_written()  # durable before the copy's position moves past it

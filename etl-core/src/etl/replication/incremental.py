@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etl.errors import TableError
 from etl.events import (
     COMMIT_LSN_COLUMN,
     MISSING_COLUMN,
@@ -38,6 +39,7 @@ from etl.events import (
     Event,
     EventBatch,
     InsertEvent,
+    RelationEvent,
     TableChanges,
     UpdateEvent,
 )
@@ -73,8 +75,12 @@ class ChunkMark:
     position: Lsn
     ordinal: int
 
-    def next(self, position: Lsn, rows: int) -> ChunkMark:
-        """The mark of a chunk of ``rows`` rows written at ``position`` (or this mark's, when later) after it."""
+    def next(self, stream_position: Lsn, rows: int) -> ChunkMark:
+        """The mark of a chunk of ``rows`` rows written when the stream is at ``stream_position`` (the end of the
+        last transaction received, or a keepalive's position), after this mark. It sits just before the stream's
+        position: after every transaction received (each commits before its end), and before every one to come
+        (each commits at or after it: the next commit record may start right where the last one ended)."""
+        position = Lsn(stream_position - 1)
         if position > self.position:
             return ChunkMark(position, CHUNK_ORDINAL_BASE + rows - 1)
         return ChunkMark(self.position, self.ordinal + rows)
@@ -130,24 +136,42 @@ class IncrementalCopy:
         changes = dict(batch.changes)
         changes[self.table_id] = [self._filtered_segment(s) for s in segments]
         source = batch.events
-        index = segments[0].schema.column_names.index(self.key)
+        first = self._key_index(segments[0].schema)
 
         def events() -> Iterator[Event]:
+            index = first
             for event in source():
+                if isinstance(event, RelationEvent) and event.schema.id == self.table_id:
+                    index = self._key_index(event.schema)  # the key's place in the rows that follow
                 kept = self._filtered_event(event, index)
                 if kept is not None:
                     yield kept
 
         return replace(batch, changes=changes, _events=events)
 
+    def _key_index(self, schema: TableSchema) -> int:
+        """The key column's place in ``schema``; a ``TableError`` when a schema change took it away (renamed or
+        dropped): the copy cannot tell copied keys from others any more, and starts again."""
+        names = schema.column_names
+        if self.key not in names:
+            raise TableError(
+                f"{schema.name}: its key column {self.key} was renamed or dropped during its incremental copy",
+                hint="the table is copied again from its first row",
+                table_id=self.table_id,
+                transient=True,
+            )
+        return names.index(self.key)
+
     def _filtered_segment(self, segment: TableChanges) -> TableChanges:
         table = segment.table
-        op = table.column(OP_COLUMN).to_numpy(zero_copy_only=False)
+        self._key_index(segment.schema)
+        op = table.column(OP_COLUMN)
         new = self._copied(table.column(self.key))
         old_keys = pc.struct_field(table.column(OLD_COLUMN), self.key)
         old = np.where(pc.is_null(old_keys).to_numpy(zero_copy_only=False), new, self._copied(old_keys))
-        moved_out = (op == "U") & ~new & old  # from a copied key to one not yet copied: a delete of the copied key
-        keep = (op == "T") | new | moved_out
+        updates = pc.equal(op, "U").to_numpy(zero_copy_only=False)
+        moved_out = updates & ~new & old  # from a copied key to one not yet copied: a delete of the copied key
+        keep = pc.equal(op, "T").to_numpy(zero_copy_only=False) | new | moved_out
         if moved_out.any():
             table = _as_deletes(table, pa.array(moved_out))
         return TableChanges(segment.schema, table.filter(pa.array(keep)))

@@ -69,9 +69,6 @@ class StreamWorker:
         self.streamed = StreamedTransactions(SpillDirectory(spill), batch.spill_threshold_bytes)
         self.received_lsn = Lsn.ZERO
         self.final_lsn = Lsn.ZERO  # final LSN of the transaction being decoded
-        self.last_commit_end = writer.durable_lsn
-        """The end of the last transaction received (at first, where the stream resumes): every transaction still
-        to come commits after it."""
         self.in_transaction = False
         self._stream_xid: int | None = None
         self._batch_started: float | None = None
@@ -223,7 +220,7 @@ class StreamWorker:
         self.send_status(force=item.reply_requested)
 
     def _read_timeout(self) -> float:
-        if self.work_due():
+        if self.work_due() and not self.in_transaction:  # tick runs between transactions only
             return 0.0
         if self._batch_started is None:
             return 1.0
@@ -309,7 +306,6 @@ class StreamWorker:
     def _commit(self, commit_lsn: Lsn, end_lsn: Lsn, commit_ts: datetime) -> None:
         self.builder.commit(commit_lsn, end_lsn, commit_ts, commit_lsn)
         self.in_transaction = False
-        self.last_commit_end = max(self.last_commit_end, end_lsn)
         self.after_commit(end_lsn)
 
     def _on_insert(self, msg: pg.Insert) -> None:

@@ -51,8 +51,14 @@ class TableStateKind(StrEnum):
 
     @property
     def copied(self) -> bool:
-        """The destination holds the table's finished copy (what a destination checks at start)."""
-        return self in (TableStateKind.FINISHED_COPY, TableStateKind.SYNC_DONE, TableStateKind.READY)
+        """The destination holds the table's copy, finished or (``COPYING``) as far as its chunks went: what a
+        destination checks at start, so that a lost one is never filled again from the middle."""
+        return self in (
+            TableStateKind.FINISHED_COPY,
+            TableStateKind.SYNC_DONE,
+            TableStateKind.COPYING,
+            TableStateKind.READY,
+        )
 
 
 class RetryKind(StrEnum):
