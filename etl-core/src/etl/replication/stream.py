@@ -220,7 +220,7 @@ class StreamWorker:
         self.send_status(force=item.reply_requested)
 
     def _read_timeout(self) -> float:
-        if self.work_due() and not self.in_transaction:  # tick runs between transactions only
+        if not self.in_transaction and self.work_due():  # tick runs between transactions only
             return 0.0
         if self._batch_started is None:
             return 1.0
