@@ -7,13 +7,14 @@ destination that fails, named as such below); the store is the memory store.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
 from etl.config import PipelineSection
 from etl.destination.base import WriteResult
 from etl.destination.memory import MemoryDestination
-from etl.errors import DestinationError, EtlError, TableError, TableErrors
+from etl.errors import DestinationError, EtlError, TableError, TableErrors, TypeChangeError
 from etl.events import EventBatch
 from etl.replication.retries import TableRetries
 from etl.replication.writer import BatchWriter
@@ -103,3 +104,18 @@ def test_an_errored_table_waits_for_the_user_when_its_destination_error_cannot_p
     refused = retries.errored(101, DestinationError("denied", transient=False), "etl resync --table public.a")
     assert refused.retry is RetryKind.MANUAL
     assert retries.errored(101, DestinationError("unreachable"), "etl resync").retry is RetryKind.TIMED
+
+
+def test_a_type_change_waits_for_the_user_unless_the_config_asks_for_a_copy() -> None:
+    change = TypeChangeError("a: column v changed type", hint="copy the table again: etl resync", table_id=101)
+    stopped = TableRetries(PipelineSection(id=1, publication="p")).errored(101, change, "etl resync")
+    assert (stopped.retry, stopped.hint) == (RetryKind.MANUAL, "copy the table again: etl resync")
+
+    retries = TableRetries(
+        PipelineSection(id=1, publication="p", table_error_retry_max_attempts=1), resync_on_type_change=True
+    )
+    for _ in range(3):  # each change is copied again at once, however many: none counts as a failed attempt
+        before = datetime.now(UTC)
+        state = retries.errored(101, change, "etl resync")
+        assert state.retry is RetryKind.TIMED and state.retry_at is not None and state.retry_at <= datetime.now(UTC)
+        assert state.retry_at >= before and "on_type_change" in (state.hint or "")

@@ -121,8 +121,9 @@ def test_nothing_identity_ignores_the_key_flags_it_does_not_send() -> None:
 
 def test_later_versions_keep_the_partitions_the_copy_read() -> None:
     """A message does not say which leaves the destination holds the rows of: the copy's record goes on."""
-    tracker, store = tracker_with(replace(BASE, partitions=(16390, 16400)))
+    tracker, store = tracker_with(replace(BASE, partitions=(16390, 16400), attachments=((16390, 7), (16400, 9))))
     schema = tracker.observe(relation(("id", INT, True), ("a", TEXT, False)), Lsn(20))
     assert schema is not None and schema.partitions == (16390, 16400)
-    tracker.record_partitions(T, (16390,))
-    assert store.get_table_schema(T) == replace(schema, partitions=(16390,))
+    assert schema.attachments == ((16390, 7), (16400, 9))
+    tracker.record_partitions(T, (16390,), ((16390, 12),))
+    assert store.get_table_schema(T) == replace(schema, partitions=(16390,), attachments=((16390, 12),))

@@ -275,6 +275,12 @@ class CopySection(Section):
     chunk_rows: Integer = Field(
         50_000, ge=1, description="Rows of one chunk of an `incremental` copy (one read, one write, one record)."
     )
+    on_type_change: Literal["stop", "resync"] = Field(
+        "stop",
+        description="A column's type changed (`ALTER COLUMN ... TYPE`) to one the destination cannot give its"
+        " existing table. `stop`: the table goes errored and waits for `etl resync` (the other tables stream on)."
+        " `resync`: the table is copied again at once with the new type, its destination table replaced.",
+    )
 
     @field_validator("include", "skip")
     @classmethod

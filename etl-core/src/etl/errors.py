@@ -80,6 +80,11 @@ class TableError(EtlError):
         self.transient = transient
 
 
+class TypeChangeError(TableError):
+    """A column's type changed to one the destination cannot give the table it has (its files, its column): only a
+    copy with the new type mends it. ``[copy] on_type_change`` says whether the engine makes that copy itself."""
+
+
 class TableErrors(EtlError):
     """Several tables failed in one write, each for a reason of its own: every one goes Errored at once (rather
     than one per attempt of the write), and the write goes on with the other tables."""

@@ -77,7 +77,7 @@ class Pipeline:
         self._states: TableStates | None = None
         self._schemas: SchemaTracker | None = None
         self._sync_workers: dict[TableId, TableSyncWorker] = {}
-        self._retries = TableRetries(config.pipeline)
+        self._retries = TableRetries(config.pipeline, resync_on_type_change=config.copy_.on_type_change == "resync")
         self._activity = ActivityRecorder(store)
         self.metrics = PipelineMetrics()
         """The pipeline's Prometheus series; ``metrics.registry`` is what ``[metrics] listen`` serves."""

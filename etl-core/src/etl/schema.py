@@ -167,6 +167,9 @@ class TableSchema:
     partitions: tuple[TableId, ...] | None = None
     """For a table published through its partition root: the OIDs (sorted) of the leaf partitions whose rows
     its copy read. Later versions carry it over; ``None`` when not recorded (other tables, older stores)."""
+    attachments: tuple[tuple[TableId, int], ...] | None = None
+    """With ``partitions``: each partition of the tree then (OID, sorted) and the transaction id that attached it,
+    so that one detached and attached again is told from one that stayed. ``None`` when not recorded."""
 
     @property
     def column_names(self) -> list[str]:

@@ -41,6 +41,9 @@ class PublishedTable:
     """For a partitioned table, the leaf partitions that hold its rows; empty otherwise."""
     leaf_ids: tuple[TableId, ...] = ()
     """The OIDs of ``leaves``, in their order: what ATTACH and DETACH PARTITION change (a rename does not)."""
+    attachments: tuple[tuple[TableId, int], ...] = ()
+    """For a partitioned table, each partition of its tree (OID, sorted) with the transaction id that attached it
+    (its ``pg_inherits`` row's ``xmin``): a partition detached and attached again has a new one."""
 
     @property
     def sources(self) -> tuple[TableName, ...]:
@@ -155,34 +158,35 @@ def with_current_leaves(conn: psycopg.Connection[Any], table: PublishedTable) ->
     """``table`` with the leaf partitions it has in ``conn``'s snapshot (itself when it is not partitioned)."""
     if not table.partitioned:
         return table
-    leaves = _leaves(conn, table.id)
-    return replace(table, leaves=tuple(name for _, name in leaves), leaf_ids=tuple(oid for oid, _ in leaves))
-
-
-def _leaves(conn: psycopg.Connection[Any], root: TableId) -> list[tuple[TableId, TableName]]:
     # pg_inherits read with plain SQL, so the transaction's snapshot applies (pg_partition_tree reads the latest
     # catalog): inside a copy's imported snapshot these are the leaves whose rows that snapshot holds. A
     # partition being detached concurrently (inhdetachpending, Postgres 14+) is no longer the root's.
     rows = conn.execute(
-        """WITH RECURSIVE tree(relid) AS (
-               SELECT i.inhrelid FROM pg_catalog.pg_inherits i
+        """WITH RECURSIVE tree(relid, attached) AS (
+               SELECT i.inhrelid, i.xmin::text::bigint FROM pg_catalog.pg_inherits i
                WHERE i.inhparent = %s::oid AND (to_jsonb(i) ->> 'inhdetachpending')::bool IS NOT TRUE
              UNION
-               SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent = tree.relid
+               SELECT i.inhrelid, i.xmin::text::bigint
+               FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent = tree.relid
                WHERE (to_jsonb(i) ->> 'inhdetachpending')::bool IS NOT TRUE
            )
-           SELECT c.oid, n.nspname, c.relname, c.relkind
+           SELECT c.oid, n.nspname, c.relname, c.relkind, tree.attached
            FROM tree
            JOIN pg_catalog.pg_class c ON c.oid = tree.relid
            JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-           WHERE c.relkind <> 'p'
            ORDER BY n.nspname, c.relname""",
-        (root,),
+        (table.id,),
     ).fetchall()
-    skipped = [str(TableName(schema, name)) for _, schema, name, kind in rows if kind != "r"]
+    skipped = [str(TableName(schema, name)) for _, schema, name, kind, _ in rows if kind not in ("r", "p")]
     if skipped:
-        log.warning("partitions that are not tables are not copied", root=root, partitions=skipped)
-    return [(oid, TableName(schema, name)) for oid, schema, name, kind in rows if kind == "r"]
+        log.warning("partitions that are not tables are not copied", root=table.id, partitions=skipped)
+    leaves = [(oid, TableName(schema, name)) for oid, schema, name, kind, _ in rows if kind == "r"]
+    return replace(
+        table,
+        leaves=tuple(name for _, name in leaves),
+        leaf_ids=tuple(oid for oid, _ in leaves),
+        attachments=tuple(sorted((oid, attached) for oid, _, _, _, attached in rows)),
+    )
 
 
 def estimated_rows(conn: psycopg.Connection[Any], tables: Sequence[TableName]) -> int | None:

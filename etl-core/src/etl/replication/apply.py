@@ -180,38 +180,42 @@ class ApplyWorker(StreamWorker):
         self._start_sync_workers()
 
     def _repartitioned(self) -> list[TableId]:
-        """Copied tables published through their partition root whose leaves changed so that rows came in or went
-        out of the root without a change in the stream.
+        """Copied tables published through their partition root whose partitions changed so that rows came in or
+        went out of the root without a change in the stream.
 
         ATTACH PARTITION of a table that holds rows brings them in; DETACH PARTITION, or dropping a partition,
-        takes its rows out: only a copy makes the destination hold them (or not) again. A new leaf that is empty
-        (``CREATE TABLE ... PARTITION OF``, or an empty table attached) needs none: its rows come through the
-        stream, and its leaves are recorded as they are.
+        takes its rows out; a partition detached and attached again (told by its new ``pg_inherits`` row) may have
+        had rows changed in between: only a copy makes the destination hold them (or not) again. A new partition
+        that is empty (``CREATE TABLE ... PARTITION OF``, or an empty table attached) needs none: its rows come
+        through the stream, and the partitions are recorded as they are.
         """
         changed = []
         for table_id, table in self.tables.items():
             state = self.ctx.states.get(table_id)
             if not table.partitioned or table_id in self.sync_workers or state is None or not state.kind.copied:
                 continue
-            leaves = table.partitions
-            copied = self.ctx.schemas.current(table_id).partitions
-            if copied == leaves:
+            copied = self.ctx.schemas.current(table_id)
+            if (copied.partitions, copied.attachments) == (table.partitions, table.attachments):
                 continue
-            if copied is None:  # copied by a release that did not record them: take today's as the copy's
-                self.ctx.schemas.record_partitions(table_id, leaves)
+            if copied.partitions is None:  # copied by a release that did not record them: take today's as the copy's
+                self.ctx.schemas.record_partitions(table_id, table.partitions, table.attachments)
                 continue
-            added = [n for n, i in zip(table.leaves, table.leaf_ids, strict=True) if i not in copied]
-            removed = len(set(copied) - set(leaves))
+            added = [n for n, i in zip(table.leaves, table.leaf_ids, strict=True) if i not in copied.partitions]
+            removed = len(set(copied.partitions) - set(table.partitions))
             filled = self._holding_rows(added)
-            if not removed and not filled:
-                log.info("empty partitions added; their rows are streamed", table=str(table.name), added=added)
-                self.ctx.schemas.record_partitions(table_id, leaves)
+            before = dict(copied.attachments or ())  # not recorded by earlier releases: none told apart
+            reattached = [oid for oid, xid in table.attachments if before.get(oid, xid) != xid]
+            if not removed and not filled and not reattached:
+                if added:
+                    log.info("empty partitions added; their rows are streamed", table=str(table.name), added=added)
+                self.ctx.schemas.record_partitions(table_id, table.partitions, table.attachments)
                 continue
             log.warning(
                 "partitions with rows attached to, or partitions detached from, a table published through its root",
                 table=str(table.name),
                 attached=[str(n) for n in filled],
                 detached=removed,
+                attached_again=len(reattached),
             )
             changed.append(table_id)
         return changed

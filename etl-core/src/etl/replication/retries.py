@@ -4,7 +4,8 @@ A failure that may pass (the destination or the network failed for this table) m
 Errored with a timed retry: after ``table_error_retry_delay_ms``, doubled at each further attempt,
 the apply worker copies the table again. After ``table_error_retry_max_attempts`` such attempts, or at
 once for a failure that needs the user (a value the destination cannot hold, a type change, a
-refused permission), the table waits for ``etl resync``.
+refused permission), the table waits for ``etl resync``. A type change the destination cannot apply is copied
+again at once instead, when ``[copy] on_type_change = "resync"`` says so.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from etl.config import PipelineSection
-from etl.errors import DestinationError, EtlError, TableError, TransientError
+from etl.errors import DestinationError, EtlError, TableError, TransientError, TypeChangeError
 from etl.schema import TableId
 from etl.store.base import RetryKind, TableState, TableStateKind
 
@@ -40,14 +41,19 @@ def describe(error: BaseException) -> tuple[str, str | None]:
 class TableRetries:
     """The Errored state for a failed table, counting each table's timed retries (in this process)."""
 
-    def __init__(self, config: PipelineSection) -> None:
+    def __init__(self, config: PipelineSection, *, resync_on_type_change: bool = False) -> None:
         self._delay = timedelta(milliseconds=config.table_error_retry_delay_ms)
         self._max_attempts = config.table_error_retry_max_attempts
+        self._resync_on_type_change = resync_on_type_change
         self._attempts: dict[TableId, int] = {}
         self._lock = threading.Lock()
 
     def errored(self, table_id: TableId, error: BaseException, resync_command: str) -> TableState:
         reason, hint = describe(error)
+        if isinstance(error, TypeChangeError) and self._resync_on_type_change:
+            # due at once and not counted: not a failure that may pass, but a copy the user asked for in advance
+            hint = 'copied again with the new type ([copy] on_type_change = "resync")'
+            return TableState.errored(reason, hint, RetryKind.TIMED, datetime.now(UTC))
         if not may_pass(error):
             return TableState.errored(reason, hint or f"fix the cause, then `{resync_command}`", RetryKind.MANUAL)
         with self._lock:

@@ -115,9 +115,11 @@ class SchemaTracker:
                 self._current[table_id] = schema
         return schema
 
-    def record_partitions(self, table_id: TableId, partitions: tuple[TableId, ...]) -> None:
-        """Record the leaf partitions of the table's current version (stored before they were recorded)."""
-        schema = replace(self.current(table_id), partitions=partitions)
+    def record_partitions(
+        self, table_id: TableId, partitions: tuple[TableId, ...], attachments: tuple[tuple[TableId, int], ...]
+    ) -> None:
+        """Record the partitions of the table's current version: its leaves, and when its tree's were attached."""
+        schema = replace(self.current(table_id), partitions=partitions, attachments=attachments)
         self._store.store_table_schema(schema)
         with self._lock:
             self._current[table_id] = schema
@@ -154,7 +156,7 @@ class SchemaTracker:
                 self._current[schema.id] = previous
             return None
         if previous is not None and schema.partitions is None:  # messages do not tell; the copy recorded them
-            schema = replace(schema, partitions=previous.partitions)
+            schema = replace(schema, partitions=previous.partitions, attachments=previous.attachments)
         self._store.store_table_schema(schema)
         with self._lock:
             self._current[schema.id] = schema

@@ -175,7 +175,9 @@ class TableSyncWorker:
         generated = publication_options(conn, self.ctx.config.pipeline.publication).generated_columns
         schema = table_schema(conn, self.table_id, self.table.column_list, include_generated=generated)
         schema = schema.with_snapshot(position)
-        return replace(schema, partitions=self.table.partitions) if self.table.partitioned else schema
+        if not self.table.partitioned:
+            return schema
+        return replace(schema, partitions=self.table.partitions, attachments=self.table.attachments)
 
     def stream_without_copy(self) -> None:
         """Take the table on without copying it (``[copy]`` leaves it out): its destination table is created empty,

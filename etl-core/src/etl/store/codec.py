@@ -59,6 +59,7 @@ def schema_to_obj(schema: TableSchema) -> dict[str, Any]:
         "replica_identity": schema.replica_identity.value,
         "snapshot_lsn": lsn_to_text(schema.snapshot_lsn),
         "partitions": None if schema.partitions is None else list(schema.partitions),
+        "attachments": None if schema.attachments is None else [list(a) for a in schema.attachments],
     }
 
 
@@ -86,6 +87,9 @@ def schema_from_obj(data: Any) -> TableSchema:
             replica_identity=ReplicaIdentity(data["replica_identity"]),
             snapshot_lsn=lsn_from_text(data["snapshot_lsn"]),
             partitions=None if data.get("partitions") is None else tuple(int(p) for p in data["partitions"]),
+            attachments=None
+            if data.get("attachments") is None
+            else tuple((int(oid), int(xid)) for oid, xid in data["attachments"]),
         )
     except (KeyError, TypeError) as exc:
         raise ValueError(f"not a stored table schema: {type(exc).__name__}: {exc}") from None

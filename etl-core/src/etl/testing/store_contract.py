@@ -528,7 +528,13 @@ class DurableStoreContract(StoreContract):
         store.update_table_states({T2: sample_states()[T2], T3: sample_states()[T3]})
         for lsn in (10, 20):
             store.store_table_schema(make_schema(T1, lsn, columns=lsn // 10 + 1))
-        store.store_table_schema(replace(make_schema(T3, Lsn.MAX), partitions=(16385, 2**32 - 1)))
+        store.store_table_schema(
+            replace(
+                make_schema(T3, Lsn.MAX),
+                partitions=(16385, 2**32 - 1),
+                attachments=((16385, 2**32 - 1), (16390, 745)),
+            )
+        )
         store.upsert_progress(APPLY_WORKER, Lsn(2**63))
         store.upsert_progress(table_sync_worker(T1), Lsn(7))
         store.store_destination_metadata(T1, sample_metadata())
@@ -545,6 +551,7 @@ class DurableStoreContract(StoreContract):
         assert reopened.get_table_schema(T1, Lsn(15)) == make_schema(T1, 10, columns=2)
         t3 = reopened.get_table_schema(T3)
         assert t3 is not None and t3.partitions == (16385, 2**32 - 1), "the leaves a copy read (OIDs are unsigned)"
+        assert t3.attachments == ((16385, 2**32 - 1), (16390, 745)), "when its partitions were attached"
         assert reopened.get_progress(APPLY_WORKER) == 2**63
         assert reopened.get_progress(table_sync_worker(T1)) == 7
         assert reopened.get_destination_metadata(T1) == sample_metadata()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from etl.errors import TableError
+from etl.errors import TypeChangeError
 from etl.schema import ColumnSchema, TableSchema, match_columns
 from etl_spark.bigquery.names import column_name
 from etl_spark.bigquery.types import bq_type, check_columns
@@ -62,7 +62,7 @@ def alter_statements(
             continue
         ddl = bq_type(column).ddl
         if current[old] != ddl:
-            raise TableError(
+            raise TypeChangeError(
                 f"{schema.name}: column {column.name} changed type from {current[old]} to {ddl}",
                 hint=f"copy the table again with the new type: etl resync -c <pipeline file> --table {schema.name}",
                 table_id=schema.id,

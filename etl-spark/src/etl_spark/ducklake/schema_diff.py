@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from etl.errors import TableError
+from etl.errors import TypeChangeError
 from etl.schema import ColumnSchema, TableSchema, match_columns
 from etl_spark.ducklake.catalog import UNKNOWN_SOURCE_TYPE, LakeColumn, NewColumn
 from etl_spark.ducklake.types import LIST, lake_type
@@ -54,7 +54,7 @@ def diff(current: tuple[LakeColumn, ...], target: TableSchema) -> SchemaDiff:
         old, new = _signature(existing), new_type.signature()
         if old != new and not (existing.type == "json" and new_type.name == LIST):  # JSON arrays of earlier versions
             if (old, new) not in _PROMOTIONS:
-                raise TableError(
+                raise TypeChangeError(
                     f"{target.name}: column {column.name} changed type from {old} to {new},"
                     " which DuckLake cannot read from the existing files",
                     hint=f"copy the table again with the new type: etl resync -c <pipeline file> --table {target.name}",
