@@ -109,6 +109,39 @@ def test_resync_rejects_a_table_outside_the_publication(source: TestDatabase, tm
     assert not (tmp_path / "state.sqlite").exists()  # the store is not opened (created, migrated) for nothing
 
 
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [
+        ("id < 10; DROP TABLE t", "the --where predicate holds a ';'"),
+        ("id < 10) OR (true", "closes a parenthesis it did not open"),
+        ("v = 'x' /* no end", "is not valid SQL"),
+        ("nope > 1", 'does not fit public.t: column "nope" does not exist'),
+        ("id + 1", "does not fit public.t: argument of WHERE must be type boolean"),
+        ("   ", "the --where predicate is empty"),
+    ],
+)
+def test_resync_refuses_a_predicate_before_it_reaches_the_store(
+    source: TestDatabase, tmp_path: Path, where: str, said: str
+) -> None:
+    """``--where`` is read by Postgres's lexer and planned on the source first: nothing is asked, no store opened,
+    and the table is intact."""
+    config = write_pipeline(tmp_path, source)
+    result = etl("resync", "-c", str(config), "--table", "public.t", "--where", where)
+    assert result.returncode == 1
+    assert said in result.stderr, result.stderr
+    assert not (tmp_path / "state.sqlite").exists()
+    assert source.execute("SELECT count(*) FROM t") == [(100,)]
+
+
+def test_a_backfill_needs_a_one_column_integer_key(source: TestDatabase, tmp_path: Path) -> None:
+    source.execute("CREATE TABLE k (a text PRIMARY KEY); ALTER PUBLICATION pub ADD TABLE k")
+    config = write_pipeline(tmp_path, source)
+    result = etl("resync", "-c", str(config), "--table", "public.k", "--where", "a > 'm'")
+    assert result.returncode == 1
+    assert "--where needs a table with a one-column integer primary key" in result.stderr
+    assert "etl resync --table public.k" in result.stderr  # the hint: the whole table instead
+
+
 @pytest.mark.slow
 def test_resync_reaches_the_running_pipeline_through_the_store(source: TestDatabase, tmp_path: Path) -> None:
     config = write_pipeline(tmp_path, source)
@@ -134,11 +167,13 @@ def test_embedding_code_requests_a_resync_without_the_cli(source: TestDatabase, 
     try:
         table_id = request_resync(config, store, TableName("public", "t"))
         assert table_id == source.execute("SELECT 'public.t'::regclass::oid")[0][0]
-        assert store.take_resync_requests() == {table_id}
+        assert store.take_resync_requests() == {table_id: None}
+        assert request_resync(config, store, TableName("public", "t"), "v LIKE 'x%'") == table_id
+        assert store.take_resync_requests() == {table_id: "v LIKE 'x%'"}
         with pytest.raises(EtlError, match="not in publication 'pub'") as outside:
             request_resync(config, store, TableName("public", "nope"))
         assert "public.t" in (outside.value.hint or "")
-        assert store.take_resync_requests() == set()
+        assert store.take_resync_requests() == {}
     finally:
         store.close()
 

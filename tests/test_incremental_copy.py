@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 from etl_plugin_example.mirror_reader import mirrored_rows
 
 from etl.destination.memory import MemoryDestination
-from etl.pipeline import Pipeline
+from etl.pipeline import Pipeline, request_resync
+from etl.schema import TableName
 from etl.store.base import TableStateKind
 from etl.testing.compare import source_rows
 from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, table_states, wait_until
@@ -130,6 +132,61 @@ def test_the_copy_holds_back_no_vacuum(source: TestDatabase, tmp_path: Path) -> 
     finally:
         pipeline.shutdown()
     assert checked == 5, "the copy ended before it was checked five times; make the table bigger"
+
+
+BACKFILLED = 20_000
+"""The backfill's predicate picks the rows up to this key (and the workload's negative keys)."""
+
+
+def test_a_backfill_copies_again_the_rows_its_predicate_picks_and_goes_on_after_a_stop(
+    source: TestDatabase, tmp_path: Path
+) -> None:
+    """``etl resync --where``: the rows the predicate picks are copied again, in chunks, into the table as it is,
+    while its changes stream on. Here every tenth row of the destination was changed behind the pipeline's back:
+    those the predicate picks are mended, the others stay as they were. Stopped part-way, the next run goes on
+    with the same predicate after the last chunk written, not with a copy of the whole table."""
+    destination = MemoryDestination()
+    state = tmp_path / "state.sqlite"
+    first = start(source, destination, state, method="snapshot", chunk_rows=500)
+    try:
+        wait_until(lambda: all_ready(first, 3), "every table ready", first, timeout=180)
+        wait_until(lambda: destination_matches(source, destination, "public.big"), "copied", first)
+        schema = destination.schema("public.big")
+        tampered = list(range(1, ROWS + 1, 10))
+        destination.write_table_rows(  # as a copy writes: the rows of these keys replaced
+            schema,
+            pa.table(
+                {"id": pa.array(tampered, pa.int64()), "v": ["tampered"] * len(tampered), "n": [-1] * len(tampered)},
+                schema=pa.schema([pa.field("id", pa.int64()), pa.field("v", pa.string()), pa.field("n", pa.int32())]),
+            ),
+        )
+        where = f"id <= {BACKFILLED} AND v LIKE 'row %' OR v = 'new'"  # quotes, a %, and rows the workload adds
+        asking = SqliteStore(state, pipeline_id=1)
+        try:
+            request_resync(first.config, asking, TableName("public", "big"), where)
+        finally:
+            asking.close()
+        copied = copied_rows(first, "public.big")  # the first copy's
+        with concurrent_transactions(source, workload, 150, pause=0.01):
+            wait_until(lambda: copied_rows(first, "public.big") >= copied + 5000, "ten chunks of the backfill", first)
+    finally:
+        first.shutdown()
+    assert table_states_in(state)[oid(source, "big")] is TableStateKind.COPYING
+    second = start(source, destination, state, method="snapshot", chunk_rows=500)
+    try:
+        wait_until(lambda: all_ready(second, 3), "the backfill done", second, timeout=180)
+        assert 0 < copied_rows(second, "public.big") <= BACKFILLED - 5000 + 200, "the rest of the backfill only"
+        with source.connect() as conn:
+            expected = {r["id"]: r for r in source_rows(conn, "public.big")}
+        held = {r["id"]: r for r in destination.rows("public.big")}
+        assert held.keys() == expected.keys()
+        mended = [k for k in tampered if k <= BACKFILLED and k in expected]
+        assert all(held[k] == expected[k] for k in mended)
+        left = [k for k in tampered if k > BACKFILLED and held[k]["v"] == "tampered"]
+        assert len(left) > 0.9 * (ROWS - BACKFILLED) / 10, "rows the predicate does not pick are not copied"
+        assert all(held[k] == r for k, r in expected.items() if k not in left), "every other row equals the source"
+    finally:
+        second.shutdown()
 
 
 @pytest.mark.slow

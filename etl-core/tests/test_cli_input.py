@@ -185,7 +185,7 @@ def test_names_with_dots_are_different_tables_everywhere(pg_database: TestDataba
         finally:
             store.close()
         wanted = TableName.parse(table)
-        assert requested == {oid for oid, name in _names(db).items() if name == wanted}, (table, other, oids)
+        assert requested == {oid: None for oid, name in _names(db).items() if name == wanted}, (table, other, oids)
 
 
 def _names(db: TestDatabase) -> dict[int, TableName]:

@@ -12,6 +12,7 @@ import pytest
 from etl.destination.memory import MemoryDestination
 from etl.events import OP_COLUMN, TX_ORDINAL_COLUMN, DeleteEvent, EventBatch, InsertEvent, UpdateEvent
 from etl.lsn import Lsn
+from etl.postgres.copy import KeyChunk
 from etl.postgres.xid_snapshot import XidSnapshot
 from etl.replication.incremental import CHUNK_ORDINAL_BASE, NO_MARK, ChunkMark, IncrementalCopy, incremental_key
 from etl.schema import ColumnSchema, TableName, TableSchema
@@ -81,6 +82,20 @@ def test_changes_to_keys_not_copied_yet_are_left_out_alike_in_arrow_and_events()
     assert summary(before_any.filtered(batch()), BIG.id) == ([("T", None)], [])
 
 
+def test_a_backfill_leaves_none_of_the_stream_out() -> None:
+    """A backfill's table holds every row already: its changes all apply, whichever keys its chunks reached."""
+    backfill = IncrementalCopy(BIG.id, "id", after=10, rows=10, mark=NO_MARK, barrier=None, where="id < 100")
+    assert summary(backfill.filtered(batch()), BIG.id) == summary(batch(), BIG.id)
+    assert len(summary(batch(), BIG.id)[0]) == 9  # the nine changes of the batch, none left out
+
+
+def test_a_backfill_chunk_reads_the_rows_its_predicate_picks_after_the_last_key() -> None:
+    chunk = KeyChunk("id", 41, 500, where="v LIKE 'a%' -- the owner's note")
+    assert chunk.predicate() == "\"id\" > 41 AND (\nv LIKE 'a%' -- the owner's note\n)"
+    assert KeyChunk("id", None, 500, where="n = 1").predicate() == "(\nn = 1\n)"
+    assert KeyChunk("id", None, 500).predicate() is None
+
+
 def test_a_chunk_misses_a_transaction_streamed_that_its_snapshot_saw_running() -> None:
     copy = IncrementalCopy(BIG.id, "id", after=None, rows=0, mark=NO_MARK, barrier=None)
     copy.streamed |= {100, 101}
@@ -96,7 +111,8 @@ def test_chunks_sit_after_the_changes_before_them_and_after_one_another() -> Non
     idle = first.next(Lsn(0x501), rows=2)  # no transaction came in between
     assert idle == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 4)
     assert idle.next(Lsn(0x401), rows=1) == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 5)  # a run that resumed behind
-    assert ChunkMark.from_json(idle.to_json(after=42)) == (42, idle)
+    assert ChunkMark.from_json(idle.to_json(after=42)) == (42, idle, None)
+    assert ChunkMark.from_json(idle.to_json(after=42, where="v LIKE '%\"'")) == (42, idle, "v LIKE '%\"'")
     copy = IncrementalCopy(BIG.id, "id", after=None, rows=0, mark=idle, barrier=None)
     rows = pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array(["a", "b"])})
     chunk = copy.chunk_batch(BIG, rows, idle, datetime(2026, 1, 1, tzinfo=UTC))

@@ -131,7 +131,25 @@ def test_a_file_of_the_first_release_gains_the_resync_requests(tmp_path: Path) -
     store = SqliteStore(path, 1)
     store.request_resync(1)
     assert store.get_table_state(1) == TableState(TableStateKind.READY)
-    assert store.take_resync_requests() == {1}
+    assert store.take_resync_requests() == {1: None}
+    store.close()
+
+
+def test_a_file_of_the_fifth_release_gains_backfill_predicates(tmp_path: Path) -> None:
+    class FifthReleaseStore(SqliteStore):
+        migrations = MIGRATIONS[:5]
+
+    path = tmp_path / "state.db"
+    fifth = FifthReleaseStore(path, 1)
+    fifth.request_resync(1)
+    with pytest.raises(StoreError, match="cannot take a --where predicate"):
+        fifth.request_resync(2, where="id < 10")
+    assert fifth.take_resync_requests() == {1: None}
+    fifth.request_resync(1)
+    fifth.close()
+    store = SqliteStore(path, 1)
+    store.request_resync(2, where="id < 10")
+    assert store.take_resync_requests() == {1: None, 2: "id < 10"}, "the request made before the upgrade stays"
     store.close()
 
 
@@ -159,7 +177,12 @@ def test_a_file_of_the_second_release_gains_the_copy_progress(tmp_path: Path) ->
     with sqlite3.connect(path) as conn:
         versions = conn.execute("SELECT version, description FROM etl_store_version ORDER BY version").fetchall()
     conn.close()
-    assert versions[2:] == [(3, "copy progress"), (4, "table activity"), (5, "incremental copy position")]
+    assert versions[2:] == [
+        (3, "copy progress"),
+        (4, "table activity"),
+        (5, "incremental copy position"),
+        (6, "backfill predicates"),
+    ]
 
 
 def test_copy_progress_of_the_fourth_release_gains_an_incremental_position(tmp_path: Path) -> None:

@@ -95,6 +95,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     resync = with_config("resync", "copy one table again while the others keep streaming")
     resync.add_argument("--table", required=True, metavar="SCHEMA.NAME", help="the published table to copy again")
+    resync.add_argument(
+        "--where",
+        metavar="PREDICATE",
+        help='copy only the rows this SQL condition picks ("id > 1000"), upserted into the table as it is'
+        " (a backfill, in key-ordered chunks; the table needs a one-column integer primary key)",
+    )
     reset = with_config(
         "reset", "drop the pipeline's replication slots and copy every table again at the next run (pipeline stopped)"
     )
@@ -161,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "status":
             return cmd_status(config, args.config, args.format, watch=args.watch, interval=args.interval)
         if args.command == "resync":
-            return cmd_resync(config, args.config, args.table)
+            return cmd_resync(config, args.config, args.table, args.where)
         if args.command == "reset":
             return cmd_reset(config, args.config)
     except EtlError as exc:
@@ -348,9 +354,9 @@ def cmd_status(
     return 1 if problems else 0
 
 
-def cmd_resync(config: PipelineConfig, path: str, table: str) -> int:
-    """Ask the pipeline, through its store, to copy one table again (as ``pipeline.request_resync`` does, with
-    the table looked up before the store is opened: a wrong name leaves no store behind)."""
+def cmd_resync(config: PipelineConfig, path: str, table: str, where: str | None) -> int:
+    """Ask the pipeline, through its store, to copy one table again or backfill it (as ``pipeline.request_resync``
+    does, with the table and predicate checked before the store is opened: a wrong one leaves no store behind)."""
     from etl.factory import build_store
     from etl.pipeline import published_table_id
     from etl.schema import TableName
@@ -362,15 +368,17 @@ def cmd_resync(config: PipelineConfig, path: str, table: str) -> int:
             ' ([store] type = "sqlite" or "postgres")',
         )
     wanted = TableName.parse(table)
-    table_id = published_table_id(config, wanted)
+    table_id = published_table_id(config, wanted, where)
     store = build_store(config, path)
     try:
-        store.request_resync(table_id)
+        store.request_resync(table_id, where)
     finally:
         store.close()
-    echo(
-        f"resync of {wanted} requested; the running pipeline copies it again within seconds, a stopped one at its start"
-    )
+    later = "the running pipeline begins it within seconds, a stopped one at its start"
+    if where is None:
+        echo(f"resync of {wanted} requested; {later}")
+    else:
+        echo(f"backfill of {wanted} requested (rows where {where}); {later}")
     return 0
 
 

@@ -30,6 +30,7 @@ from etl.postgres.replication import (
 from etl.replication.activity import ActivityRecorder
 from etl.replication.apply import ApplyWorker
 from etl.replication.backoff import backoff_delays
+from etl.replication.chunked_copy import check_backfill
 from etl.replication.context import WorkerContext
 from etl.replication.retries import TableRetries
 from etl.replication.schemas import SchemaTracker
@@ -193,9 +194,10 @@ class Pipeline:
         """Ask the pipeline to stop (safe from a signal handler); ``wait()`` returns once it did."""
         self._stop.set()
 
-    def resync(self, table_id: TableId) -> None:
-        """Copy one table again while the others keep streaming (``Store.request_resync``; taken within seconds)."""
-        self.store.request_resync(table_id)
+    def resync(self, table_id: TableId, where: str | None = None) -> None:
+        """Copy one table again while the others keep streaming, or with ``where`` only the rows it picks into the
+        table as it is (``Store.request_resync``; taken within seconds)."""
+        self.store.request_resync(table_id, where)
 
     def _fail(self, error: BaseException) -> None:
         """Stop the pipeline because of ``error`` (from any worker); ``wait()`` raises it."""
@@ -444,28 +446,31 @@ def reset_for_recopy(config: PipelineConfig, store: Store) -> tuple[list[str], i
     return dropped, tables
 
 
-def published_table_id(config: PipelineConfig, table: TableName) -> TableId:
+def published_table_id(config: PipelineConfig, table: TableName, where: str | None = None) -> TableId:
     """The id of a table of the pipeline's publication; ``EtlError`` naming the published tables when it is not
-    one of them."""
+    one of them, or saying why ``where`` cannot backfill it (``check_backfill``)."""
     with connect(config.source) as conn:
-        published = {t.name: t.id for t in publication_tables(conn, config.pipeline.publication)}
-    if table not in published:
-        raise EtlError(
-            f"table {table} is not in publication '{config.pipeline.publication}'",
-            hint="published tables: " + ", ".join(sorted(str(n) for n in published)),
-        )
-    return published[table]
+        published = {t.name: t for t in publication_tables(conn, config.pipeline.publication)}
+        if table not in published:
+            raise EtlError(
+                f"table {table} is not in publication '{config.pipeline.publication}'",
+                hint="published tables: " + ", ".join(sorted(str(n) for n in published)),
+            )
+        if where is not None:
+            check_backfill(conn, published[table], where)
+    return published[table].id
 
 
-def request_resync(config: PipelineConfig, store: Store, table: TableName) -> TableId:
-    """Ask the pipeline, through its store, to copy one published table again; return the table's id.
+def request_resync(config: PipelineConfig, store: Store, table: TableName, where: str | None = None) -> TableId:
+    """Ask the pipeline, through its store, to copy one published table again (with ``where``: to backfill the rows
+    that SQL predicate picks); return the table's id.
 
     Only whoever can write the store can ask: the running pipeline takes the request within seconds, a stopped
     one when it next starts (nothing in the source's WAL is trusted for this: any role may write there).
-    Raises ``EtlError`` when the table is not in the publication, ``StoreError`` for a store that lives in one
-    process (memory).
+    Raises ``EtlError`` when the table is not in the publication or cannot be backfilled with ``where``,
+    ``StoreError`` for a store that lives in one process (memory).
     """
-    table_id = published_table_id(config, table)
-    store.request_resync(table_id)
-    log.info("resync requested", table=str(table))
+    table_id = published_table_id(config, table, where)
+    store.request_resync(table_id, where)
+    log.info("resync requested", table=str(table), where=where)
     return table_id

@@ -39,6 +39,7 @@ from etl.postgres.catalog import CtidRange, PublishedTable, ctid_ranges, table_b
 from etl.postgres.codecs import arrow_field, decode_text_column
 from etl.postgres.connection import connect, connection_error, conninfo_string
 from etl.postgres.generators import PQGen
+from etl.postgres.predicate import predicate_sql
 from etl.postgres.waiting import POLL, Expired, Waiter
 from etl.schema import TableName, TableSchema, quote_ident, quote_literal
 
@@ -87,14 +88,18 @@ class CopyRange:
 @dataclass(frozen=True)
 class KeyChunk:
     """The rows of one chunk of an incremental copy: the first ``limit`` after ``after`` (``None``: from the first
-    row) in the order of the integer key ``column``."""
+    row) in the order of the integer key ``column``; of a backfill, only those that ``where`` picks."""
 
     column: str
     after: int | None
     limit: int
+    where: str | None = None
+    """A backfill's predicate (``etl resync --where``), as the owner gave it."""
 
     def predicate(self) -> str | None:
-        return None if self.after is None else f"{quote_ident(self.column)} > {int(self.after)}"
+        after = None if self.after is None else f"{quote_ident(self.column)} > {int(self.after)}"
+        where = None if self.where is None else predicate_sql(self.where)
+        return " AND ".join(c for c in (after, where) if c) or None
 
     def order(self) -> str:
         return f" ORDER BY {quote_ident(self.column)} LIMIT {int(self.limit)}"

@@ -171,7 +171,11 @@ class ApplyWorker(StreamWorker):
                 self.ctx.metrics.forget_tables([str(self.tables[table_id].name)])
         self.tables = published
         self._reap_sync_workers()
-        self._copy_again(self.ctx.store.take_resync_requests(), why="requested")
+        requests = self.ctx.store.take_resync_requests()
+        self._copy_again([t for t, where in requests.items() if where is None], why="requested")
+        for table_id, where in requests.items():
+            if where is not None:
+                self._backfill(table_id, where)
         self._copy_again(retries.due(states.snapshot(), datetime.now(UTC)), why="retry")
         self._copy_again(self._repartitioned(), why="partitions attached or detached")
         for table_id, state in states.snapshot().items():
@@ -219,6 +223,21 @@ class ApplyWorker(StreamWorker):
             )
             changed.append(table_id)
         return changed
+
+    def _backfill(self, table_id: TableId, where: str) -> None:
+        """Backfill a copied table (``etl resync --where``); one that is not copied yet gets every row from its
+        copy."""
+        table, state = self.tables.get(table_id), self.ctx.states.get(table_id)
+        if table is None:
+            log.warning("backfill asked for a table outside the publication; ignored", table_id=table_id)
+        elif state is None or state.kind is not TableStateKind.READY or table_id in self.chunked.copies:
+            log.warning(
+                "backfill asked for a table being copied, backfilled or errored; ignored",
+                table=str(table.name),
+                state=None if state is None else state.kind.value,
+            )
+        else:
+            self.chunked.backfill(table_id, where)
 
     def _holding_rows(self, tables: list[TableName]) -> list[TableName]:
         if not tables:

@@ -12,7 +12,7 @@ from typing import Any, Final, Protocol
 import psycopg
 import structlog
 
-from etl.errors import EtlError, TableError
+from etl.errors import ConfigError, EtlError, TableError
 from etl.events import EventBatch
 from etl.lsn import Lsn
 from etl.postgres.catalog import (
@@ -24,6 +24,7 @@ from etl.postgres.catalog import (
 )
 from etl.postgres.connection import connect
 from etl.postgres.copy import KeyChunk, copy_chunk
+from etl.postgres.predicate import predicate_rows
 from etl.postgres.xid_snapshot import XidSnapshot
 from etl.replication.context import WorkerContext
 from etl.replication.incremental import NO_MARK, ChunkMark, IncrementalCopy, incremental_key
@@ -117,6 +118,28 @@ class ChunkedCopies:
         log.info("copying a table in chunks", table=str(table.name), key=key, chunk_rows=ctx.config.copy_.chunk_rows)
         return True
 
+    def backfill(self, table_id: TableId, where: str) -> None:
+        """Begin a backfill of a copied table (``etl resync --where``): chunks of the rows ``where`` picks, upserted
+        into its destination table as it is, while its changes stream on."""
+        ctx, table = self.ctx, self.stream.tables[table_id]
+        key = incremental_key(ctx.schemas.current(table_id), table.partitioned)
+        if key is None:
+            log.warning("a backfill needs a one-column integer key; resync the whole table", table=str(table.name))
+            return
+        try:
+            with connect(ctx.config.source) as conn:
+                barrier = _snapshot(conn)
+                estimate = predicate_rows(conn, table.name, where)
+        except ConfigError as exc:  # the table changed since the request was checked
+            log.warning("a backfill's predicate no longer fits its table", table=str(table.name), error=exc.message)
+            return
+        now = datetime.now(UTC)
+        resume_after = NO_MARK.to_json(None, where)  # durable before its first chunk: a restart goes on with it
+        ctx.store.record_copy_progress(table_id, CopyProgress(0, estimate, now, now, False, resume_after))
+        ctx.states.set(table_id, TableState(TableStateKind.COPYING))
+        self.copies[table_id] = IncrementalCopy(table_id, key, None, 0, NO_MARK, barrier, where=where)
+        log.info("backfilling a table in chunks", table=str(table.name), key=key, where=where, estimate=estimate)
+
     def resume(self, table_id: TableId) -> None:
         """Go on with a table's incremental copy after the last chunk a run wrote (at a start)."""
         ctx, table = self.ctx, self.stream.tables[table_id]
@@ -130,12 +153,15 @@ class ChunkedCopies:
             row = conn.execute(f"SELECT {WAL_POSITION}::text").fetchone()
             assert row is not None
             wal = Lsn.parse(row[0])
-        after, mark = (None, NO_MARK) if progress.resume_after is None else ChunkMark.from_json(progress.resume_after)
+        after, mark, where = (
+            (None, NO_MARK, None) if progress.resume_after is None else ChunkMark.from_json(progress.resume_after)
+        )
         # A run that died may have written past its stored progress (a destination writes, then progress is
         # stored): the next chunk waits until the stream is past all it may have written, and so goes after it.
         self._resume_at[table_id] = wal
-        self.copies[table_id] = IncrementalCopy(table_id, key, after, progress.rows, mark, barrier)
-        log.info("going on with a table's copy in chunks", table=str(table.name), after=after, rows=progress.rows)
+        self.copies[table_id] = IncrementalCopy(table_id, key, after, progress.rows, mark, barrier, where=where)
+        what = "going on with a table's backfill in chunks" if where else "going on with a table's copy in chunks"
+        log.info(what, table=str(table.name), after=after, rows=progress.rows, where=where)
 
     # -- chunks ------------------------------------------------------------------------------------------------
     def due(self) -> bool:
@@ -173,9 +199,8 @@ class ChunkedCopies:
                 copy.barrier = None
             self.stream.flush()  # the stream's changes so far go first, left out where not copied yet
             self.wait_written()  # and are durable before a chunk's mark after them is recorded
-            text, rows = copy_chunk(
-                ctx.config.source, schema, table.name, table.row_filter, KeyChunk(copy.key, copy.after, limit)
-            )
+            chunk = KeyChunk(copy.key, copy.after, limit, copy.where)
+            text, rows = copy_chunk(ctx.config.source, schema, table.name, table.row_filter, chunk)
         except TableError as exc:
             self.copies.pop(table_id, None)
             self.stream.table_failed(table_id, exc)
@@ -203,13 +228,14 @@ class ChunkedCopies:
         if done:
             self.copies.pop(table_id, None)
             ctx.states.set(table_id, TableState(TableStateKind.READY))
-            log.info("table copied in chunks", table=str(table.name), rows=copy.rows)
+            what = "table backfilled" if copy.where else "table copied in chunks"
+            log.info(what, table=str(table.name), rows=copy.rows)
 
     def _record(self, copy: IncrementalCopy, finished: bool) -> None:
         store = self.ctx.store
         before = store.get_copy_progress(copy.table_id)
         now = datetime.now(UTC)
-        resume_after = copy.mark.to_json(copy.after)
+        resume_after = copy.mark.to_json(copy.after, copy.where)
         estimate = before.estimate if before is not None else None
         started = before.started_at if before is not None else now
         store.record_copy_progress(
@@ -218,6 +244,18 @@ class ChunkedCopies:
 
     def _later(self, table_id: TableId) -> None:
         self._not_before[table_id] = time.monotonic() + RETRY_S
+
+
+def check_backfill(conn: psycopg.Connection[Any], table: PublishedTable, where: str) -> int:
+    """The planner's estimate of the rows a backfill of ``table`` with ``where`` copies; ``EtlError`` saying why
+    there can be none (no one-column integer key to order its chunks by, a predicate the table cannot take)."""
+    schema = table_schema(conn, table.id, table.column_list)
+    if incremental_key(schema, table.partitioned) is None:
+        raise EtlError(
+            f"--where needs a table with a one-column integer primary key to copy in chunks; {table.name} has none",
+            hint=f"copy the whole table again instead: etl resync --table {table.name}",
+        )
+    return predicate_rows(conn, table.name, where)
 
 
 def _snapshot(conn: psycopg.Connection[Any]) -> XidSnapshot:

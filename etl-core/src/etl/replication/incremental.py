@@ -12,7 +12,11 @@ began have ended (``barrier``).
 
 The key is one integer column (``incremental_key``): its order in Postgres and in Arrow is the same, so the stream's
 changes are compared with the last key copied in Arrow. An update that moves a row from a copied key to one not
-yet copied becomes a delete of the copied key (the new key's chunk brings the row). This module is sans-IO.
+yet copied becomes a delete of the copied key (the new key's chunk brings the row).
+
+A backfill (``etl resync --where``) runs the same chunks over the rows a predicate picks, into a table that is
+already whole: it leaves none of the stream's changes out, and its chunks are placed in the stream as a copy's
+are, so a change committed after a chunk's read is applied after the chunk. This module is sans-IO.
 """
 
 from __future__ import annotations
@@ -85,14 +89,14 @@ class ChunkMark:
             return ChunkMark(position, CHUNK_ORDINAL_BASE + rows - 1)
         return ChunkMark(self.position, self.ordinal + rows)
 
-    def to_json(self, after: int | None) -> str:
-        return json.dumps({"after": after, "position": str(self.position), "ordinal": self.ordinal})
+    def to_json(self, after: int | None, where: str | None = None) -> str:
+        return json.dumps({"after": after, "position": str(self.position), "ordinal": self.ordinal, "where": where})
 
     @classmethod
-    def from_json(cls, text: str) -> tuple[int | None, ChunkMark]:
-        """The last key copied and the last chunk's mark, as ``to_json`` wrote them."""
+    def from_json(cls, text: str) -> tuple[int | None, ChunkMark, str | None]:
+        """The last key copied, the last chunk's mark and a backfill's predicate, as ``to_json`` wrote them."""
         obj = json.loads(text)
-        return obj["after"], cls(Lsn.parse(obj["position"]), int(obj["ordinal"]))
+        return obj["after"], cls(Lsn.parse(obj["position"]), int(obj["ordinal"])), obj.get("where")
 
 
 NO_MARK: Final = ChunkMark(Lsn.ZERO, CHUNK_ORDINAL_BASE - 1)
@@ -114,6 +118,9 @@ class IncrementalCopy:
     """The transactions running when this run took the copy on; the first chunk waits until they have ended."""
     streamed: set[int] = field(default_factory=set)
     """Transactions the stream delivered since the last chunk read (``misses``)."""
+    where: str | None = None
+    """A backfill's predicate (``etl resync --where``): its chunks hold the rows it picks, upserted into a table
+    that holds every row already, so none of the stream's changes is left out."""
 
     def misses(self, snapshot: XidSnapshot) -> bool:
         """Whether a chunk read in ``snapshot`` misses a streamed transaction (see the module). Forgets the
@@ -129,9 +136,9 @@ class IncrementalCopy:
     # -- the stream's changes ----------------------------------------------------------------------------------
     def filtered(self, batch: EventBatch) -> EventBatch:
         """``batch`` without the changes to keys not copied yet (updates from a copied key to one not yet copied
-        become deletes of the copied key), in its Arrow changes and its events alike."""
+        become deletes of the copied key), in its Arrow changes and its events alike; a backfill's all of it."""
         segments = batch.changes.get(self.table_id)
-        if not segments:
+        if not segments or self.where is not None:
             return batch
         changes = dict(batch.changes)
         changes[self.table_id] = [self._filtered_segment(s) for s in segments]

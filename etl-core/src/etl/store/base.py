@@ -98,6 +98,12 @@ class TableState:
 APPLY_WORKER: str = "apply"
 
 
+def merged_request(pending: Mapping[TableId, str | None], table_id: TableId, where: str | None) -> str | None:
+    """The predicate of a resync request made while another one for the table waits in ``pending``: the whole
+    table (``None``) when either asks for it, else the later predicate."""
+    return None if table_id in pending and pending[table_id] is None else where
+
+
 def table_sync_worker(table_id: TableId) -> str:
     """The worker key of a table's sync worker."""
     return f"table_sync:{table_id}"
@@ -289,17 +295,20 @@ class Store(Protocol):
         """What ``record_table_activity`` recorded last for each table."""
 
     # -- requests from the pipeline's owner ------------------------------------------------------------
-    def request_resync(self, table_id: TableId) -> None:
-        """Ask the pipeline to copy a table again (``etl resync``), from any process, without the pipeline lock.
+    def request_resync(self, table_id: TableId, where: str | None = None) -> None:
+        """Ask the pipeline to copy a table again (``etl resync``), from any process, without the pipeline lock;
+        with ``where`` (a SQL predicate), to copy only the rows it picks into the table as it is (a backfill).
 
         The request is durable and reaches a pipeline running in another process through
-        ``take_resync_requests``; asking twice before it is taken asks once. Only whoever can write the
-        store can ask, which is what makes the request trustworthy (nothing in the source's WAL is).
-        A store whose state lives in one process (memory) raises ``StoreError``.
+        ``take_resync_requests``; asking twice before it is taken asks once, for the whole table when either
+        asked for it, else with the later predicate. Only whoever can write the store can ask, which is what
+        makes the request trustworthy (nothing in the source's WAL is). A store whose state lives in one process
+        (memory) raises ``StoreError``.
         """
 
-    def take_resync_requests(self) -> set[TableId]:
-        """The tables asked for since the last call, read from storage (not a cache), and forget them."""
+    def take_resync_requests(self) -> dict[TableId, str | None]:
+        """The tables asked for since the last call, each with its predicate (``None``: the whole table), read
+        from storage (not a cache), and forget them."""
 
 
 class StoreFactory(Protocol):

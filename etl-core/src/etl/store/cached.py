@@ -296,13 +296,13 @@ class CachedStore:
             self._activity.pop(table_id, None)
 
     # -- requests from the pipeline's owner ----------------------------------------------------------
-    def request_resync(self, table_id: TableId) -> None:
+    def request_resync(self, table_id: TableId, where: str | None = None) -> None:
         _check_table_id(table_id)
         with self._mutex:
             self._check_open()
-            self._persist_resync_request(table_id)
+            self._persist_resync_request(table_id, where)
 
-    def take_resync_requests(self) -> set[TableId]:
+    def take_resync_requests(self) -> dict[TableId, str | None]:
         with self._mutex:
             return self._take_resync_requests()
 
@@ -343,7 +343,7 @@ class CachedStore:
     def _persist_reset_tables_for_resync(self, rows: list[StateRow]) -> None:
         """Append the INIT rows (as ``_persist_table_states``) and delete the apply worker's progress."""
 
-    def _persist_resync_request(self, table_id: TableId) -> None:
+    def _persist_resync_request(self, table_id: TableId, where: str | None) -> None:
         """Record a request where a pipeline in another process reads it; this cache is not such a place."""
         raise StoreError(
             f"the {self.describe()} keeps its state inside one process, so no other process can reach the pipeline",
@@ -351,8 +351,8 @@ class CachedStore:
             ' ([store] type = "sqlite" or "postgres")',
         )
 
-    def _take_resync_requests(self) -> set[TableId]:
-        return set()
+    def _take_resync_requests(self) -> dict[TableId, str | None]:
+        return {}
 
     def _persist_delete_table_state(self, table_id: TableId) -> None:
         """Delete everything stored about the table."""

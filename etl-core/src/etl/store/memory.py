@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from etl.config import validate
 from etl.schema import TableId
+from etl.store.base import merged_request
 from etl.store.cached import CachedStore
 
 
@@ -33,11 +34,11 @@ class MemoryStore(CachedStore):
 
     def __init__(self, pipeline_id: int) -> None:
         super().__init__(pipeline_id)
-        self._resync_requests: set[TableId] = set()
+        self._resync_requests: dict[TableId, str | None] = {}
 
-    def _persist_resync_request(self, table_id: TableId) -> None:
-        self._resync_requests.add(table_id)
+    def _persist_resync_request(self, table_id: TableId, where: str | None) -> None:
+        self._resync_requests[table_id] = merged_request(self._resync_requests, table_id, where)
 
-    def _take_resync_requests(self) -> set[TableId]:
-        taken, self._resync_requests = self._resync_requests, set()
+    def _take_resync_requests(self) -> dict[TableId, str | None]:
+        taken, self._resync_requests = self._resync_requests, {}
         return taken

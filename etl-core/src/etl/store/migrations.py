@@ -168,9 +168,19 @@ def _per_table(name: str, md: sa.MetaData, *columns: sa.Column[Any]) -> sa.Table
     )
 
 
-def _resync_requests_table(md: sa.MetaData) -> sa.Table:
-    # Tables that `etl resync` asked the running pipeline to copy again (see Store.request_resync).
-    return _per_table("etl_resync_requests", md, sa.Column("requested_at", UtcDateTime, nullable=False))
+def _resync_requests_table(md: sa.MetaData, *, where: bool = True) -> sa.Table:
+    # Tables that `etl resync` asked the running pipeline to copy again (see Store.request_resync). Migration 2
+    # creates it without where_sql, which migration 6 adds.
+    return _per_table(
+        "etl_resync_requests",
+        md,
+        sa.Column("requested_at", UtcDateTime, nullable=False),
+        *([_WHERE_SQL()] if where else []),
+    )
+
+
+def _WHERE_SQL() -> sa.Column[Any]:  # noqa: N802 - a column, made anew for each table it joins
+    return sa.Column("where_sql", sa.Text, comment="a backfill's predicate (etl resync --where); NULL: the whole table")
 
 
 def _copy_progress_table(md: sa.MetaData, *, resume: bool = True) -> sa.Table:
@@ -222,18 +232,24 @@ def _create_initial_tables(conn: sa.Connection, schema: str | None) -> None:
 
 
 def _create_resync_requests(conn: sa.Connection, schema: str | None) -> None:
-    _resync_requests_table(sa.MetaData(schema=schema)).create(conn)
+    _resync_requests_table(sa.MetaData(schema=schema), where=False).create(conn)
 
 
 def _create_copy_progress(conn: sa.Connection, schema: str | None) -> None:
     _copy_progress_table(sa.MetaData(schema=schema), resume=False).create(conn)
 
 
-def _add_resume_after(conn: sa.Connection, schema: str | None) -> None:
-    table = _copy_progress_table(sa.MetaData(schema=schema))
-    column = table.c.resume_after
-    name = conn.dialect.identifier_preparer.format_table(table)
+def _add_column(conn: sa.Connection, column: sa.Column[Any]) -> None:
+    name = conn.dialect.identifier_preparer.format_table(column.table)
     conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {column.name} {column.type.compile(conn.dialect)}")
+
+
+def _add_resume_after(conn: sa.Connection, schema: str | None) -> None:
+    _add_column(conn, _copy_progress_table(sa.MetaData(schema=schema)).c.resume_after)
+
+
+def _add_backfill_predicate(conn: sa.Connection, schema: str | None) -> None:
+    _add_column(conn, _resync_requests_table(sa.MetaData(schema=schema)).c.where_sql)
 
 
 def _create_table_activity(conn: sa.Connection, schema: str | None) -> None:
@@ -246,6 +262,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "copy progress", _create_copy_progress),
     Migration(4, "table activity", _create_table_activity),
     Migration(5, "incremental copy position", _add_resume_after),
+    Migration(6, "backfill predicates", _add_backfill_predicate),
 )
 
 

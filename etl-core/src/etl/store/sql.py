@@ -32,6 +32,7 @@ from etl.store.base import (
     TableActivity,
     TableState,
     TableStateKind,
+    merged_request,
     table_sync_worker,
 )
 from etl.store.cached import CachedStore, StateRow
@@ -321,16 +322,28 @@ class SqlStore(CachedStore):
                 self._insert_states(conn, rows)
             conn.execute(self._delete(self._tables.progress, worker=APPLY_WORKER))
 
-    def _persist_resync_request(self, table_id: TableId) -> None:
+    def _persist_resync_request(self, table_id: TableId, where: str | None) -> None:
         t = self._tables.resync_requests
-        insert = self._insert(t).values(pipeline_id=self.pipeline_id, table_id=table_id, requested_at=datetime.now(UTC))
+        if where is not None and not self._migrated(6):
+            raise StoreError(
+                f"the {self.describe()} was written by an older version, which cannot take a --where predicate",
+                hint="run the pipeline once with this version (it upgrades the store), then ask again",
+            )
+        values: dict[str, Any] = {"requested_at": datetime.now(UTC)}
         with self._transaction("recording a resync request") as conn:
-            conn.execute(insert.on_conflict_do_nothing(index_elements=[t.c.pipeline_id, t.c.table_id]))
+            if self._migrated(6):
+                read = self._mine(sa.select(t.c.table_id, t.c.where_sql), t)
+                pending: dict[TableId, str | None] = {row[0]: row[1] for row in conn.execute(read)}
+                values["where_sql"] = merged_request(pending, table_id, where)
+            insert = self._insert(t).values(pipeline_id=self.pipeline_id, table_id=table_id, **values)
+            conn.execute(insert.on_conflict_do_update(index_elements=[t.c.pipeline_id, t.c.table_id], set_=values))
 
-    def _take_resync_requests(self) -> set[TableId]:
+    def _take_resync_requests(self) -> dict[TableId, str | None]:
         t = self._tables.resync_requests
         with self._transaction("taking resync requests") as conn:
-            taken = {row.table_id for row in conn.execute(self._mine(sa.select(t.c.table_id), t))}
+            where = t.c.where_sql if self._migrated(6) else sa.null()  # migration 6 added it
+            read = self._mine(sa.select(t.c.table_id, where), t)
+            taken: dict[TableId, str | None] = {row[0]: row[1] for row in conn.execute(read)}
             for table_id in taken:  # only what was read: a request made meanwhile stays for the next call
                 conn.execute(self._delete(t, table_id=table_id))
         return taken

@@ -732,10 +732,25 @@ class ConcurrentStoreContract(DurableStoreContract):
         asking.request_resync(T1)
         asking.request_resync(T1)
         asking.request_resync(T2)
-        assert running.take_resync_requests() == {T1, T2}
-        assert running.take_resync_requests() == set()
+        assert running.take_resync_requests() == {T1: None, T2: None}
+        assert running.take_resync_requests() == {}
         asking.request_resync(T2)
-        assert make_store().take_resync_requests() == {T2}, "a request is durable until taken"
+        assert make_store().take_resync_requests() == {T2: None}, "a request is durable until taken"
+
+    def test_a_backfill_request_keeps_its_predicate_and_a_whole_table_request_wins(self, make_store: MakeStore) -> None:
+        """``etl resync --where``: the predicate as given (quotes, newlines, ``%``); a request for the whole table
+        made before or after a backfill's, before they are taken, asks for the whole table."""
+        running, asking = make_store(), make_store()
+        running.acquire_lock()
+        odd = "note LIKE 'a%' AND id <> 0 -- it's\n OR \"Odd Name\" IS NULL"
+        asking.request_resync(T1, where="id < 10")
+        asking.request_resync(T1, where=odd)  # the later predicate
+        asking.request_resync(T2)
+        asking.request_resync(T2, where="id < 10")  # the whole table stays asked for
+        asking.request_resync(T3, where="id < 5")
+        asking.request_resync(T3)
+        assert make_store().take_resync_requests() == {T1: odd, T2: None, T3: None}
+        assert running.take_resync_requests() == {}
 
 
 def _start_holder(cls: type[Any], config: dict[str, Any], pipeline_id: int) -> subprocess.Popen[bytes]:
