@@ -223,11 +223,12 @@ def test_sigkill_mid_batch_during_copy_and_streaming(setup: Setup) -> None:
 
     # During a flush of inlined rows: their file is written, the catalog still holds them inlined. Each
     # transaction updates the whole ledger: its thousands of row images are inlined, and once the ledger's
-    # inlined data holds 20,000 rows (ended ones count) they are flushed into one file.
+    # inlined data holds 20,000 rows (ended ones count) they are flushed into one file. The workload goes on until
+    # a flush is caught (a pipeline slowed by a busy machine flushes later, and a flush may end between two polls).
     def whole_ledger(conn: psycopg.Connection[Any], i: int) -> None:
         conn.execute("UPDATE ledger SET delta = delta + 1")
 
-    with concurrent_transactions(db, whole_ledger, count=80, pause=0.2) as workload:
+    with concurrent_transactions(db, whole_ledger, count=400, pause=0.2) as workload:
         setup.run.kill_mid_write(setup.staged_flushes, timeout=120, probe=setup.files)
         workload.finish(after=3)  # a few changes while the pipeline is down; the rest would only add time
     setup.run.start()

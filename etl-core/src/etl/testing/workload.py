@@ -96,6 +96,9 @@ def concurrent_transactions(
     writer.start()
     try:
         yield workload
+    except BaseException:
+        workload.finish()  # the block failed: the rest of the transactions would only delay its report
+        raise
     finally:
         writer.join(timeout)
     if errors:
