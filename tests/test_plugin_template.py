@@ -52,6 +52,15 @@ def test_a_rendered_plugin_installs_passes_its_tests_and_registers(tmp_path: Pat
     assert tests.returncode == 0, tests.stdout + tests.stderr
     assert " passed" in tests.stdout and "skipped" not in tests.stdout
 
+    # Its own import contract: etl's plugin API only (etl.api, etl.testing), as its pyproject.toml declares.
+    contract = [python, "-c", "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())"]
+    kept = subprocess.run(contract, check=False, cwd=project, capture_output=True, text=True, timeout=120)
+    assert kept.returncode == 0 and "1 kept, 0 broken" in kept.stdout, kept.stdout + kept.stderr
+    # a module that reaches into the engine, in the installed package (what the contract analyses)
+    (Path(site_packages) / "etl_acme" / "internal.py").write_text("from etl.pipeline import Pipeline\n")
+    broken = subprocess.run(contract, check=False, cwd=project, capture_output=True, text=True, timeout=120)
+    assert broken.returncode == 1 and "etl_acme.internal -> etl.pipeline" in broken.stdout, broken.stdout
+
     listed = subprocess.run(
         [python, "-c", "import sys; from etl.cli import main; sys.exit(main())", "plugins"],
         check=False,

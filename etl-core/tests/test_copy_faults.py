@@ -9,10 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from etl.copy_plan import CopyPlan, CopyRange, CopyStopped
 from etl.errors import TransientError
 from etl.postgres.catalog import PublishedTable, publication_tables, table_schema
 from etl.postgres.connection import connect
-from etl.postgres.copy import CopyPlan, CopyRange, CopyStopped, _Unblock, copy_table
+from etl.postgres.copy import _Unblock, copy_table, read_ranges
 from etl.schema import TableSchema
 from etl.testing.pytest_plugin import TestDatabase
 
@@ -60,7 +61,7 @@ def test_a_silent_server_is_a_lost_connection(
 ) -> None:
     table, schema = big
     whole = CopyPlan(pg_database.connection(), None, schema, (CopyRange(table.name, None),), None)
-    batches = whole.copy(0, batch_rows=1000, read_timeout=2)
+    batches = read_ranges(whole, [0], batch_rows=1000, read_timeout=2)
     next(batches)
     with pg_database.cluster.frozen():
         frozen_at = time.monotonic()
@@ -83,7 +84,7 @@ def test_stop_while_connecting_to_a_frozen_server(
 
     def copy() -> None:
         try:
-            drain(CopyPlan(config, None, schema, (CopyRange(table.name, None),), None).copy(0, stop=stop))
+            drain(read_ranges(CopyPlan(config, None, schema, (CopyRange(table.name, None),), None), [0], stop=stop))
         except BaseException as exc:
             outcome.append(exc)
 

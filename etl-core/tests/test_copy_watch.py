@@ -8,10 +8,11 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from etl.config import PostgresConnection
+from etl.copy_plan import CopyPlan
 from etl.destination.base import TableCopier
 from etl.destination.memory import MemoryDestination
 from etl.pipeline import Pipeline
-from etl.postgres.copy import CopyPlan
+from etl.postgres.copy import read_ranges
 from etl.replication.copy_watch import CopyWatch, copy_application_name
 from etl.store.memory import MemoryStore
 from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, wait_until
@@ -65,7 +66,7 @@ class SlowCopier(MemoryDestination):
     def copy_table(self, plan: CopyPlan, stop: threading.Event) -> int:
         self.application_names.add(plan.connection.application_name)
         copied = 0
-        for batch in plan.copy_ranges(range(len(plan.ranges)), batch_rows=2000, stop=stop):
+        for batch in read_ranges(plan, range(len(plan.ranges)), batch_rows=2000, stop=stop):
             self.write_table_rows(plan.schema, pa.Table.from_batches([batch]))
             copied += batch.num_rows
             self.go_on.wait(60)

@@ -14,11 +14,12 @@ import pytest
 import structlog
 
 from etl.config import PostgresConnection
+from etl.copy_plan import CopyPlan, CopyRange, CtidRange
 from etl.errors import SourceError, TableError
-from etl.postgres.catalog import CtidRange, PublishedTable, ctid_ranges, publication_tables, table_schema
+from etl.postgres.catalog import PublishedTable, ctid_ranges, publication_tables, table_schema
 from etl.postgres.codecs import arrow_field
 from etl.postgres.connection import connect
-from etl.postgres.copy import CopyPlan, CopyRange, copy_table, plan_copy
+from etl.postgres.copy import copy_table, plan_copy, read_ranges
 from etl.postgres.replication import ReplicationConnection
 from etl.schema import TableName, TableSchema
 from etl.testing.pytest_plugin import TestDatabase
@@ -61,8 +62,8 @@ def copy_range(  # noqa: PLR0917 - the order of the COPY's parts, as the tests n
     row_filter: str | None,
     **options: Any,
 ) -> Iterator[pa.RecordBatch]:
-    """One range of ``source``, copied as a copy plan's range is (``CopyPlan.copy``)."""
-    return CopyPlan(config, snapshot, schema, (CopyRange(source, ctid_range),), row_filter).copy(0, **options)
+    """One range of ``source``, copied as a copy plan's range is (``read_ranges``)."""
+    return read_ranges(CopyPlan(config, snapshot, schema, (CopyRange(source, ctid_range),), row_filter), [0], **options)
 
 
 def copy_threads() -> list[threading.Thread]:
@@ -226,12 +227,12 @@ def test_copy_sees_the_exported_snapshot(pg_database: TestDatabase, exported: Ex
 
 
 def test_a_plans_ranges_copy_on_one_connection_in_its_snapshot(pg_database: TestDatabase, exported: Exported) -> None:
-    """``copy_ranges`` copies several ranges of a plan, as of its snapshot, on one backend."""
+    """``read_ranges`` copies several ranges of a plan, as of its snapshot, on one backend."""
     plan = plan_copy(pg_database.connection(), exported.schema, exported.table, exported.snapshot, 4)
     assert len(plan.ranges) == 4
     backends: set[int] = set()
     rows: Counter[Row] = Counter()
-    for batch in plan.copy_ranges([3, 1, 0, 2], batch_rows=100):
+    for batch in read_ranges(plan, [3, 1, 0, 2], batch_rows=100):
         backends |= {
             pid
             for (pid,) in pg_database.execute(
@@ -241,9 +242,7 @@ def test_a_plans_ranges_copy_on_one_connection_in_its_snapshot(pg_database: Test
         rows += copied_rows([batch], exported.schema)
     assert rows == exported.rows
     assert len(backends) == 1
-    assert (
-        copied_rows(plan.copy(2), exported.schema) == copied_rows(plan.copy_ranges([2]), exported.schema) != Counter()
-    )
+    assert copied_rows(read_ranges(plan, [2]), exported.schema) != Counter()
 
 
 def test_invalid_snapshot_is_a_clear_error(pg_database: TestDatabase) -> None:

@@ -15,12 +15,14 @@ from typing import Any
 
 import pytest
 
+from etl.copy_plan import CopyPlan, CopyRange, CopyStopped
 from etl.postgres.connection import connect
-from etl.postgres.copy import CopyPlan, CopyRange, CopyStopped
 from etl.schema import TableName
+from etl.testing.copies import published_plan
 from etl.testing.pytest_plugin import TestDatabase
+from etl_spark.ducklake import copy_job
 from etl_spark.ducklake.copy_job import _Ranges, copy_tasks
-from etl_spark.testing import comparable_source_rows, duckdb_rows, published_plan
+from etl_spark.testing import comparable_source_rows, duckdb_rows
 
 TYPED = """
     CREATE TABLE typed (id int PRIMARY KEY, tags text[], nums int[], grid int[][], uid uuid, at time,
@@ -118,7 +120,7 @@ def test_copy_tasks_take_every_range_once_each_in_turn(
     """Task ``i`` of ``n`` copies ranges ``i``, ``i + n``, ...: together every range once; pickled as Spark ships it."""
     plan = typed_plan(pg_database, parts=8)
     tasks = pickle.loads(pickle.dumps(_Ranges(plan, 3)))
-    monkeypatch.setattr(CopyPlan, "copy_ranges", lambda self, indexes: iter(indexes))
+    monkeypatch.setattr(copy_job, "read_ranges", lambda plan, indexes: iter(indexes))  # the ranges, not their rows
     assert [list(tasks(task)) for task in range(3)] == [[0, 3, 6], [1, 4, 7], [2, 5]]
 
 

@@ -13,9 +13,9 @@ import sqlalchemy as sa
 
 from etl.errors import DestinationError
 from etl.schema import ColumnSchema, TableName, TableSchema
+from etl.testing.copies import published_plan
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.ducklake.catalog import engine_for
-from etl_spark.testing import published_plan
 
 
 def in_duckdb(lake: Any, *statements: str) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import structlog
 
-from etl.filelock import FileLock
+from etl.api import FileLock
 
 log = structlog.get_logger(__name__)
 

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etl.events import COMMIT_LSN_COLUMN, MISSING_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN
+from etl.api import COMMIT_LSN_COLUMN, MISSING_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from etl.errors import RuntimeSetupError
-from etl.preflight import Check
+from etl.api import Check, RuntimeSetupError
 from etl_spark import jvm_log
 from etl_spark.class_archive import ClassArchive
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from etl.plugins import hookimpl
+from etl.api import hookimpl
 from etl_store_postgres.store import PostgresStore
 
 if TYPE_CHECKING:
-    from etl.store.base import StoreFactory
+    from etl.api import StoreFactory
 
 
 @hookimpl

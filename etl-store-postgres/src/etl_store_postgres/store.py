@@ -18,12 +18,8 @@ import sqlalchemy as sa
 from psycopg.conninfo import make_conninfo
 from pydantic import Field
 
-from etl.config import PostgresConnection, validate
-from etl.errors import EtlError, PipelineLockedError, StoreError
-from etl.postgres.connection import connect
-from etl.preflight import Check
-from etl.store.migrations import driver_message
-from etl.store.sql import SqlStore
+from etl.api import Check, EtlError, PipelineLockedError, PostgresConnection, StoreError, connect, validate
+from etl.api.sql import SqlStore, driver_message
 
 
 class PostgresStoreConfig(PostgresConnection):

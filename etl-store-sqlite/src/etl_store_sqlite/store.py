@@ -17,12 +17,8 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field
 
-from etl.config import Integer, validate
-from etl.errors import PipelineLockedError, StoreError
-from etl.filelock import FileLock
-from etl.preflight import Check, file_to_create
-from etl.store.migrations import driver_message
-from etl.store.sql import SqlStore
+from etl.api import Check, FileLock, Integer, PipelineLockedError, StoreError, file_to_create, validate
+from etl.api.sql import SqlStore, driver_message
 
 APPLICATION_ID = 0x45544C31  # "ETL1"
 

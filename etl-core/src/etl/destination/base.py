@@ -16,8 +16,8 @@ from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 
+from etl.copy_plan import CopyPlan
 from etl.events import EventBatch
-from etl.postgres.copy import CopyPlan
 from etl.schema import TableName, TableSchema
 from etl.store.base import Store
 

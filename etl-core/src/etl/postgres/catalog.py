@@ -12,6 +12,7 @@ from typing import Any, Final
 import psycopg
 import structlog
 
+from etl.copy_plan import CtidRange
 from etl.errors import SourceError, TableError
 from etl.schema import ColumnSchema, ReplicaIdentity, TableId, TableName, TableSchema, quote_ident
 
@@ -68,23 +69,6 @@ class PublicationOptions:
     """``publish_via_partition_root``: partitioned tables are published as their root."""
     generated_columns: bool
     """``publish_generated_columns = stored`` (Postgres 18+): stored generated columns are published."""
-
-
-@dataclass(frozen=True)
-class CtidRange:
-    """Heap pages ``[start_block, end_block)``; ``None`` leaves that side open."""
-
-    start_block: int | None
-    end_block: int | None
-
-    def predicate(self) -> str | None:
-        """The SQL condition selecting the range's rows; ``None`` for the whole table."""
-        parts = []
-        if self.start_block is not None:
-            parts.append(f"ctid >= '({self.start_block},0)'::tid")
-        if self.end_block is not None:
-            parts.append(f"ctid < '({self.end_block},0)'::tid")
-        return " AND ".join(parts) or None
 
 
 def publication_exists(conn: psycopg.Connection[Any], publication: str) -> bool:

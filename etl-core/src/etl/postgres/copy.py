@@ -33,9 +33,10 @@ from psycopg.errors import error_from_result
 from psycopg.pq.abc import PGconn, PGresult
 
 from etl.config import PostgresConnection
+from etl.copy_plan import RANGES_PER_CONNECTION, CopyPlan, CopyRange, CopyStopped, CtidRange
 from etl.errors import EtlError, SourceError, TableError, TransientError
 from etl.postgres import generators
-from etl.postgres.catalog import CtidRange, PublishedTable, ctid_ranges, table_bytes
+from etl.postgres.catalog import PublishedTable, ctid_ranges, table_bytes
 from etl.postgres.codecs import arrow_field, decode_text_column
 from etl.postgres.connection import connect, connection_error, conninfo_string
 from etl.postgres.generators import PQGen
@@ -49,8 +50,6 @@ T = TypeVar("T")
 
 MAX_BATCH_BYTES: Final = 64 * 1024 * 1024
 """A batch is cut early when its CSV text reaches this size (wide rows)."""
-RANGES_PER_CONNECTION: Final = 4
-"""Ranges planned per connection and table, so that uneven ranges still spread evenly."""
 COPY_READ_TIMEOUT_S: Final = 300.0
 """How long a copy connection waits for the server to send (or take) anything before it counts as lost.
 
@@ -69,20 +68,6 @@ _CONVERT_OPTIONS_ARGS: Final[dict[str, Any]] = {
 
 class _Stopped(Exception):
     """The copy's own consumer went away (the iterator was closed): stop quietly."""
-
-
-class CopyStopped(TransientError):
-    """The caller's ``stop`` event was set before the copy finished; the table was not copied in full."""
-
-
-@dataclass(frozen=True)
-class CopyRange:
-    """One piece of a table's copy: a ctid range of the table or of one of its leaf partitions."""
-
-    source: TableName
-    """The table itself or, for a partitioned table, a leaf."""
-    ctid_range: CtidRange | None
-    """``None``: the whole of ``source``."""
 
 
 @dataclass(frozen=True)
@@ -117,56 +102,23 @@ def copy_chunk(
     return snapshot, pa.Table.from_batches(batches, schema=output)
 
 
-@dataclass(frozen=True)
-class CopyPlan:
-    """Everything needed to copy one table, from any process that reaches the source.
-
-    Made by the engine while it holds the exported snapshot open; a destination that copies tables
-    itself (``etl.destination.base.TableCopier``) runs ``copy`` for each range, wherever it likes (Spark
-    executors, say). Every range reads the table as of the snapshot, so together they hold each row
-    exactly once. Pickles (the password stays a ``SecretStr``).
-    """
-
-    connection: PostgresConnection
-    snapshot: str | None
-    """The exported snapshot to import (``None``: each range reads its own, consistent only as one range)."""
-    schema: TableSchema
-    """The columns to copy (the publication's column list applied) and their types."""
-    ranges: tuple[CopyRange, ...]
-    row_filter: str | None
-    """The publication's row filter, as SQL."""
-    size_bytes: int | None = None
-    """The source tables' size, TOAST included, when the copy was planned (about what it reads); None: not measured."""
-
-    def copy(
-        self,
-        index: int,
-        *,
-        batch_rows: int = 65536,
-        stop: threading.Event | None = None,
-        read_timeout: float = COPY_READ_TIMEOUT_S,
-    ) -> Generator[pa.RecordBatch, None, None]:
-        """Copy range ``index`` on a connection of its own: Arrow batches of the schema's columns."""
-        return self.copy_ranges((index,), batch_rows=batch_rows, stop=stop, read_timeout=read_timeout)
-
-    def copy_ranges(
-        self,
-        indexes: Iterable[int],
-        *,
-        batch_rows: int = 65536,
-        stop: threading.Event | None = None,
-        read_timeout: float = COPY_READ_TIMEOUT_S,
-    ) -> Generator[pa.RecordBatch, None, None]:
-        """Copy the ranges ``indexes``, one after another, on one connection of their own: Arrow batches of the
-        schema's columns in order, at most ``batch_rows`` rows each (an empty range yields none), of the rows
-        that pass the row filter. One ``REPEATABLE READ`` transaction imports the snapshot (``None``: a fresh
-        one) for all of them; a server backend per range would cost a connection, and the catalog lookups of
-        its first query, each time. Setting ``stop`` makes it raise ``CopyStopped`` within a second;
-        ``read_timeout``: see the module."""
-        with _CopySession(self.connection, self.snapshot, cancel=stop, read_timeout=read_timeout) as session:
-            for index in indexes:
-                piece = self.ranges[index]
-                yield from session.copy(self.schema, piece.source, piece.ctid_range, self.row_filter, batch_rows)
+def read_ranges(
+    plan: CopyPlan,
+    indexes: Iterable[int],
+    *,
+    batch_rows: int = 65536,
+    stop: threading.Event | None = None,
+    read_timeout: float = COPY_READ_TIMEOUT_S,
+) -> Generator[pa.RecordBatch, None, None]:
+    """Read the ranges ``indexes`` of ``plan``, one after another, on one connection of their own: Arrow batches
+    of the schema's columns in order, at most ``batch_rows`` rows each (an empty range yields none), of the rows
+    that pass the row filter. One ``REPEATABLE READ`` transaction imports the snapshot (``None``: a fresh one) for
+    all of them; a server backend per range would cost a connection, and the catalog lookups of its first query,
+    each time. Setting ``stop`` makes it raise ``CopyStopped`` within a second; ``read_timeout``: see the module."""
+    with _CopySession(plan.connection, plan.snapshot, cancel=stop, read_timeout=read_timeout) as session:
+        for index in indexes:
+            piece = plan.ranges[index]
+            yield from session.copy(plan.schema, piece.source, piece.ctid_range, plan.row_filter, batch_rows)
 
 
 def plan_copy(

@@ -12,6 +12,8 @@ from psycopg.rows import dict_row
 from psycopg.types.string import TextLoader
 
 from etl.destination.memory import sort_rows
+
+__all__ = ["sort_rows", "source_rows"]
 from etl.schema import TableName
 
 TEXT_TYPES = ("json", "jsonb", "uuid", "inet", "cidr", "macaddr", "macaddr8", "money", "timetz")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from etl.errors import ConfigError
+from etl.api import ConfigError
 
 if TYPE_CHECKING:
     from google.cloud import bigquery

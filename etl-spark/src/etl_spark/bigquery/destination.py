@@ -34,13 +34,27 @@ import pyarrow.compute as pc
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from etl.config import Integer, validate
-from etl.destination.base import DestinationContext, WriteResult
-from etl.errors import DestinationError, EtlError, TableError, TransientError, naming_table
-from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN, EventBatch, TableChanges
-from etl.preflight import Check
-from etl.schema import ColumnSchema, TableSchema
-from etl.store.base import Store
+from etl.api import (
+    COMMIT_LSN_COLUMN,
+    OLD_COLUMN,
+    OP_COLUMN,
+    TX_ORDINAL_COLUMN,
+    Check,
+    ColumnSchema,
+    DestinationContext,
+    DestinationError,
+    EtlError,
+    EventBatch,
+    Integer,
+    Store,
+    TableChanges,
+    TableError,
+    TableSchema,
+    TransientError,
+    WriteResult,
+    naming_table,
+    validate,
+)
 from etl_spark.bigquery import history
 from etl_spark.bigquery.client import make_client
 from etl_spark.bigquery.errors import classify, passes

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from etl.errors import DestinationError, EtlError, TransientError
+from etl.api import DestinationError, EtlError, TransientError
 
 RETRIED_STATUS: Final = frozenset({429, 500, 502, 503, 504})
 RETRIED_REASONS: Final = frozenset({"rateLimitExceeded", "backendError", "internalError", "jobBackendError"})

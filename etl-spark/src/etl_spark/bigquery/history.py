@@ -19,8 +19,7 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN
-from etl.schema import TableSchema
+from etl.api import COMMIT_LSN_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN, TableSchema
 
 COMMIT_TS: Final = "_etl_commit_ts"
 COLUMNS: Final = (

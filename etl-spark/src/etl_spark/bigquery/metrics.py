@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from etl.metrics import LATENCY_BUCKETS
+from etl.api import LATENCY_BUCKETS
 
 
 class BigQueryMetrics:

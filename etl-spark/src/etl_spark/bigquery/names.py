@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from etl.errors import TableError
-from etl.schema import TableName
+from etl.api import TableError, TableName
 
 _NAME: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_]*[A-Za-z0-9])?")
 MAX_TABLE_ID: Final = 1024

@@ -10,8 +10,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from etl.errors import EtlError
-from etl.preflight import Check, writable_directory
+from etl.api import Check, EtlError, writable_directory
 from etl_spark.bigquery.client import make_client
 from etl_spark.session import delete_path, first_line, get_spark, java_check, spark_check
 

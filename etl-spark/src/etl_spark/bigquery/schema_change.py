@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from etl.errors import TypeChangeError
-from etl.schema import ColumnSchema, TableSchema, match_columns
+from etl.api import ColumnSchema, TableSchema, TypeChangeError, match_columns
 from etl_spark.bigquery.names import column_name
 from etl_spark.bigquery.types import bq_type, check_columns
 

@@ -20,9 +20,7 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etl.errors import TableError
-from etl.postgres.codecs import BUILTIN_ARRAYS
-from etl.schema import ColumnSchema, TableSchema
+from etl.api import BUILTIN_ARRAYS, ColumnSchema, TableError, TableSchema
 from etl_spark.bigquery.names import column_name
 from etl_spark.ducklake.types import interval_text, numeric_precision_scale
 

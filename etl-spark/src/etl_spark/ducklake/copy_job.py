@@ -3,7 +3,7 @@
 The job has a task per executor core (Spark's default parallelism), at most one per range; task ``i``
 of ``n`` copies ranges ``i``, ``i + n``, ... one after another, on one connection of its own to the
 source that imports the plan's exported snapshot, to Arrow with the engine's copy code
-(``CopyPlan.copy_ranges``), and writes data files itself (``datafiles``); it returns only the files'
+(``etl.api.read_ranges``), and writes data files itself (``datafiles``); it returns only the files'
 metadata. A task per range would cost Spark's per-task overhead, measured at 60-120 ms
 on the copy bench (a fifth of a range's copy there), once per range instead of once per core.
 
@@ -22,8 +22,16 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from etl.errors import EtlError, TableError, TransientError
-from etl.postgres.copy import RANGES_PER_CONNECTION, CopyPlan, CopyRange, CopyStopped
+from etl.api import (
+    RANGES_PER_CONNECTION,
+    CopyPlan,
+    CopyRange,
+    CopyStopped,
+    EtlError,
+    TableError,
+    TransientError,
+    read_ranges,
+)
 from etl_spark.ducklake.catalog import NewFile
 from etl_spark.ducklake.datafiles import DataFileSpec
 from etl_spark.ducklake.files import write_indexed
@@ -69,7 +77,7 @@ class _Ranges:
     tasks: int
 
     def __call__(self, task: int) -> Iterator[pa.RecordBatch]:
-        return self.plan.copy_ranges(range(task, len(self.plan.ranges), self.tasks))
+        return read_ranges(self.plan, range(task, len(self.plan.ranges), self.tasks))
 
 
 def cancellable(spark: SparkSession, stop: threading.Event, description: str, work: Callable[[], T]) -> T:

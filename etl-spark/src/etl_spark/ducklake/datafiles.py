@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from etl.errors import DestinationError
+from etl.api import DestinationError
 from etl_spark.ducklake.catalog import LakeColumn, NewFile
 from etl_spark.ducklake.stats import ColumnStats, file_stats, stats_kind
 from etl_spark.ducklake.types import FIELD_ID, LIST, Form, Stats, arrow_of, convert

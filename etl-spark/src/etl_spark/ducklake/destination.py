@@ -24,14 +24,26 @@ import pyarrow as pa
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from etl.config import Integer, validate
-from etl.destination.base import DestinationContext, TablePreview, WriteResult
-from etl.errors import ConfigError, DestinationError, TableError, TableErrors, naming_table
-from etl.events import EventBatch, TableChanges
-from etl.postgres.copy import CopyPlan
-from etl.preflight import Check
-from etl.schema import TableName, TableSchema
-from etl.store.base import Store
+from etl.api import (
+    Check,
+    ConfigError,
+    CopyPlan,
+    DestinationContext,
+    DestinationError,
+    EventBatch,
+    Integer,
+    Store,
+    TableChanges,
+    TableError,
+    TableErrors,
+    TableName,
+    TablePreview,
+    TableSchema,
+    WriteResult,
+    naming_table,
+    read_ranges,
+    validate,
+)
 from etl_spark.ducklake.catalog import (
     Catalog,
     CommitConflict,
@@ -351,7 +363,7 @@ class DuckLakeDestination:
 
     def _copy_on_driver(self, plan: CopyPlan, stop: threading.Event, spec: DataFileSpec) -> list[NewFile]:
         """Read every range on one connection of this process and write the rows here: no Spark job to wait for."""
-        with closing(plan.copy_ranges(range(len(plan.ranges)), stop=stop)) as batches:  # its connection, too
+        with closing(read_ranges(plan, range(len(plan.ranges)), stop=stop)) as batches:  # its connection, too
             return self.storage.written(spec, partial(write_data_files, spec, batches))
 
     def write_table_rows(self, schema: TableSchema, rows: pa.Table) -> WriteResult:

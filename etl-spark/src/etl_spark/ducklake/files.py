@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import structlog
 
-from etl.errors import TableError
+from etl.api import TableError
 from etl_spark.ducklake.catalog import Composed, DataFile, DeleteFile, LakeColumn, LakeTable, NewFile, inside
 from etl_spark.ducklake.datafiles import (
     METADATA_SCHEMA,

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import structlog
 
-from etl.errors import DestinationError
+from etl.api import DestinationError
 from etl_spark.ducklake.catalog import (
     CommitConflict,
     Composed,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etl.events import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN
+from etl.api import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN
 from etl_spark.ducklake.catalog import Catalog, LakeColumn, LakeOptions, LakeTable
 from etl_spark.ducklake.datafiles import DataFileSpec, ParquetOptions
 from etl_spark.ducklake.files import LakeStorage

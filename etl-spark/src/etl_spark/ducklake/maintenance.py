@@ -27,7 +27,7 @@ from typing import Final
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
-from etl.config import Integer
+from etl.api import Integer
 from etl_spark.ducklake.catalog import inside
 from etl_spark.ducklake.compaction import merge_small_files, rewrite_deleted
 from etl_spark.ducklake.lake import Lake

@@ -12,7 +12,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from etl.metrics import LATENCY_BUCKETS
+from etl.api import LATENCY_BUCKETS
 
 FILE_KINDS: Final = ("data", "delete")
 """The ``kind`` label of the file series: Parquet data files and positional delete files."""

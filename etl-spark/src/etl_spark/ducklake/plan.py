@@ -22,9 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etl.errors import TableError
-from etl.events import OP_COLUMN, TableChanges
-from etl.schema import ColumnSchema, TableSchema
+from etl.api import OP_COLUMN, ColumnSchema, TableChanges, TableError, TableSchema
 from etl_spark.collapse import (
     ACTION,
     NET,

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 from sqlalchemy.engine import make_url
 
-from etl.preflight import Check, file_to_create, writable_directory
+from etl.api import Check, file_to_create, writable_directory
 from etl_spark.ducklake.catalog.engine import masked, redacted
 from etl_spark.ducklake.datafiles import filesystem
 from etl_spark.session import SparkSettings, java_check, spark_check

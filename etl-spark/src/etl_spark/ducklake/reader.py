@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import make_url
 
-from etl.errors import ConfigError, DestinationError
+from etl.api import ConfigError, DestinationError
 
 if TYPE_CHECKING:
     import duckdb

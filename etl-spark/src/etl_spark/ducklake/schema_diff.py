@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from etl.errors import TypeChangeError
-from etl.schema import ColumnSchema, TableSchema, match_columns
+from etl.api import ColumnSchema, TableSchema, TypeChangeError, match_columns
 from etl_spark.ducklake.catalog import UNKNOWN_SOURCE_TYPE, LakeColumn, NewColumn
 from etl_spark.ducklake.types import LIST, lake_type
 

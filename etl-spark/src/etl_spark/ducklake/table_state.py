@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from etl.schema import TableSchema
+from etl.api import TableSchema
 from etl_spark.ducklake.catalog import Catalog, DataFile, Handle, LakeTable
 
 

@@ -26,8 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etl.postgres.codecs import BUILTIN_ARRAYS, arrow_type
-from etl.schema import ColumnSchema
+from etl.api import BUILTIN_ARRAYS, ColumnSchema, arrow_type
 
 
 class Stats(StrEnum):

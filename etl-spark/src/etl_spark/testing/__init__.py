@@ -1,8 +1,8 @@
 """Test kits of the Spark destinations, not part of the destinations themselves.
 
-This module: helpers for tests of pipelines into DuckLake (plan a table's copy, read a lake's tables with real
-DuckDB, compare with the source). ``bigquery_emulator``: a local BigQuery server in its own virtualenv.
-``fault_proxy``: an HTTP proxy that fails chosen requests to it.
+This module: helpers for tests of pipelines into DuckLake (read a lake's tables with real DuckDB, compare with
+the source; ``etl.testing.copies`` plans a table's copy). ``bigquery_emulator``: a local BigQuery server in its
+own virtualenv. ``fault_proxy``: an HTTP proxy that fails chosen requests to it.
 
 Rows come back as dicts sorted like ``etl.testing.compare.source_rows``, with timestamps with a time
 zone in UTC and uuids as text on both sides, so a lake table and its source table compare with ``==``.
@@ -14,28 +14,12 @@ import datetime as dt
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from etl.destination.memory import sort_rows
-from etl.postgres.catalog import publication_tables, table_schema
-from etl.postgres.connection import connect
-from etl.postgres.copy import CopyPlan, plan_copy
-from etl.schema import TableName
-from etl.testing.compare import source_rows
+from etl.api import TableName
+from etl.testing.compare import sort_rows, source_rows
 
 if TYPE_CHECKING:
     import duckdb
     import psycopg
-
-    from etl.testing.pytest_plugin import TestDatabase
-
-
-def published_plan(db: TestDatabase, setup: str, parts: int, publication: str = "pub") -> CopyPlan:
-    """Run ``setup`` (SQL that makes a table and ``publication`` of it), then plan the table's copy in up to
-    ``parts`` ranges per source table (per leaf of a partitioned one), without a snapshot."""
-    db.execute(setup)
-    with connect(db.connection()) as conn:
-        (table,) = publication_tables(conn, publication)
-        schema = table_schema(conn, table.id, table.column_list)
-    return plan_copy(db.connection(), schema, table, None, parts)
 
 
 def comparable(value: Any) -> Any:

@@ -25,8 +25,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from etl.errors import PipelineLockedError, StoreError
-from etl.store.snapshot import SnapshotStore
+from etl.api import PipelineLockedError, SnapshotStore, StoreError
 from pydantic import BaseModel, ConfigDict, Field
 
 FILE_FORMAT = 1

@@ -7,9 +7,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from etl.destination.memory import sort_rows
-from etl.errors import DestinationError
-from etl.schema import TableName, TableSchema, quote_ident
+from etl.api import DestinationError, TableName, TableSchema, quote_ident
+from etl.testing.compare import sort_rows
 
 from etl_plugin_example import mirror_schema
 from etl_plugin_example.mirror_schema import MirroredTable, Position

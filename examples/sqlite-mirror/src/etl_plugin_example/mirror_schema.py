@@ -15,10 +15,20 @@ import sqlite3
 from dataclasses import dataclass, field
 
 import structlog
-from etl.errors import TableError
-from etl.lsn import Lsn
-from etl.schema import ColumnSchema, TableId, TableName, TableSchema, match_columns, quote_ident
-from etl.store.codec import lsn_from_text, lsn_to_text, schema_from_json, schema_to_json
+from etl.api import (
+    ColumnSchema,
+    Lsn,
+    TableError,
+    TableId,
+    TableName,
+    TableSchema,
+    lsn_from_text,
+    lsn_to_text,
+    match_columns,
+    quote_ident,
+    schema_from_json,
+    schema_to_json,
+)
 
 from etl_plugin_example.values import sqlite_type, value_kind
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from etl.plugins import hookimpl
+from etl.api import hookimpl
 
 if TYPE_CHECKING:
-    from etl.destination.base import DestinationFactory
-    from etl.store.base import StoreFactory
+    from etl.api import DestinationFactory, StoreFactory
 
 
 @hookimpl

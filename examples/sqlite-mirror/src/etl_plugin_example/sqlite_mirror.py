@@ -27,20 +27,25 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from etl.config import Integer
-from etl.destination.base import DestinationContext, WriteResult
-from etl.errors import DestinationError, TableError, TransientError
-from etl.events import (
+from etl.api import (
     COMMIT_LSN_COLUMN,
     MISSING_COLUMN,
     OLD_COLUMN,
     OP_COLUMN,
     TX_ORDINAL_COLUMN,
+    DestinationContext,
+    DestinationError,
     EventBatch,
+    Integer,
+    Lsn,
     TableChanges,
+    TableError,
+    TableName,
+    TableSchema,
+    TransientError,
+    WriteResult,
+    quote_ident,
 )
-from etl.lsn import Lsn
-from etl.schema import TableName, TableSchema, quote_ident
 from pydantic import BaseModel, ConfigDict, Field
 
 from etl_plugin_example import mirror_schema

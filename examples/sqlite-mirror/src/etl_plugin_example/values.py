@@ -37,8 +37,7 @@ from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from etl.postgres.codecs import BUILTIN_ARRAYS, NUMERIC_OID, arrow_type, python_values
-from etl.schema import ColumnSchema
+from etl.api import BUILTIN_ARRAYS, NUMERIC_OID, ColumnSchema, arrow_type, python_values
 
 SqliteValue = int | float | str | bytes | None
 Decode = Callable[[Any], Any]

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from etl.errors import DestinationError
+from etl.api import DestinationError
 from etl_spark.ducklake.catalog.ddl import SPEC_VERSION, TABLES, create_statements, quote
 
 

@@ -11,7 +11,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, make_url
 
-from etl.errors import ConfigError
+from etl.api import ConfigError
 
 _URL_HINT = "use sqlite:////absolute/path/catalog.sqlite or postgresql://user:password@host:port/database"
 

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 import structlog
 from sqlalchemy.engine import Connection
 
-from etl.errors import DestinationError
+from etl.api import DestinationError
 from etl_spark.ducklake.catalog.ddl import (
     COLUMNS_TABLE,
     OWN_COLUMNS,

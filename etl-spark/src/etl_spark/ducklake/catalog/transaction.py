@@ -19,7 +19,7 @@ import sqlalchemy as sa
 import structlog
 from sqlalchemy.engine import Connection
 
-from etl.errors import TableError
+from etl.api import TableError
 from etl_spark.ducklake.catalog import inlined, retention
 from etl_spark.ducklake.catalog.column_ids import ELEMENT, ColumnIds, assign_column_ids
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES, quote
