@@ -13,7 +13,8 @@ from etl.copy_plan import CopyPlan, CopyRange, CopyStopped
 from etl.errors import TransientError
 from etl.postgres.catalog import PublishedTable, publication_tables, table_schema
 from etl.postgres.connection import connect
-from etl.postgres.copy import _Unblock, copy_table, read_ranges
+from etl.postgres.copy import copy_table, read_ranges
+from etl.postgres.copy_session import Unblock
 from etl.schema import TableSchema
 from etl.testing.pytest_plugin import TestDatabase
 
@@ -108,7 +109,7 @@ def test_a_query_through_psycopg_is_unblocked_too(pg_database: TestDatabase, sto
         if stopped:
             threading.Timer(0.5, stop.set).start()
         began = time.monotonic()
-        with pytest.raises(TransientError) as info, _Unblock(conn, config, stop, 2 if not stopped else 60, "plan"):
+        with pytest.raises(TransientError) as info, Unblock(conn, config, stop, 2 if not stopped else 60, "plan"):
             conn.execute("SELECT 1")
         assert time.monotonic() - began < 10
     assert isinstance(info.value, CopyStopped) is stopped

@@ -12,7 +12,7 @@ import pytest
 from etl.destination.memory import MemoryDestination
 from etl.events import OP_COLUMN, TX_ORDINAL_COLUMN, DeleteEvent, EventBatch, InsertEvent, UpdateEvent
 from etl.lsn import Lsn
-from etl.postgres.copy import KeyChunk
+from etl.postgres.copy_session import KeyChunk
 from etl.postgres.xid_snapshot import XidSnapshot
 from etl.replication.incremental import CHUNK_ORDINAL_BASE, NO_MARK, ChunkMark, IncrementalCopy, incremental_key
 from etl.schema import ColumnSchema, TableName, TableSchema

@@ -23,7 +23,8 @@ from etl.postgres.catalog import (
     table_schema,
 )
 from etl.postgres.connection import connect
-from etl.postgres.copy import KeyChunk, copy_chunk
+from etl.postgres.copy import copy_chunk
+from etl.postgres.copy_session import KeyChunk
 from etl.postgres.predicate import predicate_rows
 from etl.postgres.xid_snapshot import XidSnapshot
 from etl.replication.context import WorkerContext

@@ -31,7 +31,8 @@ from etl.postgres.catalog import (
 )
 from etl.postgres.codecs import arrow_field
 from etl.postgres.connection import connect
-from etl.postgres.copy import copy_parts, copy_table, import_snapshot, plan_copy
+from etl.postgres.copy import copy_parts, copy_table, plan_copy
+from etl.postgres.copy_session import import_snapshot
 from etl.postgres.replication import (
     ReplicationConnection,
     SlotLostError,
