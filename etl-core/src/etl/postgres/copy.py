@@ -25,6 +25,7 @@ from etl.postgres.copy_session import (
     KeyChunk,
     Unblock,
     check_columns,
+    put_unless_halted,
 )
 from etl.postgres.waiting import POLL
 from etl.schema import TableName, TableSchema
@@ -198,11 +199,4 @@ class _ParallelCopy:
             self._put(self._DONE)
 
     def _put(self, item: object) -> bool:
-        """Queue ``item`` unless asked to stop first; return whether it was queued."""
-        while not self.stop.is_set():
-            try:
-                self.out.put(item, timeout=POLL)
-                return True
-            except queue.Full:
-                pass
-        return False
+        return put_unless_halted(self.out, item, self.stop)

@@ -372,13 +372,19 @@ class _ReadAhead:
         self._put(last)
 
     def _put(self, item: object) -> bool:
-        while not self._halt.is_set():
-            try:
-                self._queue.put(item, timeout=POLL)
-                return True
-            except queue.Full:
-                pass
-        return False
+        return put_unless_halted(self._queue, item, self._halt)
+
+
+def put_unless_halted(into: queue.Queue[object], item: object, halt: threading.Event) -> bool:
+    """Put ``item`` into a bounded queue unless ``halt`` is set first (checked every ``POLL`` seconds); return
+    whether it was put."""
+    while not halt.is_set():
+        try:
+            into.put(item, timeout=POLL)
+            return True
+        except queue.Full:
+            pass
+    return False
 
 
 def check_columns(schema: TableSchema) -> None:

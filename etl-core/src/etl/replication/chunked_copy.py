@@ -198,7 +198,7 @@ class ChunkedCopies:
                         self._later(table_id)  # a transaction running when the copy began is still running
                         return
                 copy.barrier = None
-            self.stream.flush()  # the stream's changes so far go first, left out where not copied yet
+            self.stream.flush()  # the stream's changes so far go first (a copy leaves out keys not copied yet)
             self.wait_written()  # and are durable before a chunk's mark after them is recorded
             chunk = KeyChunk(copy.key, copy.after, limit, copy.where)
             text, rows = copy_chunk(ctx.config.source, schema, table.name, table.row_filter, chunk)

@@ -332,7 +332,7 @@ class SqlStore(CachedStore):
         values: dict[str, Any] = {"requested_at": datetime.now(UTC)}
         with self._transaction("recording a resync request") as conn:
             if self._migrated(6):
-                read = self._mine(sa.select(t.c.table_id, t.c.where_sql), t)
+                read = self._mine(sa.select(t.c.table_id, t.c.where_sql), t).where(t.c.table_id == table_id)
                 pending: dict[TableId, str | None] = {row[0]: row[1] for row in conn.execute(read)}
                 values["where_sql"] = merged_request(pending, table_id, where)
             insert = self._insert(t).values(pipeline_id=self.pipeline_id, table_id=table_id, **values)
