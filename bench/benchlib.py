@@ -27,9 +27,9 @@ import psycopg
 import pyarrow
 
 from etl.config import PostgresConnection
-from etl.local_postgres import PostgresInstall, TemporaryCluster, find_install
 from etl.log import configure_logging
 from etl.postgres.connection import connect
+from etl.testing import PostgresInstall, TemporaryCluster, find_install
 
 BENCH_DIR = Path(__file__).resolve().parent
 DATABASE = "bench"

@@ -48,10 +48,10 @@ from etl.config import PipelineConfig
 from etl.destination.base import WriteResult
 from etl.destination.null import NullDestination
 from etl.events import EventBatch
-from etl.local_postgres import free_port
 from etl.lsn import Lsn
 from etl.pipeline import Pipeline
 from etl.store.base import TableStateKind
+from etl.testing import free_port
 from etl_spark.ducklake.destination import DuckLakeConfig, DuckLakeDestination
 from etl_store_sqlite.store import SqliteStore
 

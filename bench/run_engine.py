@@ -31,12 +31,12 @@ from etl.config import PipelineConfig
 from etl.destination.base import WriteResult
 from etl.destination.null import NullDestination
 from etl.events import EventBatch
-from etl.local_postgres import free_port
 from etl.log import configure_logging
 from etl.pipeline import Pipeline
 from etl.schema import TableSchema
 from etl.store.base import Store, TableStateKind
 from etl.store.memory import MemoryStore
+from etl.testing import free_port
 from etl_store_sqlite.store import SqliteStore
 
 

@@ -14,7 +14,7 @@ from etl.checks import run_checks
 from etl.config import load_config
 from etl.errors import ConfigError
 from etl.factory import validate_plugins
-from etl.local_postgres import free_port
+from etl.testing import free_port
 from etl.testing.pytest_plugin import TestDatabase
 
 PIPELINE = """

@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from etl.destination.base import WriteResult
 from etl.destination.memory import MemoryDestination
 from etl.events import EventBatch
-from etl.local_postgres import free_port
 from etl.pipeline import Pipeline
 from etl.store.memory import MemoryStore
+from etl.testing import free_port
 from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 

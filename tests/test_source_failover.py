@@ -19,10 +19,10 @@ from etl.checks import run_checks
 from etl.config import PipelineConfig
 from etl.destination.memory import MemoryDestination
 from etl.factory import build_store
-from etl.local_postgres import TemporaryCluster, find_install
 from etl.pipeline import Pipeline
 from etl.postgres.replication import SlotLostError
 from etl.store.memory import MemoryStore
+from etl.testing import TemporaryCluster, find_install
 from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 

@@ -19,8 +19,8 @@ from etl_plugin_example.mirror_reader import MirrorReader, mirrored_rows
 from prometheus_client.parser import text_string_to_metric_families
 
 from etl.checks import run_checks
-from etl.local_postgres import TemporaryCluster, find_install, free_port
 from etl.postgres.ddl import install_ddl_trigger
+from etl.testing import TemporaryCluster, find_install, free_port
 from etl.testing.compare import source_rows
 from etl.testing.pipelines import pipeline_config
 from etl.testing.pytest_plugin import TestDatabase

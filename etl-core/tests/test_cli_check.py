@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from etl.local_postgres import TemporaryCluster, find_install
+from etl.testing import TemporaryCluster, find_install
 from etl.testing.pytest_plugin import TestDatabase
 
 
@@ -83,7 +83,7 @@ def test_check_names_missing_publication_unusable_identity_and_privileges(
 
 
 def test_check_reports_unreachable_source(tmp_path: Path) -> None:
-    from etl.local_postgres import free_port
+    from etl.testing import free_port
 
     result = etl_check(pipeline_file(tmp_path, free_port(), "postgres"))
     assert result.returncode == 1

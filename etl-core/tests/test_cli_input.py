@@ -14,9 +14,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from etl.factory import build_destination, build_store
-from etl.local_postgres import free_port
 from etl.pipeline import Pipeline
 from etl.schema import TableName
+from etl.testing import free_port
 from etl.testing.pipelines import all_ready, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import write_config

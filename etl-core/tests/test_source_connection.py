@@ -6,8 +6,8 @@ import pytest
 from pydantic import SecretStr
 
 from etl.errors import SourceError, TransientError
-from etl.local_postgres import free_port
 from etl.postgres.connection import SESSION_SETTINGS, connect, conninfo_string, startup_options
+from etl.testing import free_port
 from etl.testing.pytest_plugin import TestDatabase
 
 SECRET = "s3cret-Passw0rd-xyz"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from etl.local_postgres import free_port
+from etl.testing import free_port
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.ducklake.preflight import catalog_check, data_path_checks
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from etl.config import PipelineConfig
+from etl.demo_postgres import ThrowawayCluster, find_install
 from etl.destination.base import Destination, PreviewableDestination
 from etl.errors import ConfigError
 from etl.factory import build_destination, build_store
-from etl.local_postgres import TemporaryCluster, find_install
 from etl.lsn import Lsn
 from etl.pipeline import Pipeline
 from etl.plugins import Registry, load_registry
@@ -64,7 +64,7 @@ def run_demo(
     """Run the demo, writing its report through ``out``; ``directory`` keeps the lake and the store."""
     registry = registry or load_registry()
     started = time.monotonic()
-    with TemporaryCluster(find_install()) as cluster, _workdir(directory) as work:
+    with ThrowawayCluster(find_install()) as cluster, _workdir(directory) as work:
         out(f"started a throwaway Postgres {cluster.major} on 127.0.0.1:{cluster.port}")
         with cluster.connect() as conn:
             conn.execute(SAMPLE_SCHEMA.replace("%(rows)s", str(int(rows))))
@@ -93,7 +93,7 @@ def run_demo(
     return 0
 
 
-def demo_config(cluster: TemporaryCluster, registry: Registry, work: Path) -> PipelineConfig:
+def demo_config(cluster: ThrowawayCluster, registry: Registry, work: Path) -> PipelineConfig:
     """DuckLake with the SQLite store when both plugins are installed, else the memory destination and store."""
     raw: dict[str, Any] = {
         "pipeline": {"id": 1, "publication": "demo_pub"},
@@ -122,7 +122,7 @@ def describe(config: PipelineConfig, work: Path, out: Callable[[str], None]) -> 
         out("             and etl-store-sqlite; `./dev demo` does)")
 
 
-def show(destination: Destination, cluster: TemporaryCluster, out: Callable[[str], None]) -> None:
+def show(destination: Destination, cluster: ThrowawayCluster, out: Callable[[str], None]) -> None:
     """Each table as the destination's own reader returns it: count (beside the source's) and first rows."""
     if not isinstance(destination, PreviewableDestination):
         out(f"  (the {destination.name} destination cannot read its tables back)")
@@ -140,7 +140,7 @@ def show(destination: Destination, cluster: TemporaryCluster, out: Callable[[str
             out(f"  ... {preview.total - len(preview.rows)} more")
 
 
-def _run_changes(cluster: TemporaryCluster, out: Callable[[str], None]) -> Lsn:
+def _run_changes(cluster: ThrowawayCluster, out: Callable[[str], None]) -> Lsn:
     """Run ``CHANGES``; return a WAL position inside the last one's transaction, before its commit."""
     marker = Lsn.ZERO
     with cluster.connect() as conn:

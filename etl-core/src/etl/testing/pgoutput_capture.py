@@ -24,9 +24,10 @@ from typing import Any, Final
 import psycopg
 import structlog
 
-from etl.local_postgres import TemporaryCluster, find_install
+from etl.demo_postgres import find_install
 from etl.log import configure_logging
 from etl.postgres.connection import conninfo_string
+from etl.testing.clusters import TemporaryCluster
 from etl.testing.pytest_plugin import TestDatabase
 
 log = structlog.get_logger(__name__)

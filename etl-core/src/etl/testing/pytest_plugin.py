@@ -22,7 +22,8 @@ import psycopg
 import pytest
 
 from etl.config import PostgresConnection
-from etl.local_postgres import TemporaryCluster, find_install, find_installs
+from etl.demo_postgres import find_install, find_installs
+from etl.testing.clusters import TemporaryCluster
 
 _counter = itertools.count()
 

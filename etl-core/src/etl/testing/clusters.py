@@ -1,0 +1,145 @@
+"""Throwaway Postgres clusters for test suites: the demo's cluster, plus what tests do to a server.
+
+Standbys, restarts with other settings, a database per test, the server's log, and freezing every process
+of the server (SIGSTOP) to look like a hung host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Self
+
+import psycopg
+import structlog
+
+from etl.demo_postgres import ThrowawayCluster, pid_alive
+
+log = structlog.get_logger(__name__)
+
+
+class TemporaryCluster(ThrowawayCluster):
+    """A throwaway cluster (``start()``, ``stop()``, ``connect()``) that tests can also restart, freeze, give a
+    standby and databases."""
+
+    def start_standby(self, settings: Mapping[str, str] | None = None) -> Self:
+        """A hot standby of this running cluster, started: a base backup that streams the WAL from here, with
+        ``hot_standby_feedback`` on (and ``settings``). ``stop()`` it like this one."""
+        primary = f"host=127.0.0.1 port={self.port} user=postgres"
+        standby = type(self)(
+            self.install,
+            {
+                **self.settings,
+                "hot_standby": "on",
+                "hot_standby_feedback": "on",
+                "primary_conninfo": primary,
+                **(settings or {}),
+            },
+        )
+        datadir = standby._make_root()
+        standby._run(
+            "pg_basebackup", "-D", str(datadir), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-c", "fast"
+        )
+        (datadir / "standby.signal").touch()
+        if standby.user is not None:
+            shutil.chown(datadir / "standby.signal", standby.user)
+        return standby._launch()
+
+    def restart(self, settings: Mapping[str, str] | None = None) -> None:
+        """Restart, optionally with changed settings (the port stays)."""
+        self.settings.update(settings or {})
+        self._write_settings()
+        assert self.datadir is not None and self._root is not None
+        self._run("pg_ctl", "stop", "-w", "-m", "fast", "-D", str(self.datadir))
+        self._run("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.datadir), "-l", str(self._root / "server.log"))
+
+    def create_database(self, name: str) -> None:
+        with self.connect() as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+    def drop_database(self, name: str) -> None:
+        """Drop a database with its replication slots and sessions."""
+        with self.connect() as conn:
+            for _ in range(50):
+                conn.execute(
+                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+                    " WHERE database = %s AND active_pid IS NOT NULL",
+                    (name,),
+                )
+                try:
+                    conn.execute(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s",
+                        (name,),
+                    )
+                    break
+                except psycopg.errors.ObjectInUse:
+                    time.sleep(0.1)
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def log_text(self) -> str:
+        assert self._root is not None
+        return (self._root / "server.log").read_text(errors="replace")
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[list[int]]:
+        """Freeze the server for the duration of the block: SIGSTOP the postmaster and all its processes.
+
+        Clients see what a hung server looks like: TCP connections are still accepted (by the kernel)
+        and their sockets stay open, but nothing is ever answered. Everything is thawed (SIGCONT) when
+        the block ends, however it ends; ``thaw()`` does it early. Yields the frozen PIDs, postmaster
+        first. Other users of the cluster freeze too, so keep the block short and tests serial.
+        """
+        pids = self.freeze()
+        try:
+            yield pids
+        finally:
+            self.thaw(pids)
+
+    def freeze(self) -> list[int]:
+        """SIGSTOP the postmaster, then its processes (a stopped postmaster starts no new ones); return the PIDs.
+
+        Prefer ``frozen()``; whoever calls this must call ``thaw()`` with the result, whatever happens.
+        """
+        postmaster = self._postmaster_pid()
+        if postmaster is None or not pid_alive(postmaster):
+            raise RuntimeError("the cluster is not running, so it cannot be frozen")
+        os.kill(postmaster, signal.SIGSTOP)
+        pids = [postmaster]
+        try:
+            for child in _children(postmaster):
+                with contextlib.suppress(ProcessLookupError):  # exited meanwhile
+                    os.kill(child, signal.SIGSTOP)
+                    pids.append(child)
+        except BaseException:
+            self.thaw(pids)
+            raise
+        log.debug("postgres frozen", pids=pids)
+        return pids
+
+    def thaw(self, pids: list[int]) -> None:
+        """SIGCONT the processes ``freeze()`` stopped: its own first, the postmaster last. Idempotent."""
+        for pid in reversed(pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        log.debug("postgres thawed", pids=pids)
+
+
+def _children(parent: int) -> list[int]:
+    """The PIDs of ``parent``'s child processes, from /proc (Linux)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # exited meanwhile
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")"
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+            children.append(int(entry.name))
+    return children
