@@ -18,7 +18,7 @@ from etl.lsn import Lsn
 from etl.postgres.frames import XLogData
 from etl.postgres.replication import ReplicationConnection, choose_protocol
 from etl.replication.schemas import SchemaTracker
-from etl.replication.stream import StreamWorker
+from etl.replication.stream import StreamSettings, StreamWorker
 from etl.replication.writer import BatchWriter
 from etl.schema import TableId
 from etl.store.memory import MemoryStore
@@ -51,14 +51,7 @@ class FirstTransactions(StreamWorker):
         store = MemoryStore(1)
         self.destination = destination or CountingDestination()
         self.writer = BatchWriter(self.destination, store, self.worker_key, self._table_error)
-        super().__init__(
-            conn=conn,
-            protocol_version=protocol,
-            batch=batch,
-            schemas=SchemaTracker(store),
-            writer=self.writer,
-            stop=threading.Event(),
-        )
+        super().__init__(StreamSettings(protocol, batch, SchemaTracker(store), threading.Event()), conn, self.writer)
         self.transactions = transactions
         self.commits = 0
 

@@ -34,12 +34,29 @@ LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.
 ROW_BUCKETS: Final = (1, 10, 100, 1_000, 10_000, 100_000, 1_000_000)
 
 
-class PipelineMetrics:
+class MetricsHolder:
+    """Holds Prometheus series made on one registry: a private one that nobody scrapes until ``register`` makes
+    them anew on another (the engine's, for a destination's series). So code that records never asks whether
+    metrics are on. Subclasses make their series in ``create``."""
+
+    registry: CollectorRegistry
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.register(registry if registry is not None else CollectorRegistry(auto_describe=True))
+
+    def register(self, registry: CollectorRegistry) -> None:
+        """Make the series on ``registry`` (from now on they are recorded there, starting at zero)."""
+        self.registry = registry
+        self.create(registry)
+
+    def create(self, registry: CollectorRegistry) -> None:
+        raise NotImplementedError
+
+
+class PipelineMetrics(MetricsHolder):
     """Every ``etl_*`` series of one pipeline. ``registry`` is what ``/metrics`` serves."""
 
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+    def create(self, r: CollectorRegistry) -> None:
         self.copied_rows = Counter(
             "etl_copied_rows", "Rows copied by the initial copy, per table", ["table"], registry=r
         )

@@ -75,8 +75,9 @@ if TYPE_CHECKING:
         UpdateEvent,
     )
     from etl.filelock import FileLock
+    from etl.hookspecs import PluginFactory
     from etl.lsn import Lsn
-    from etl.metrics import LATENCY_BUCKETS
+    from etl.metrics import LATENCY_BUCKETS, MetricsHolder
     from etl.plugins import hookimpl
     from etl.postgres.codecs import (
         BUILTIN_ARRAYS,
@@ -175,8 +176,10 @@ _HOMES: dict[str, str] = {
     "TruncateEvent": "etl.events",
     "UpdateEvent": "etl.events",
     "FileLock": "etl.filelock",
+    "PluginFactory": "etl.hookspecs",
     "Lsn": "etl.lsn",
     "LATENCY_BUCKETS": "etl.metrics",
+    "MetricsHolder": "etl.metrics",
     "hookimpl": "etl.plugins",
     "BUILTIN_ARRAYS": "etl.postgres.codecs",
     "NUMERIC_OID": "etl.postgres.codecs",
@@ -261,10 +264,12 @@ __all__ = [
     "InsertEvent",
     "Integer",
     "Lsn",
+    "MetricsHolder",
     "Paced",
     "PipelineConfig",
     "PipelineLockedError",
     "PluginError",
+    "PluginFactory",
     "PostgresConnection",
     "PreviewableDestination",
     "RelationEvent",

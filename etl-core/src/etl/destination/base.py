@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from etl.copy_plan import CopyPlan
 from etl.events import EventBatch
+from etl.hookspecs import PluginFactory
 from etl.schema import TableName, TableSchema
 from etl.store.base import Store
 
@@ -136,15 +137,5 @@ class PreviewableDestination(Protocol):
         """The table's row count and first ``limit`` rows; ``KeyError`` when the table is not there (yet)."""
 
 
-class DestinationFactory(Protocol):
-    """What a destination plugin registers: a class with a name, a config model and a constructor."""
-
-    name: ClassVar[str]
-
-    @property
-    def Config(self) -> type[BaseModel]:  # noqa: N802 - the class attribute plugins define
-        """The model of the section's options: read-only here, so a nested ``class Config(BaseModel)`` and a
-        ``ClassVar`` holding a subclass both satisfy it (a plain protocol attribute is invariant)."""
-
-    @classmethod
-    def from_config(cls, config: Any, context: DestinationContext) -> Destination: ...
+DestinationFactory = PluginFactory[DestinationContext, Destination]
+"""What a destination plugin registers: a class with ``name``, ``Config`` and ``from_config(config, context)``."""

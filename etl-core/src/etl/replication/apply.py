@@ -52,14 +52,7 @@ class ApplyWorker(StreamWorker):
         writer: BatchWriter,
         sync_workers: dict[TableId, TableSyncWorker],
     ) -> None:
-        super().__init__(
-            conn=conn,
-            protocol_version=ctx.protocol_version,
-            batch=ctx.config.batch,
-            schemas=ctx.schemas,
-            writer=writer,
-            stop=ctx.stop,
-        )
+        super().__init__(ctx.stream, conn, writer)
         self.ctx = ctx
         self.position = writer.durable_lsn
         self.tables: dict[TableId, PublishedTable] = {}

@@ -19,6 +19,7 @@ from etl.replication.activity import ActivityRecorder
 from etl.replication.retries import TableRetries
 from etl.replication.schemas import SchemaTracker
 from etl.replication.states import TableStates
+from etl.replication.stream import StreamSettings
 from etl.schema import TableId, TableName
 from etl.store.base import CopyProgress, Store, TableState
 
@@ -47,6 +48,11 @@ class WorkerContext:
     @property
     def publication(self) -> str:
         return self.config.pipeline.publication
+
+    @property
+    def stream(self) -> StreamSettings:
+        """What a stream worker of this pipeline is built from, with its connection and writer."""
+        return StreamSettings(self.protocol_version, self.config.batch, self.schemas, self.stop)
 
     def resync_command(self, name: TableName | str) -> str:
         return f"etl resync -c <pipeline file> --table {name}"

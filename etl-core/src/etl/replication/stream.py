@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -42,28 +43,29 @@ REPLAY_RUN = 512
 """Inserts of a replayed streamed transaction added to a batch at once, at most (the size check runs once a run)."""
 
 
+@dataclass(frozen=True)
+class StreamSettings:
+    """What every stream worker of a pipeline shares (``WorkerContext.stream`` gives it)."""
+
+    protocol_version: int
+    batch: BatchSection
+    schemas: SchemaTracker
+    stop: threading.Event
+
+
 class StreamWorker:
     """Consumes one replication stream. Subclasses decide which tables apply and when to stop."""
 
     worker_key: str
 
-    def __init__(
-        self,
-        *,
-        conn: ReplicationConnection,
-        protocol_version: int,
-        batch: BatchSection,
-        schemas: SchemaTracker,
-        writer: BatchWriter,
-        stop: threading.Event,
-    ) -> None:
+    def __init__(self, settings: StreamSettings, conn: ReplicationConnection, writer: BatchWriter) -> None:
         self.conn = conn
-        self.batch_config = batch
-        self.schemas = schemas
+        self.batch_config = batch = settings.batch
+        self.schemas = settings.schemas
         self.writer = writer
-        self.stop = stop
-        self.decoder = pg.PgOutputDecoder(protocol_version)
-        self.builder = ChangeBuilder(schemas.current)
+        self.stop = settings.stop
+        self.decoder = pg.PgOutputDecoder(settings.protocol_version)
+        self.builder = ChangeBuilder(settings.schemas.current)
         spill = spill_base(batch.spill_directory)
         remove_abandoned(spill)
         self.streamed = StreamedTransactions(SpillDirectory(spill), batch.spill_threshold_bytes)

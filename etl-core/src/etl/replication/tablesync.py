@@ -289,16 +289,8 @@ class CatchUpStream(StreamWorker):
     """Streams the table's own slot until a transaction boundary at or past the apply worker's position."""
 
     def __init__(self, worker: TableSyncWorker, conn: ReplicationConnection, writer: BatchWriter, target: Lsn) -> None:
-        ctx = worker.ctx
-        super().__init__(
-            conn=conn,
-            protocol_version=ctx.protocol_version,
-            batch=ctx.config.batch,
-            schemas=ctx.schemas,
-            writer=writer,
-            stop=ctx.stop,
-        )
-        self.ctx = ctx
+        super().__init__(worker.ctx.stream, conn, writer)
+        self.ctx = worker.ctx
         self.worker_key = table_sync_worker(worker.table_id)
         self.table_id = worker.table_id
         self.target = target

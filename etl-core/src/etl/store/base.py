@@ -27,8 +27,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from pydantic import BaseModel
-
+from etl.hookspecs import PluginFactory
 from etl.lsn import Lsn
 from etl.schema import TableId, TableSchema
 
@@ -311,15 +310,5 @@ class Store(Protocol):
         from storage (not a cache), and forget them."""
 
 
-class StoreFactory(Protocol):
-    """What a store plugin registers: a class with a name, a config model and a constructor."""
-
-    name: ClassVar[str]
-
-    @property
-    def Config(self) -> type[BaseModel]:  # noqa: N802 - the class attribute plugins define
-        """The model of the section's options: read-only here, so a nested ``class Config(BaseModel)`` and a
-        ``ClassVar`` holding a subclass both satisfy it (a plain protocol attribute is invariant)."""
-
-    @classmethod
-    def from_config(cls, config: Any, pipeline_id: int) -> Store: ...
+StoreFactory = PluginFactory[int, Store]
+"""What a store plugin registers: a class with ``name``, ``Config`` and ``from_config(config, pipeline_id)``."""

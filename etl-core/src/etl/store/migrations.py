@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
 import structlog
@@ -217,12 +217,21 @@ def _table_activity_table(md: sa.MetaData) -> sa.Table:
     )
 
 
+StepT = TypeVar("StepT", bound=Callable[..., None])
+
+
 @dataclass(frozen=True)
-class Migration:
+class Migration(Generic[StepT]):
+    """One numbered change of a database's own tables. A store's steps get the connection and the store's
+    schema; other users of ``apply_migrations`` (the DuckLake catalog) choose their own."""
+
     version: int
     description: str
-    apply: Callable[[sa.Connection, str | None], None]
-    """Runs inside the migration transaction; gets the connection and the store's schema."""
+    apply: StepT
+    """Runs inside the migration transaction."""
+
+
+StoreStep = Callable[[sa.Connection, str | None], None]
 
 
 def _create_initial_tables(conn: sa.Connection, schema: str | None) -> None:
@@ -256,7 +265,7 @@ def _create_table_activity(conn: sa.Connection, schema: str | None) -> None:
     _table_activity_table(sa.MetaData(schema=schema)).create(conn)
 
 
-MIGRATIONS: tuple[Migration, ...] = (
+MIGRATIONS: tuple[Migration[StoreStep], ...] = (
     Migration(1, "table states, schemas, progress, destination tables", _create_initial_tables),
     Migration(2, "resync requests", _create_resync_requests),
     Migration(3, "copy progress", _create_copy_progress),
@@ -272,7 +281,7 @@ def migrate(
     *,
     store: str,
     package: str,
-    migrations: Sequence[Migration] = MIGRATIONS,
+    migrations: Sequence[Migration[StoreStep]] = MIGRATIONS,
 ) -> int:
     """Apply the missing migrations in ``conn``'s transaction; return the version the database had.
 
@@ -298,23 +307,46 @@ def migrate(
             )
         tables.version.create(conn)
         found = 0
-    latest = migrations[-1].version
-    if found > latest:
-        raise StoreError(
+
+    def newer(latest: int) -> StoreError:
+        return StoreError(
             f"{store} was written by a newer {package} (store schema version {found}; "
             f"this version knows up to {latest})",
             hint=f"upgrade the package: pip install --upgrade {package}",
         )
+
+    def run(step: StoreStep) -> None:
+        step(conn, tables.schema)
+
+    apply_migrations(conn, tables.version, migrations, found, run=run, newer=newer, store=store)
+    return found
+
+
+def apply_migrations(
+    conn: sa.Connection,
+    version_table: sa.Table,
+    migrations: Sequence[Migration[StepT]],
+    found: int,
+    *,
+    run: Callable[[StepT], None],
+    newer: Callable[[int], Exception],
+    **about: str,
+) -> None:
+    """Apply the migrations past version ``found`` in order, each by ``run(step)`` and recorded in
+    ``version_table`` (version, description, applied_at), in ``conn``'s transaction. A database newer than the
+    last migration raises ``newer(last version)``. ``about`` goes into the log lines."""
+    latest = migrations[-1].version
+    if found > latest:
+        raise newer(latest)
     for migration in migrations:
         if migration.version > found:
-            migration.apply(conn, tables.schema)
+            run(migration.apply)
             conn.execute(
-                sa.insert(tables.version).values(
+                sa.insert(version_table).values(
                     version=migration.version, description=migration.description, applied_at=datetime.now(UTC)
                 )
             )
-            log.info("store migrated", store=store, version=migration.version, description=migration.description)
-    return found
+            log.info("migrated", version=migration.version, description=migration.description, **about)
 
 
 def driver_message(exc: sa.exc.SQLAlchemyError) -> str:

@@ -37,7 +37,7 @@ from etl.store.base import (
 )
 from etl.store.cached import CachedStore, StateRow
 from etl.store.codec import extra_from_json, extra_to_json, schema_from_json, schema_to_json
-from etl.store.migrations import MIGRATIONS, Migration, define_tables, driver_message, migrate
+from etl.store.migrations import MIGRATIONS, Migration, StoreStep, define_tables, driver_message, migrate
 
 log = structlog.get_logger(__name__)
 
@@ -53,7 +53,7 @@ class SqlStore(CachedStore):
 
     package: ClassVar[str]
     """The distribution that provides the store, named in upgrade hints."""
-    migrations: ClassVar[tuple[Migration, ...]] = MIGRATIONS
+    migrations: ClassVar[tuple[Migration[StoreStep], ...]] = MIGRATIONS
 
     def __init__(self, engine: sa.Engine, pipeline_id: int, *, schema: str | None = None) -> None:
         super().__init__(pipeline_id)

@@ -8,18 +8,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from etl.api import LATENCY_BUCKETS
+from etl.api import LATENCY_BUCKETS, MetricsHolder
 
 
-class BigQueryMetrics:
+class BigQueryMetrics(MetricsHolder):
     """Load jobs per table, bytes loaded, DML time; on ``registry`` (a private one by default)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.register(registry if registry is not None else CollectorRegistry(auto_describe=True))
-
-    def register(self, registry: CollectorRegistry) -> None:
-        """Create the series on ``registry`` (from now on they are recorded there, starting at zero)."""
-        self.registry = registry
+    def create(self, registry: CollectorRegistry) -> None:
         self.load_jobs = Counter(
             "etl_bigquery_load_jobs",
             "Load jobs that filled a staging table, per source table (quota: table modifications per day)",

@@ -12,7 +12,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from etl.api import LATENCY_BUCKETS
+from etl.api import LATENCY_BUCKETS, MetricsHolder
 
 FILE_KINDS: Final = ("data", "delete")
 """The ``kind`` label of the file series: Parquet data files and positional delete files."""
@@ -22,15 +22,10 @@ MAINTENANCE_STEPS: Final = ("merge", "rewrite", "expire", "cleanup", "orphans")
 """The ``step`` label of the maintenance series (``[destination.maintenance]``)."""
 
 
-class DuckLakeMetrics:
+class DuckLakeMetrics(MetricsHolder):
     """Commit time, files and bytes written, conflicts retried; on ``registry`` (a private one by default)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.register(registry if registry is not None else CollectorRegistry(auto_describe=True))
-
-    def register(self, registry: CollectorRegistry) -> None:
-        """Create the series on ``registry`` (from now on they are recorded there, starting at zero)."""
-        self.registry = registry
+    def create(self, registry: CollectorRegistry) -> None:
         self.commit_seconds = Histogram(
             "etl_ducklake_commit_seconds",
             "Time of one successful catalog transaction (one DuckLake snapshot), delete files written in it included",

@@ -14,8 +14,6 @@ shape changes again: freeze the definition it needs inside the step.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Final
 
 import sqlalchemy as sa
@@ -23,6 +21,7 @@ import structlog
 from sqlalchemy.engine import Connection
 
 from etl.api import DestinationError
+from etl.api.sql import Migration, apply_migrations
 from etl_spark.ducklake.catalog.ddl import (
     COLUMNS_TABLE,
     OWN_COLUMNS,
@@ -38,14 +37,6 @@ log = structlog.get_logger(__name__)
 
 LEGACY_COLUMNS_TABLE: Final = "etl_ducklake_columns"
 """Attribute numbers only, as the first versions of this writer recorded them; migration 2 moves them."""
-
-
-@dataclass(frozen=True)
-class Migration:
-    version: int
-    description: str
-    apply: Callable[[Connection], None]
-    """Runs inside the catalog's open transaction."""
 
 
 def _create_state_tables(conn: Connection) -> None:
@@ -82,7 +73,7 @@ def _add_replaced(conn: Connection) -> None:
     )
 
 
-MIGRATIONS: Final[tuple[Migration, ...]] = (
+MIGRATIONS: Final[tuple[Migration[Callable[[Connection], None]], ...]] = (
     Migration(1, "lake tables of source tables, with watermarks; source columns", _create_state_tables),
     Migration(2, "source columns recorded by attribute number only move to the source columns", _move_legacy_columns),
     Migration(3, "a lake table can be marked for replacement by the next copy", _add_replaced),
@@ -97,20 +88,13 @@ def migrate(conn: Connection, catalog: str) -> None:
     else:
         conn.exec_driver_sql(create_statement(VERSION_TABLE, OWN_COLUMNS[VERSION_TABLE], conn.dialect.name))
         found = 0
-    latest = MIGRATIONS[-1].version
-    if found > latest:
-        raise DestinationError(
+
+    def newer(latest: int) -> DestinationError:
+        return DestinationError(
             f"the DuckLake catalog {catalog} was written by a newer etl-spark (catalog version {found};"
             f" this version knows up to {latest})",
             hint="upgrade the package: pip install --upgrade etl-spark",
             transient=False,
         )
-    for migration in MIGRATIONS:
-        if migration.version > found:
-            migration.apply(conn)
-            conn.execute(
-                sa.insert(version).values(
-                    version=migration.version, description=migration.description, applied_at=datetime.now(UTC)
-                )
-            )
-            log.info("ducklake catalog migrated", version=migration.version, description=migration.description)
+
+    apply_migrations(conn, version, MIGRATIONS, found, run=lambda step: step(conn), newer=newer, catalog=catalog)
