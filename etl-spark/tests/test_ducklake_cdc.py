@@ -23,8 +23,8 @@ from etl_spark.ducklake import plan as plan_module
 from etl_spark.ducklake.catalog import engine_for
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, VERSION_TABLE
 from etl_spark.ducklake.catalog.migrations import LEGACY_COLUMNS_TABLE
-from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.scan import read_rows
+from etl_spark.ducklake.storage import LakeStorage
 
 NUMERIC_10_2 = ((10 << 16) | 2) + 4
 ORDERS = TableSchema(

@@ -138,12 +138,12 @@ def test_no_copied_row_reaches_the_driver(
     from pyspark.sql import SparkSession
 
     import etl.postgres.copy_session
-    import etl_spark.ducklake.files
+    import etl_spark.ducklake.storage
 
     # Spark tasks run in Python workers of their own, which these patches of the driver do not reach.
     monkeypatch.setattr(SparkSession, "createDataFrame", trap)
     monkeypatch.setattr(etl.postgres.copy_session.CopySession, "copy", trap)
-    monkeypatch.setattr(etl_spark.ducklake.files, "write_data_files", trap)
+    monkeypatch.setattr(etl_spark.ducklake.storage, "write_data_files", trap)
     assert destination.copy_table(plan, threading.Event()) == 3000
     assert lake_typed(lake) == source_typed(pg_database)
 

@@ -26,8 +26,8 @@ from etl.destination.memory import MemoryDestination, sort_rows
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl_spark.ducklake import inline_flush
 from etl_spark.ducklake.catalog import inlined
-from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.plan import inline_limits
+from etl_spark.ducklake.storage import LakeStorage
 
 NUMERIC_12_3 = ((12 << 16) | 3) + 4
 KINDS = TableSchema(

@@ -13,9 +13,9 @@ import pytest
 from etl.destination.memory import MemoryDestination
 from etl.schema import ColumnSchema, TableName, TableSchema
 from etl_spark.ducklake.catalog import DataFile, LakeColumn
-from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.key_cache import LookupCache
 from etl_spark.ducklake.plan import TablePlan
+from etl_spark.ducklake.storage import LakeStorage
 
 ACCOUNTS = TableSchema(
     16950,

@@ -36,7 +36,8 @@ import pyarrow.parquet as pq
 import structlog
 
 from etl_spark.ducklake.catalog import CommitConflict, Composed, DataFile, LakeTable, NewFile, Placed, Transaction
-from etl_spark.ducklake.datafiles import (
+from etl_spark.ducklake.lake import Lake
+from etl_spark.ducklake.parquet_files import (
     ONE_FILE,
     ROW_ID,
     SNAPSHOT,
@@ -46,8 +47,7 @@ from etl_spark.ducklake.datafiles import (
     local_path,
     own_stats,
 )
-from etl_spark.ducklake.files import NATIVE_TYPES
-from etl_spark.ducklake.lake import Lake
+from etl_spark.ducklake.storage import NATIVE_TYPES
 from etl_spark.ducklake.types import FIELD_ID
 
 log = structlog.get_logger(__name__)

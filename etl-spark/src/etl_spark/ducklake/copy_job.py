@@ -3,7 +3,7 @@
 The job has a task per executor core (Spark's default parallelism), at most one per range; task ``i``
 of ``n`` copies ranges ``i``, ``i + n``, ... one after another, on one connection of its own to the
 source that imports the plan's exported snapshot, to Arrow with the engine's copy code
-(``etl.api.read_ranges``), and writes data files itself (``datafiles``); it returns only the files'
+(``etl.api.read_ranges``), and writes data files itself (``parquet_files``); it returns only the files'
 metadata. A task per range would cost Spark's per-task overhead, measured at 60-120 ms
 on the copy bench (a fifth of a range's copy there), once per range instead of once per core.
 
@@ -33,8 +33,8 @@ from etl.api import (
     read_ranges,
 )
 from etl_spark.ducklake.catalog import NewFile
-from etl_spark.ducklake.datafiles import DataFileSpec
-from etl_spark.ducklake.files import write_indexed
+from etl_spark.ducklake.parquet_files import DataFileSpec
+from etl_spark.ducklake.storage import write_indexed
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -55,17 +55,17 @@ from etl_spark.ducklake.catalog import (
     redacted,
 )
 from etl_spark.ducklake.copy_job import copy_files
-from etl_spark.ducklake.datafiles import DataFileSpec, ParquetOptions, write_data_files
-from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.inline_flush import FlushTimer, flush_inlined
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.maintenance import Maintenance, MaintenanceConfig
 from etl_spark.ducklake.metrics import DuckLakeMetrics
+from etl_spark.ducklake.parquet_files import DataFileSpec, ParquetOptions, write_data_files
 from etl_spark.ducklake.plan import FlushFirst, TablePlan, inline_limits, plan_changes, plan_copy
 from etl_spark.ducklake.preflight import deep_preflight, preflight
 from etl_spark.ducklake.reader import open_lake
+from etl_spark.ducklake.storage import LakeStorage
 from etl_spark.ducklake.table_state import TableState, read_states
-from etl_spark.ducklake.upkeep import UPKEEP_SECONDS, Step, Turns, Upkeep
+from etl_spark.ducklake.upkeep_thread import UPKEEP_SECONDS, Step, Turns, Upkeep
 from etl_spark.session import SparkSettings, get_spark, require_java, start_in_background
 
 if TYPE_CHECKING:

@@ -35,8 +35,8 @@ from etl_spark.ducklake.catalog import (
     inlined,
 )
 from etl_spark.ducklake.catalog.engine import engine_for
-from etl_spark.ducklake.datafiles import ONE_FILE, ROW_ID, SNAPSHOT, own_stats
 from etl_spark.ducklake.lake import Lake
+from etl_spark.ducklake.parquet_files import ONE_FILE, ROW_ID, SNAPSHOT, own_stats
 from etl_spark.ducklake.types import Form
 
 log = structlog.get_logger(__name__)

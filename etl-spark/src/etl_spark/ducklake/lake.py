@@ -11,8 +11,8 @@ import pyarrow.compute as pc
 
 from etl.api import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN
 from etl_spark.ducklake.catalog import Catalog, LakeColumn, LakeOptions, LakeTable
-from etl_spark.ducklake.datafiles import DataFileSpec, ParquetOptions
-from etl_spark.ducklake.files import LakeStorage
+from etl_spark.ducklake.parquet_files import DataFileSpec, ParquetOptions
+from etl_spark.ducklake.storage import LakeStorage
 from etl_spark.ducklake.types import Form, convert
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from etl_spark.ducklake.catalog import inside
 from etl_spark.ducklake.compaction import merge_small_files, rewrite_deleted
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.metrics import DuckLakeMetrics
-from etl_spark.ducklake.upkeep import Step
+from etl_spark.ducklake.upkeep_thread import Step
 
 log = structlog.get_logger(__name__)
 

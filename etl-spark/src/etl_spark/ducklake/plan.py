@@ -52,11 +52,11 @@ from etl_spark.ducklake.catalog import (
 )
 from etl_spark.ducklake.catalog.column_ids import ELEMENT
 from etl_spark.ducklake.catalog.inlined import inlinable
-from etl_spark.ducklake.datafiles import SNAPSHOT, DataFileSpec
-from etl_spark.ducklake.files import LakeStorage
 from etl_spark.ducklake.lake import Lake
+from etl_spark.ducklake.parquet_files import SNAPSHOT, DataFileSpec
 from etl_spark.ducklake.scan import file_name, read_live, read_rows
 from etl_spark.ducklake.schema_diff import SchemaDiff, diff
+from etl_spark.ducklake.storage import LakeStorage
 from etl_spark.ducklake.table_state import TableState, read_states
 from etl_spark.ducklake.types import Form, LakeType, convert, lake_type
 

@@ -15,7 +15,7 @@ from sqlalchemy.engine import make_url
 
 from etl.api import Check, file_to_create, writable_directory
 from etl_spark.ducklake.catalog.engine import masked, redacted
-from etl_spark.ducklake.datafiles import filesystem
+from etl_spark.ducklake.parquet_files import filesystem
 from etl_spark.session import SparkSettings, java_check, spark_check
 
 CONNECT_TIMEOUT_S = 10

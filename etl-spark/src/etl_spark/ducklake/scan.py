@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from etl_spark.ducklake.catalog import LakeColumn
-from etl_spark.ducklake.files import LakeStorage
+from etl_spark.ducklake.storage import LakeStorage
 from etl_spark.ducklake.types import LIST
 
 if TYPE_CHECKING:

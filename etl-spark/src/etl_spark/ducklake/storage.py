@@ -1,6 +1,6 @@
 """Lake files seen from the driver: data files written here or by Spark tasks, delete files, footers.
 
-Data files are written by pyarrow (``datafiles``): rows already on the driver are written here, rows
+Data files are written by pyarrow (``parquet_files``): rows already on the driver are written here, rows
 in a Spark frame by the tasks that hold them (``write_frame``), which return only each file's
 metadata. Either way a file is registered in the catalog only after it is complete, so a crash leaves
 at worst an unregistered file; the files of a failed job are removed here (``remove_job``). Positional
@@ -24,7 +24,9 @@ import structlog
 
 from etl.api import TableError
 from etl_spark.ducklake.catalog import Composed, DataFile, DeleteFile, LakeColumn, LakeTable, NewFile, inside
-from etl_spark.ducklake.datafiles import (
+from etl_spark.ducklake.key_cache import LookupCache
+from etl_spark.ducklake.metrics import DuckLakeMetrics
+from etl_spark.ducklake.parquet_files import (
     METADATA_SCHEMA,
     SNAPSHOT,
     DataFileSpec,
@@ -36,8 +38,6 @@ from etl_spark.ducklake.datafiles import (
     metadata_batch,
     write_data_files,
 )
-from etl_spark.ducklake.key_cache import LookupCache
-from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.types import FIELD_ID
 from etl_spark.task_setup import prepare_task
 
