@@ -15,7 +15,8 @@ from etl.destination.base import DestinationContext
 from etl.store.memory import MemoryStore
 from etl.testing.batches import BatchBuilder, commit_time, rows_table
 from etl.testing.pytest_plugin import first_major_only
-from etl_spark.bigquery.destination import BigQueryConfig, BigQueryDestination
+from etl_spark.bigquery.config import BigQueryConfig
+from etl_spark.bigquery.destination import BigQueryDestination
 from etl_spark.ducklake.destination import SPARK_CONF, DuckLakeConfig, DuckLakeDestination
 from etl_spark.ducklake.reader import connect_duckdb
 from etl_spark.session import SparkSettings, get_spark, stop_spark

@@ -7,7 +7,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from etl_spark.bigquery.destination import BigQueryConfig, BigQueryDestination
+from etl_spark.bigquery.config import BigQueryConfig
+from etl_spark.bigquery.destination import BigQueryDestination
 from etl_spark.bigquery.preflight import dataset_check
 from etl_spark.testing.bigquery_emulator import PROJECT, BigQueryEmulator
 

@@ -9,7 +9,7 @@ from etl.api import ConfigError
 if TYPE_CHECKING:
     from google.cloud import bigquery
 
-    from etl_spark.bigquery.destination import BigQueryConfig
+    from etl_spark.bigquery.config import BigQueryConfig
 
 
 def make_client(config: BigQueryConfig) -> bigquery.Client:

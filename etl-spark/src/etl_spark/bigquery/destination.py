@@ -22,30 +22,22 @@ what arrives meanwhile into the next batch. See docs/destinations/bigquery.md.
 from __future__ import annotations
 
 import threading
-import time
-import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel
 
 from etl.api import (
-    COMMIT_LSN_COLUMN,
-    OLD_COLUMN,
     OP_COLUMN,
-    TX_ORDINAL_COLUMN,
     Check,
     ColumnSchema,
     DestinationContext,
     DestinationError,
-    EtlError,
     EventBatch,
-    Integer,
     Store,
     TableChanges,
     TableError,
@@ -56,18 +48,18 @@ from etl.api import (
     validate,
 )
 from etl_spark.bigquery import history
-from etl_spark.bigquery.client import make_client
-from etl_spark.bigquery.errors import classify, passes
+from etl_spark.bigquery.config import SPARK_CONF, BigQueryConfig
+from etl_spark.bigquery.errors import classify
+from etl_spark.bigquery.jobs import Jobs
 from etl_spark.bigquery.metrics import BigQueryMetrics
 from etl_spark.bigquery.names import column_name, table_id
-from etl_spark.bigquery.preflight import deep_preflight, preflight
+from etl_spark.bigquery.preflight import check_holds_the_copies, deep_preflight, preflight
 from etl_spark.bigquery.schema_change import alter_statements, unrecorded
-from etl_spark.bigquery.staging import groups, side_by_side, source, table_prefix
-from etl_spark.bigquery.types import bq_type, check_columns, staged, table_ddl, table_options
+from etl_spark.bigquery.staging import MISSING_TEXT, flatten_changes
+from etl_spark.bigquery.types import bq_type, integer_key_range, staged_rows, table_ddl, table_options
 from etl_spark.collapse import (
     ACTION,
     NET,
-    PRIOR_KEY,
     UPSERT,
     Position,
     after,
@@ -78,7 +70,7 @@ from etl_spark.collapse import (
     missing_columns,
     net_changes_without_key,
 )
-from etl_spark.session import SparkSettings, delete_path, get_spark, require_java, start_in_background
+from etl_spark.session import get_spark, require_java, start_in_background
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -93,87 +85,11 @@ WATERMARKS = "_etl_watermarks"
 COLUMNS = "_etl_columns"
 """Per table, the source columns (name, type, attribute number) it was last brought in line with."""
 CHANGES = "_etl_changes"
+"""The temporary table holding a batch's collapsed changes in target types, inside the apply transaction."""
 STORED = "_etl_stored"
 """For tables without a key, the temporary table counting the stored occurrences of row images losing copies."""
-"""The temporary table holding a batch's collapsed changes in target types, inside the apply transaction."""
-MISSING_TEXT = "_etl_missing_text"
-"""Unchanged TOAST column names as ``,a,b,`` (staged without Parquet lists)."""
 BATCH_LABEL = "*"
 """The ``table`` label of a streamed batch's load job, which carries every table of the batch."""
-SPARK_CONF = {"spark.sql.parquet.compression.codec": "zstd"}
-
-
-class BigQueryConfig(BaseModel):
-    """``[destination]`` keys of ``type = "bigquery"``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    project: str = Field(
-        min_length=1,
-        description="Google Cloud project of the dataset; load and query jobs run (and are billed) here.",
-    )
-    dataset: str = Field(
-        pattern=r"^[A-Za-z0-9_]{1,1024}$",
-        json_schema_extra={"form": "letters, digits and _ only, at most 1,024 of them"},
-        examples=["analytics"],
-        description="Dataset id (letters, digits, `_`); created at startup when missing, in `location`.",
-    )
-    location: str = Field("US", min_length=1, description="Location of the dataset and of every job.")
-    credentials_file: str | None = Field(
-        None,
-        description="A service-account JSON key. Without it: application default credentials"
-        " (`GOOGLE_APPLICATION_CREDENTIALS`, `gcloud auth application-default login`, or the attached service"
-        " account on GCE/GKE/Cloud Run). An unreadable key is a config error that names the file, never its content.",
-    )
-    staging_uri: str = Field(description="`gs://bucket[/prefix]` where batches are staged as Parquet for load jobs.")
-    staging_local_dir: str | None = Field(
-        None,
-        description="A local directory that *is* the staging bucket (a local emulator serves it as `gs://bucket`);"
-        " Spark writes there instead of `staging_uri`.",
-    )
-    endpoint: str | None = Field(
-        None,
-        description="BigQuery API endpoint override, for a local emulator; with it and no `credentials_file`,"
-        " requests are sent without credentials.",
-    )
-    partition_by: dict[str, str] = Field(
-        default_factory=dict,
-        description='Per source table (`"schema.table"`), a date or timestamp column its target table is partitioned'
-        " by, by day; applied when the target table is created.",
-    )
-    mode: Literal["apply", "history"] = Field(
-        "apply",
-        description='`"apply"`: each target table mirrors its source table. `"history"`: every change is appended as'
-        " a row, deletes kept (see [History mode](#history-mode)).",
-    )
-    min_apply_interval_s: float = Field(
-        10.0,
-        ge=0,
-        le=3600,
-        description="At least this long between the starts of two batch applies of one writer (the apply worker, a"
-        " table's catch-up), unless the batch is full (`[batch] busy_max_bytes`). The engine merges what arrives"
-        " meanwhile into the next batch, so each table gets at most one DML transaction, and the pipeline one load"
-        " job, per interval; it is also about the latency (a change waits up to the interval). `0` applies every"
-        " batch as it comes. See [Quotas](#quotas).",
-    )
-    api_retry_seconds: Integer = Field(
-        120,
-        ge=1,
-        description="How long the BigQuery client retries a failing call itself (429, 5xx, dropped connections);"
-        " after that the failure goes to the engine, which retries the batch with backoff.",
-    )
-    spark: SparkSettings = Field(
-        default_factory=SparkSettings,
-        description="The section `[destination.spark]`: the Spark session, shared with the `ducklake` destination"
-        " (see [ducklake.md](ducklake.md#config-keys)); its keys follow.",
-    )
-
-    @field_validator("staging_uri")
-    @classmethod
-    def _staging(cls, value: str) -> str:
-        if not value.startswith("gs://") or len(value) <= len("gs://"):
-            raise ValueError("staging_uri must be gs://bucket[/prefix]")
-        return value.rstrip("/")
 
 
 class BigQueryDestination:
@@ -187,7 +103,6 @@ class BigQueryDestination:
         self.pipeline_id = pipeline_id
         self._store = store
         """The pipeline's store: at start, the tables it says were copied must be in the dataset."""
-        self._client: bigquery.Client | None = None
         self._spark: SparkSession | None = None
         self._applied: dict[int, TableSchema] = {}
         """Per table, the schema its BigQuery table is in line with (as recorded in ``_etl_columns``)."""
@@ -195,6 +110,7 @@ class BigQueryDestination:
         """Per table, its watermark as last read or committed (this destination is the table's one writer)."""
         self.metrics = BigQueryMetrics()
         """The ``etl_bigquery_*`` series; on a private registry until ``register_metrics``."""
+        self.jobs = Jobs(config, pipeline_id, self.metrics, lambda: self.spark)
         self.min_write_interval_s = config.min_apply_interval_s
         """The engine hands each writer's batches over at most this often, unless full (``Paced``)."""
         self._metadata = threading.Lock()
@@ -227,7 +143,7 @@ class BigQueryDestination:
         from google.cloud import bigquery
 
         require_java()
-        self._client = make_client(self.config)
+        self.jobs.open()
         dataset = bigquery.Dataset(f"{self.config.project}.{self.config.dataset}")
         dataset.location = self.config.location
         try:
@@ -235,14 +151,14 @@ class BigQueryDestination:
                 self.client.get_dataset(dataset.reference)
             except exceptions.NotFound:
                 self.client.create_dataset(dataset, exists_ok=True)
-            self._query(
-                f"CREATE TABLE IF NOT EXISTS {self._ref(WATERMARKS)} (pipeline_id INT64, table_oid INT64,"
-                f" commit_lsn INT64, tx_ordinal INT64);\nCREATE TABLE IF NOT EXISTS {self._ref(COLUMNS)}"
+            self.jobs.query(
+                f"CREATE TABLE IF NOT EXISTS {self.jobs.ref(WATERMARKS)} (pipeline_id INT64, table_oid INT64,"
+                f" commit_lsn INT64, tx_ordinal INT64);\nCREATE TABLE IF NOT EXISTS {self.jobs.ref(COLUMNS)}"
                 " (table_name STRING, position INT64, column_name STRING, type_oid INT64, type_modifier INT64,"
                 " attnum INT64);"
             )
-            tables = {t.table_id for t in self.client.list_tables(dataset.reference, retry=self._retry)}
-            self._drop_leftover_staging(tables)
+            tables = {t.table_id for t in self.client.list_tables(dataset.reference, retry=self.jobs.retry)}
+            self.jobs.drop_leftover_staging(tables)
         except exceptions.GoogleAPICallError as exc:
             passing = classify(exc, "opening the dataset")
             if isinstance(passing, TransientError):
@@ -251,38 +167,11 @@ class BigQueryDestination:
                 f"BigQuery dataset {self.config.project}.{self.config.dataset} is not usable: {exc.message}",
                 hint="check the project, dataset, location and that the credentials may create tables and run jobs",
             ) from None
-        self._check_dataset_holds_the_copies(tables)
+        check_holds_the_copies(self.config, self._store, tables)
         start_in_background(self.config.spark, SPARK_CONF)
 
-    def _check_dataset_holds_the_copies(self, tables: set[str]) -> None:
-        """Stop when the store says tables were copied that the dataset does not have: it was deleted, or it is
-        another dataset. Going on would create them empty, stream changes into them, and move the store's progress
-        past the copied rows."""
-        if self._store is None:
-            return
-        copied = {t for t, s in self._store.get_table_states().items() if s.kind.copied}
-        names: dict[int, set[str]] = {}
-        for schema in self._store.get_table_schemas():  # every name a table had: a renamed one may keep its old
-            if schema.id in copied:
-                try:
-                    names.setdefault(schema.id, set()).add(table_id(schema.name))
-                except TableError:  # a name BigQuery refuses errors its table at its write, not the whole start
-                    continue
-        missing = sorted(t for t in copied if t in names and not names[t] & tables)
-        if missing:
-            shown = ", ".join(sorted(min(names[t]) for t in missing[:10]))
-            raise DestinationError(
-                f"BigQuery dataset {self.config.project}.{self.config.dataset} has no table for {len(missing)} of the"
-                f" {len(copied)} tables this pipeline's store says were copied into it ({shown}"
-                f"{', ...' if len(missing) > 10 else ''}): it was deleted or emptied, or it is not the pipeline's",
-                hint="point `dataset` at the pipeline's dataset; to copy every table again into this one instead, stop"
-                " the pipeline and run etl reset --recopy -c <pipeline file>",
-            )
-
     def shutdown(self) -> None:
-        if self._client is not None:
-            self._client.close()  # type: ignore[no-untyped-call]
-            self._client = None
+        self.jobs.close()
 
     def register_metrics(self, registry: CollectorRegistry) -> None:
         """Export ``etl_bigquery_*`` on the pipeline's registry (the engine calls this once, at start)."""
@@ -290,26 +179,8 @@ class BigQueryDestination:
             self.metrics.register(registry)
 
     @property
-    def _retry(self) -> Any:
-        """The client's retry of one API call, bounded by ``api_retry_seconds``."""
-        from google.cloud.bigquery.retry import DEFAULT_RETRY
-
-        return DEFAULT_RETRY.with_timeout(self.config.api_retry_seconds)
-
-    @property
-    def _job_retry(self) -> Any:
-        """The client's retry of a failed query job, bounded by ``api_retry_seconds``."""
-        from google.cloud.bigquery.retry import DEFAULT_JOB_RETRY
-
-        return DEFAULT_JOB_RETRY.with_timeout(self.config.api_retry_seconds)
-
-    @property
     def client(self) -> bigquery.Client:
-        if self._client is None:
-            raise DestinationError(
-                "the bigquery destination is not started", hint="call startup() first", transient=False
-            )
-        return self._client
+        return self.jobs.client
 
     @property
     def spark(self) -> SparkSession:
@@ -322,23 +193,23 @@ class BigQueryDestination:
         self._applied.pop(schema.id, None)
         self._watermarks.pop(schema.id, None)
         with self._metadata:
-            self._query(
-                f"DROP TABLE IF EXISTS {self._ref(table_id(schema.name))};\n"
-                f"DELETE FROM {self._ref(WATERMARKS)} WHERE {self._watermark_row(schema)};\n"
-                f"DELETE FROM {self._ref(COLUMNS)} WHERE {self._columns_row(schema)};"
+            self.jobs.query(
+                f"DROP TABLE IF EXISTS {self.jobs.ref(table_id(schema.name))};\n"
+                f"DELETE FROM {self.jobs.ref(WATERMARKS)} WHERE {self._watermark_row(schema)};\n"
+                f"DELETE FROM {self.jobs.ref(COLUMNS)} WHERE {self._columns_row(schema)};"
             )
 
     def write_table_rows(self, schema: TableSchema, rows: pa.Table) -> WriteResult:
         target = self._prepare(schema)
         if rows.num_rows:
-            frame = self.spark.createDataFrame(self._staged(schema, rows, changes=False))
-            with self._staging([frame], rows.nbytes, str(schema.name)) as [staged]:
+            frame = self.spark.createDataFrame(staged_rows(schema, rows, changes=False))
+            with self.jobs.staging([frame], rows.nbytes, str(schema.name)) as [staged]:
                 names = [column_name(c.name) for c in schema.columns]
                 values = self._converted(schema)
                 if self.config.mode == "history":  # copied rows: no position, no commit time
                     names += [name for name, _ in history.COLUMNS]
                     values += f", '{history.COPY}', NULL, NULL, NULL"
-                self._dml(f"INSERT INTO {target} ({', '.join(names)}) SELECT {values} FROM {staged} AS S", schema)
+                self.jobs.dml(f"INSERT INTO {target} ({', '.join(names)}) SELECT {values} FROM {staged} AS S", schema)
         return WriteResult.DURABLE
 
     def write_events(self, batch: EventBatch) -> WriteResult:
@@ -366,7 +237,7 @@ class BigQueryDestination:
             if change is not None:
                 collapsed.append(change)
         frames = [c.frame for c in collapsed if c.frame is not None]
-        with self._staging(frames, sum(c.nbytes for c in collapsed), BATCH_LABEL) as staged:
+        with self.jobs.staging(frames, sum(c.nbytes for c in collapsed), BATCH_LABEL) as staged:
             sources = iter(staged)
             for change in collapsed:
                 with naming_table(change.schema.id):
@@ -382,7 +253,7 @@ class BigQueryDestination:
             return None  # a replay: the table may already have a later shape, leave it
         if self.config.mode == "history":
             changes = history.with_key_change_deletes(changes, schema)
-            rows = history.with_history(self._staged(schema, changes, changes=False), changes, commit_timestamps)
+            rows = history.with_history(staged_rows(schema, changes, changes=False), changes, commit_timestamps)
             return _Collapsed(
                 schema, position, False, self.spark.createDataFrame(rows), changes.nbytes, [], False, None
             )
@@ -395,16 +266,16 @@ class BigQueryDestination:
         key_range: tuple[int, int] | None = None
         if changes.num_rows and key:
             toast = missing_columns(changes)
-            table = self._staged(schema, changes, changes=True)
+            table = staged_rows(schema, changes, changes=True)
             if toast:
-                frame = self._flatten(last_change_per_key(self.spark.createDataFrame(table), names, key, toast), key)
+                frame = flatten_changes(last_change_per_key(self.spark.createDataFrame(table), names, key, toast), key)
             else:  # the common case, collapsed on the driver in Arrow: no Spark job
                 collapsed = last_change_per_key_arrow(table, names, key)
-                key_range = _integer_range(schema, collapsed)
+                key_range = integer_key_range(schema, collapsed)
                 frame = self.spark.createDataFrame(collapsed)
         elif changes.num_rows:
             frame = net_changes_without_key(
-                self.spark.createDataFrame(self._staged(schema, changes, changes=True)), names
+                self.spark.createDataFrame(staged_rows(schema, changes, changes=True)), names
             )
             removes = not pc.all(pc.equal(changes[OP_COLUMN], "I")).as_py()
         return _Collapsed(schema, position, truncate, frame, changes.nbytes, toast, removes, key_range)
@@ -425,7 +296,7 @@ class BigQueryDestination:
         statements += [*self._advance(schema, change.position), "COMMIT TRANSACTION"]
         self._watermarks.pop(schema.id, None)  # unknown should the job fail
         with self._metadata:
-            self._dml(";\n".join(statements) + ";", schema)
+            self.jobs.dml(";\n".join(statements) + ";", schema)
         self._watermarks[schema.id] = change.position
 
     def _upsert(
@@ -505,18 +376,15 @@ class BigQueryDestination:
     def _advance(self, schema: TableSchema, position: Position) -> list[str]:
         lsn, ordinal = position
         return [
-            f"DELETE FROM {self._ref(WATERMARKS)} WHERE {self._watermark_row(schema)}",
-            f"INSERT INTO {self._ref(WATERMARKS)} (pipeline_id, table_oid, commit_lsn, tx_ordinal)"
+            f"DELETE FROM {self.jobs.ref(WATERMARKS)} WHERE {self._watermark_row(schema)}",
+            f"INSERT INTO {self.jobs.ref(WATERMARKS)} (pipeline_id, table_oid, commit_lsn, tx_ordinal)"
             f" VALUES ({int(self.pipeline_id)}, {int(schema.id)}, {int(lsn)}, {int(ordinal)})",
         ]
 
     def _watermark(self, schema: TableSchema) -> Position:
         if schema.id not in self._watermarks:
-            rows = list(
-                self._query(
-                    f"SELECT commit_lsn, tx_ordinal FROM {self._ref(WATERMARKS)} WHERE {self._watermark_row(schema)}"
-                )
-            )
+            sql = f"SELECT commit_lsn, tx_ordinal FROM {self.jobs.ref(WATERMARKS)} WHERE {self._watermark_row(schema)}"
+            rows = list(self.jobs.query(sql))
             self._watermarks[schema.id] = (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
         return self._watermarks[schema.id]
 
@@ -526,7 +394,7 @@ class BigQueryDestination:
     # -- table shape -----------------------------------------------------------------------------
     def _prepare(self, schema: TableSchema) -> str:
         """The target table, created or altered to match ``schema``, which is then recorded as applied."""
-        target = self._ref(table_id(schema.name))
+        target = self.jobs.ref(table_id(schema.name))
         applied = self._applied.get(schema.id)
         if applied is None:
             applied = self._recorded(schema)
@@ -541,13 +409,13 @@ class BigQueryDestination:
             columns = (
                 f"{table_ddl(schema, primary_key=False)}, {history.history_ddl()}" if historic else table_ddl(schema)
             )
-            self._query(f"CREATE TABLE IF NOT EXISTS {target} ({columns}) {options}", schema)
-        table = self.client.get_table(self._path(table_id(schema.name)))
+            self.jobs.query(f"CREATE TABLE IF NOT EXISTS {target} ({columns}) {options}", schema)
+        table = self.client.get_table(self.jobs.path(table_id(schema.name)))
         own = history.own_columns([f.name for f in table.schema]) if historic else frozenset()
         actions = alter_statements(table, applied or unrecorded(table, schema, own), schema, own, keep_dropped=historic)
         # BigQuery runs DDL outside transactions only: the record follows the ALTERs in the same script.
         with self._metadata:
-            self._query(
+            self.jobs.query(
                 ";\n".join([*(f"ALTER TABLE {target} {a}" for a in actions), *self._record(schema)]) + ";", schema
             )
         self._applied[schema.id] = schema
@@ -555,7 +423,7 @@ class BigQueryDestination:
 
     def _check_mode(self, schema: TableSchema) -> None:
         """A table written in the other ``mode`` errors (its rows mean something else)."""
-        table = self.client.get_table(self._path(table_id(schema.name)), retry=self._retry)
+        table = self.client.get_table(self.jobs.path(table_id(schema.name)), retry=self.jobs.retry)
         historic = history.is_history_table([f.name for f in table.schema])
         if historic != (self.config.mode == "history"):
             raise TableError(
@@ -566,8 +434,8 @@ class BigQueryDestination:
             )
 
     def _recorded(self, schema: TableSchema) -> TableSchema | None:
-        rows = self._query(
-            f"SELECT column_name, type_oid, type_modifier, attnum FROM {self._ref(COLUMNS)}"
+        rows = self.jobs.query(
+            f"SELECT column_name, type_oid, type_modifier, attnum FROM {self.jobs.ref(COLUMNS)}"
             f" WHERE {self._columns_row(schema)} ORDER BY position"
         )
         columns = tuple(ColumnSchema(r[0], int(r[1]), int(r[2]), attnum=r[3]) for r in rows)
@@ -581,8 +449,8 @@ class BigQueryDestination:
         )
         return [
             "BEGIN TRANSACTION",
-            f"DELETE FROM {self._ref(COLUMNS)} WHERE {self._columns_row(schema)}",
-            f"INSERT INTO {self._ref(COLUMNS)} (table_name, position, column_name, type_oid, type_modifier, attnum)"
+            f"DELETE FROM {self.jobs.ref(COLUMNS)} WHERE {self._columns_row(schema)}",
+            f"INSERT INTO {self.jobs.ref(COLUMNS)} (table_name, position, column_name, type_oid, type_modifier, attnum)"
             f" VALUES {values}",
             "COMMIT TRANSACTION",
         ]
@@ -590,104 +458,7 @@ class BigQueryDestination:
     def _columns_row(self, schema: TableSchema) -> str:
         return f"table_name = '{table_id(schema.name)}'"
 
-    # -- staging ---------------------------------------------------------------------------------
-    @staticmethod
-    def _staged(schema: TableSchema, rows: pa.Table, *, changes: bool) -> pa.Table:
-        """Arrow rows or changes with row columns in their staging form (checked: columns BigQuery has no type
-        for, then values it cannot hold, error the table)."""
-        check_columns(schema)
-        columns = {c.name: c for c in schema.columns}
-        arrays: list[pa.ChunkedArray] = []
-        for name in rows.column_names:
-            values = rows[name]
-            if name in columns:
-                values = staged(schema, columns[name], values)
-            elif name in (COMMIT_LSN_COLUMN, TX_ORDINAL_COLUMN):
-                values = values.cast(pa.int64())  # Spark has no unsigned types
-            arrays.append(values)
-        table = pa.table(arrays, names=rows.column_names)
-        return _with_staged_old(schema, table) if changes else table.select(schema.column_names)
-
-    def _flatten(self, collapsed: DataFrame, key: list[str]) -> DataFrame:
-        from pyspark.sql import functions as sf
-
-        return collapsed.select(
-            *[sf.col(c) for c in collapsed.columns if c not in (PRIOR_KEY, "_etl_missing")],
-            *[sf.col(PRIOR_KEY)[k].alias(f"_etl_prior_{k}") for k in key],
-            sf.concat(sf.lit(","), sf.array_join(sf.col("_etl_missing"), ","), sf.lit(",")).alias(MISSING_TEXT),
-        )
-
-    @contextmanager
-    def _staging(self, frames: list[DataFrame], nbytes: int, label: str) -> Iterator[list[str]]:
-        """Stage ``frames`` side by side with one load job into a new staging table (more only past BigQuery's
-        column limit); yield a subquery of each frame's rows (``staging.source``). The table is dropped
-        afterwards (a crash leaves it to the next start, ``_drop_leftover_staging``), its Parquet files as
-        soon as it is loaded.
-
-        Each load fills a table of its own: BigQuery limits modifications per table per day, and
-        writers (the apply worker, table copies) stage concurrently.
-        """
-        names: list[str] = []
-        sources: list[str] = []
-        try:
-            for run in groups(frames):
-                frame, parts = side_by_side(run)
-                names.append(table_prefix(self.pipeline_id) + uuid.uuid4().hex)
-                self._load(frame, nbytes, names[-1], label)
-                sources += [source(self._ref(names[-1]), part) for part in parts]
-            yield sources
-        finally:
-            for name in names:
-                self._drop_staging(name)
-
-    def _load(self, frame: DataFrame, nbytes: int, name: str, label: str) -> None:
-        """Write ``frame`` as Parquet to the staging location and load it into the new table ``name``."""
-        from google.cloud import bigquery
-
-        local = self.config.staging_local_dir
-        bucket, _, prefix = self.config.staging_uri.removeprefix("gs://").partition("/")
-        relative = f"{prefix}/{name}" if prefix else name
-        written = f"{local.rstrip('/')}/{relative}" if local else f"{self.config.staging_uri}/{name}"
-        files = max(1, nbytes // (256 * 1024 * 1024))
-        frame.coalesce(files).write.mode("overwrite").parquet(written)
-        staged_bytes = _parquet_bytes(self.spark, written)
-        job_config = bigquery.LoadJobConfig(
-            source_format=bigquery.SourceFormat.PARQUET,
-            write_disposition=bigquery.WriteDisposition.WRITE_TRUNCATE,
-        )
-        job_config.parquet_options = bigquery.ParquetOptions()  # type: ignore[no-untyped-call]
-        job_config.parquet_options.enable_list_inference = True
-        try:
-            try:
-                job = self.client.load_table_from_uri(
-                    f"gs://{bucket}/{relative}/*.parquet", self._path(name), job_config=job_config, retry=self._retry
-                )
-                job.result(retry=self._retry)
-            except Exception as exc:
-                error = classify(exc, f"loading staged rows ({label})")
-                if error is None:
-                    raise
-                raise error from None
-            self.metrics.load_jobs.labels(label).inc()
-            self.metrics.bytes_loaded.inc(staged_bytes)
-        finally:
-            delete_path(self.spark, written)  # loaded or failed, the staged files are not needed again
-
-    def _drop_staging(self, name: str) -> None:
-        """Drop a staging table; a failure is logged, never raised (it would hide the write's own outcome)."""
-        try:
-            self.client.delete_table(self._path(name), not_found_ok=True, retry=self._retry)
-        except Exception as exc:
-            log.warning("could not drop a staging table; the next start drops it", table=name, error=str(exc))
-
-    def _drop_leftover_staging(self, tables: set[str]) -> None:
-        """Drop the staging tables (of the dataset's ``tables``) this pipeline left behind when it last stopped
-        mid-write."""
-        prefix = table_prefix(self.pipeline_id)
-        for name in tables:
-            if name.startswith(prefix):
-                self.client.delete_table(self._path(name), not_found_ok=True, retry=self._retry)
-
+    # -- conversions from the staged form ------------------------------------------------------------
     def _converted(self, schema: TableSchema) -> str:
         return ", ".join(
             f"{self._conversion(schema, column_name(c.name))} AS {column_name(c.name)}" for c in schema.columns
@@ -697,44 +468,6 @@ class BigQueryDestination:
     def _conversion(schema: TableSchema, quoted: str) -> str:
         column = next(c for c in schema.columns if column_name(c.name) == quoted)
         return bq_type(column).load.format(f"S.{quoted}")
-
-    # -- helpers ---------------------------------------------------------------------------------
-    def _path(self, name: str) -> str:
-        return f"{self.config.project}.{self.config.dataset}.{name}"
-
-    def _ref(self, name: str) -> str:
-        return f"`{self._path(name)}`"
-
-    def _dml(self, sql: str, table: TableSchema) -> None:
-        """Run the query job that moves staged rows into ``table``'s target, timed (``etl_bigquery_dml_seconds``)."""
-        started = time.perf_counter()
-        self._query(sql, table)
-        self.metrics.dml_seconds.observe(time.perf_counter() - started)
-
-    def _query(self, sql: str, table: TableSchema | None = None) -> Any:
-        """Run ``sql``; a statement rejected while writing ``table`` errors that table only."""
-        from google.api_core import exceptions
-
-        try:
-            return self.client.query_and_wait(
-                sql, location=self.config.location, retry=self._retry, job_retry=self._job_retry
-            )
-        except exceptions.BadRequest as exc:
-            if passes(exc):  # a 400 that is not about the statement
-                raise _classified(exc, sql, table) or exc from None
-            log.warning("bigquery rejected a statement", sql=sql, error=exc.message)
-            if table is not None:
-                raise TableError(
-                    f"{table.name}: BigQuery rejected its data: {exc.message}",
-                    hint="a value BigQuery cannot hold; fix it at the source, then resync the table",
-                    table_id=table.id,
-                ) from None
-            raise DestinationError(f"BigQuery rejected a statement: {exc.message}", hint="see the log") from None
-        except Exception as exc:
-            error = _classified(exc, sql, table)
-            if error is None:
-                raise
-            raise error from None
 
 
 @dataclass(frozen=True)
@@ -756,41 +489,5 @@ class _Collapsed:
     """The least and greatest value of the first key column the changes touch, when it is an integer."""
 
 
-def _classified(exc: Exception, sql: str, table: TableSchema | None) -> EtlError | None:
-    """``exc`` as the engine's error (``errors.classify``); ``None`` when it is not BigQuery's."""
-    doing = f"writing {table.name}" if table is not None else "running " + sql.split(" ", 1)[0].lower()
-    return classify(exc, doing)
-
-
-def _parquet_bytes(spark: SparkSession, path: str) -> int:
-    """The size of the Parquet files Spark wrote into the directory ``path`` (local or ``gs://``), through
-    Spark's Hadoop file system, as ``delete_path`` reaches it."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    directory = jvm.org.apache.hadoop.fs.Path(path)
-    fs = directory.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    return sum(int(s.getLen()) for s in fs.listStatus(directory) if str(s.getPath().getName()).endswith(".parquet"))
-
-
-def _integer_range(schema: TableSchema, collapsed: pa.Table) -> tuple[int, int] | None:
-    """The least and greatest touched value of the first key column, when it is an integer one."""
-    first = schema.key_columns[0]
-    if bq_type(first).ddl != "INT64":
-        return None
-    bounds = pc.min_max(collapsed[first.name])
-    low, high = bounds["min"].as_py(), bounds["max"].as_py()
-    return None if low is None or high is None else (int(low), int(high))
-
-
 def _shape(schema: TableSchema) -> list[tuple[str, int, int, int | None]]:
     return [(c.name, c.type_oid, c.type_modifier, c.attnum) for c in schema.columns]
-
-
-def _with_staged_old(schema: TableSchema, table: pa.Table) -> pa.Table:
-    """The ``_etl_old`` struct with its fields in staging form too."""
-    old = table[OLD_COLUMN].combine_chunks()
-    columns = {c.name: c for c in schema.columns}
-    children = [staged(schema, columns[f.name], old.field(i)).combine_chunks() for i, f in enumerate(old.type)]
-    mask = pc.invert(old.is_valid()) if old.null_count else None
-    struct = pa.StructArray.from_arrays(children, names=[f.name for f in old.type], mask=mask)
-    return table.set_column(table.column_names.index(OLD_COLUMN), OLD_COLUMN, struct)

@@ -1,5 +1,6 @@
 """``etl check``'s lines for the BigQuery destination: the dataset as the run opens it, a local staging
 directory, and Java; with ``--deep``, a Spark job and a probe written into the staging location and removed.
+And the check of the destination's own start that the dataset holds the tables the store says were copied.
 
 Nothing is created: a missing dataset passes (the run creates it) with what that needs said.
 """
@@ -10,12 +11,13 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from etl.api import Check, EtlError, writable_directory
+from etl.api import Check, DestinationError, EtlError, Store, TableError, writable_directory
 from etl_spark.bigquery.client import make_client
+from etl_spark.bigquery.names import table_id
 from etl_spark.session import delete_path, first_line, get_spark, java_check, spark_check
 
 if TYPE_CHECKING:
-    from etl_spark.bigquery.destination import BigQueryConfig
+    from etl_spark.bigquery.config import BigQueryConfig
 
 API_TIMEOUT_S = 30.0
 """How long ``etl check`` waits for the BigQuery API, retries included."""
@@ -94,3 +96,29 @@ def deep_preflight(config: BigQueryConfig, extra: dict[str, str]) -> list[Check]
             ),
         ]
     return [spark, Check("bigquery staging write", True, f"Spark wrote and removed a probe in {base}")]
+
+
+def check_holds_the_copies(config: BigQueryConfig, store: Store | None, tables: set[str]) -> None:
+    """At the start: stop when the pipeline's store says tables were copied that the dataset (its ``tables``)
+    does not have: it was deleted, or it is another dataset. Going on would create them empty, stream changes into
+    them, and move the store's progress past the copied rows."""
+    if store is None:
+        return
+    copied = {t for t, s in store.get_table_states().items() if s.kind.copied}
+    names: dict[int, set[str]] = {}
+    for schema in store.get_table_schemas():  # every name a table had: a renamed one may keep its old
+        if schema.id in copied:
+            try:
+                names.setdefault(schema.id, set()).add(table_id(schema.name))
+            except TableError:  # a name BigQuery refuses errors its table at its write, not the whole start
+                continue
+    missing = sorted(t for t in copied if t in names and not names[t] & tables)
+    if missing:
+        shown = ", ".join(sorted(min(names[t]) for t in missing[:10]))
+        raise DestinationError(
+            f"BigQuery dataset {config.project}.{config.dataset} has no table for {len(missing)} of the"
+            f" {len(copied)} tables this pipeline's store says were copied into it ({shown}"
+            f"{', ...' if len(missing) > 10 else ''}): it was deleted or emptied, or it is not the pipeline's",
+            hint="point `dataset` at the pipeline's dataset; to copy every table again into this one instead, stop"
+            " the pipeline and run etl reset --recopy -c <pipeline file>",
+        )

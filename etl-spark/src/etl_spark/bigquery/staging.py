@@ -15,11 +15,14 @@ from functools import reduce
 from typing import TYPE_CHECKING, Final
 
 from etl_spark.bigquery.names import STAGING_PREFIX
+from etl_spark.collapse import PRIOR_KEY
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 PART: Final = "_etl_part"
+MISSING_TEXT: Final = "_etl_missing_text"
+"""Unchanged TOAST column names as ``,a,b,`` (staged without Parquet lists)."""
 MAX_COLUMNS: Final = 10_000 - 1
 """BigQuery's limit on a table's columns, less ``_etl_part``."""
 
@@ -70,3 +73,15 @@ def source(table: str, part: Part) -> str:
 def table_prefix(pipeline_id: int) -> str:
     """The names of a pipeline's staging tables start with this (one table per load, dropped after use)."""
     return f"{STAGING_PREFIX}{int(pipeline_id)}_"
+
+
+def flatten_changes(collapsed: DataFrame, key: list[str]) -> DataFrame:
+    """Collapsed changes in the columns they are staged in: the prior key as ``_etl_prior_<column>`` columns, the
+    unchanged TOAST columns as ``MISSING_TEXT`` (Parquet lists would need list inference to load)."""
+    from pyspark.sql import functions as sf
+
+    return collapsed.select(
+        *[sf.col(c) for c in collapsed.columns if c not in (PRIOR_KEY, "_etl_missing")],
+        *[sf.col(PRIOR_KEY)[k].alias(f"_etl_prior_{k}") for k in key],
+        sf.concat(sf.lit(","), sf.array_join(sf.col("_etl_missing"), ","), sf.lit(",")).alias(MISSING_TEXT),
+    )

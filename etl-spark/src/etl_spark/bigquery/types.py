@@ -20,7 +20,15 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etl.api import BUILTIN_ARRAYS, ColumnSchema, TableError, TableSchema
+from etl.api import (
+    BUILTIN_ARRAYS,
+    COMMIT_LSN_COLUMN,
+    OLD_COLUMN,
+    TX_ORDINAL_COLUMN,
+    ColumnSchema,
+    TableError,
+    TableSchema,
+)
 from etl_spark.bigquery.names import column_name
 from etl_spark.ducklake.types import interval_text, numeric_precision_scale
 
@@ -244,3 +252,40 @@ def _error(schema: TableSchema, column: ColumnSchema, what: str, hint: str = "")
         hint=hint or "replace the value at the source (or change the column's type to text), then resync the table",
         table_id=schema.id,
     )
+
+
+def staged_rows(schema: TableSchema, rows: pa.Table, *, changes: bool) -> pa.Table:
+    """Arrow rows or changes with row columns in their staging form (checked: columns BigQuery has no type
+    for, then values it cannot hold, error the table)."""
+    check_columns(schema)
+    columns = {c.name: c for c in schema.columns}
+    arrays: list[pa.ChunkedArray] = []
+    for name in rows.column_names:
+        values = rows[name]
+        if name in columns:
+            values = staged(schema, columns[name], values)
+        elif name in (COMMIT_LSN_COLUMN, TX_ORDINAL_COLUMN):
+            values = values.cast(pa.int64())  # Spark has no unsigned types
+        arrays.append(values)
+    table = pa.table(arrays, names=rows.column_names)
+    return _with_staged_old(schema, table) if changes else table.select(schema.column_names)
+
+
+def _with_staged_old(schema: TableSchema, table: pa.Table) -> pa.Table:
+    """The ``_etl_old`` struct with its fields in staging form too."""
+    old = table[OLD_COLUMN].combine_chunks()
+    columns = {c.name: c for c in schema.columns}
+    children = [staged(schema, columns[f.name], old.field(i)).combine_chunks() for i, f in enumerate(old.type)]
+    mask = pc.invert(old.is_valid()) if old.null_count else None
+    struct = pa.StructArray.from_arrays(children, names=[f.name for f in old.type], mask=mask)
+    return table.set_column(table.column_names.index(OLD_COLUMN), OLD_COLUMN, struct)
+
+
+def integer_key_range(schema: TableSchema, collapsed: pa.Table) -> tuple[int, int] | None:
+    """The least and greatest touched value of the first key column, when it is an integer one."""
+    first = schema.key_columns[0]
+    if bq_type(first).ddl != "INT64":
+        return None
+    bounds = pc.min_max(collapsed[first.name])
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    return None if low is None or high is None else (int(low), int(high))
