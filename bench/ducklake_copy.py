@@ -48,7 +48,8 @@ from etl.events import EventBatch
 from etl.pipeline import Pipeline
 from etl.store.base import Store, TableStateKind
 from etl.store.memory import MemoryStore
-from etl_spark.ducklake.destination import SPARK_CONF, DuckLakeConfig, DuckLakeDestination
+from etl_spark.ducklake.config import SPARK_CONF, DuckLakeConfig
+from etl_spark.ducklake.destination import DuckLakeDestination
 from etl_spark.ducklake.reader import connect_duckdb, open_lake
 from etl_spark.session import SparkSettings, get_spark, stop_spark
 

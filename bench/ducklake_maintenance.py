@@ -27,7 +27,8 @@ from ducklake_copy import lake, pipeline_config, start_spark
 
 from etl.pipeline import Pipeline
 from etl.store.memory import MemoryStore
-from etl_spark.ducklake.destination import DuckLakeConfig, DuckLakeDestination
+from etl_spark.ducklake.config import DuckLakeConfig
+from etl_spark.ducklake.destination import DuckLakeDestination
 from etl_spark.ducklake.maintenance import MaintenanceConfig
 from etl_spark.ducklake.reader import open_lake
 

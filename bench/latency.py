@@ -52,7 +52,8 @@ from etl.lsn import Lsn
 from etl.pipeline import Pipeline
 from etl.store.base import TableStateKind
 from etl.testing import free_port
-from etl_spark.ducklake.destination import DuckLakeConfig, DuckLakeDestination
+from etl_spark.ducklake.config import DuckLakeConfig
+from etl_spark.ducklake.destination import DuckLakeDestination
 from etl_store_sqlite.store import SqliteStore
 
 TABLE = "latency_rows"

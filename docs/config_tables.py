@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from etl.config import BatchSection, CopySection, MetricsSection, PipelineSection, PostgresConnection
 from etl.config_reference import fill_config_tables
 from etl_spark.bigquery.config import BigQueryConfig
-from etl_spark.ducklake.destination import DuckLakeConfig
+from etl_spark.ducklake.config import DuckLakeConfig
 from etl_store_postgres.store import PostgresStoreConfig
 from etl_store_sqlite.store import SqliteStore
 

@@ -13,7 +13,7 @@ from etl.pipeline import Pipeline
 from etl.store.base import APPLY_WORKER
 from etl.testing.pipelines import all_ready, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
-from etl_spark.ducklake.destination import DuckLakeConfig
+from etl_spark.ducklake.config import DuckLakeConfig
 from etl_spark.ducklake.reader import open_lake
 from etl_spark.testing import comparable_source_rows, lake_rows
 

@@ -17,7 +17,8 @@ from etl.testing.batches import BatchBuilder, commit_time, rows_table
 from etl.testing.pytest_plugin import first_major_only
 from etl_spark.bigquery.config import BigQueryConfig
 from etl_spark.bigquery.destination import BigQueryDestination
-from etl_spark.ducklake.destination import SPARK_CONF, DuckLakeConfig, DuckLakeDestination
+from etl_spark.ducklake.config import SPARK_CONF, DuckLakeConfig
+from etl_spark.ducklake.destination import DuckLakeDestination
 from etl_spark.ducklake.reader import connect_duckdb
 from etl_spark.session import SparkSettings, get_spark, stop_spark
 from etl_spark.testing.bigquery_emulator import PROJECT, BigQueryEmulator

@@ -24,7 +24,8 @@ from pydantic import ValidationError
 from etl.destination.memory import MemoryDestination, sort_rows
 from etl.schema import ColumnSchema, TableName, TableSchema
 from etl_spark.ducklake.compaction import merge_small_files, rewrite_deleted
-from etl_spark.ducklake.destination import DuckLakeConfig, DuckLakeDestination
+from etl_spark.ducklake.config import DuckLakeConfig
+from etl_spark.ducklake.destination import DuckLakeDestination
 from etl_spark.ducklake.maintenance import Maintenance, MaintenanceConfig
 
 ITEMS = TableSchema(

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from etl.config import validate
+from etl.config_validation import validate
 from etl.errors import ConfigError, RuntimeSetupError
-from etl_spark.ducklake.destination import DuckLakeConfig
+from etl_spark.ducklake.config import DuckLakeConfig
 from etl_spark.session import SparkSettings, find_java, java_check, session_conf
 
 
