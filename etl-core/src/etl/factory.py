@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from etl.config import PipelineConfig, PluginSection, validate
+from etl.config import PipelineConfig, PluginSection
+from etl.config_validation import validate
 from etl.destination.base import Destination, DestinationContext
 from etl.errors import ConfigError
 from etl.plugins import Registry, load_registry

@@ -16,12 +16,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from etl.config import (
-        Integer,
-        PipelineConfig,
-        PostgresConnection,
-        validate,
-    )
+    from etl.config import Integer, PipelineConfig, PostgresConnection
+    from etl.config_validation import validate
     from etl.copy_plan import (
         RANGES_PER_CONNECTION,
         CopyPlan,
@@ -130,7 +126,7 @@ _HOMES: dict[str, str] = {
     "Integer": "etl.config",
     "PipelineConfig": "etl.config",
     "PostgresConnection": "etl.config",
-    "validate": "etl.config",
+    "validate": "etl.config_validation",
     "RANGES_PER_CONNECTION": "etl.copy_plan",
     "CopyPlan": "etl.copy_plan",
     "CopyRange": "etl.copy_plan",

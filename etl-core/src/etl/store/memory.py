@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from etl.config import validate
+from etl.config_validation import validate
 from etl.schema import TableId
 from etl.store.base import merged_request
 from etl.store.cached import CachedStore
