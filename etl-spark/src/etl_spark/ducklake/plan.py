@@ -13,20 +13,16 @@ flushes them (``inline_flush``) and plans again.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.api import OP_COLUMN, ColumnSchema, TableChanges, TableError, TableSchema
 from etl_spark.collapse import (
     ACTION,
-    NET,
-    PRIOR_KEY,
     UPSERT,
     Position,
     after,
@@ -54,17 +50,25 @@ from etl_spark.ducklake.catalog.column_ids import ELEMENT
 from etl_spark.ducklake.catalog.inlined import inlinable
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.parquet_files import SNAPSHOT, DataFileSpec
-from etl_spark.ducklake.scan import file_name, read_live, read_rows
+from etl_spark.ducklake.scan import read_rows
 from etl_spark.ducklake.schema_diff import SchemaDiff, diff
 from etl_spark.ducklake.storage import LakeStorage
+from etl_spark.ducklake.stored_rows import (
+    copies,
+    file_positions,
+    fill_from_lake,
+    live_rows,
+    matched_positions,
+    matched_positions_and_inlined,
+    may_hold,
+    occurrences,
+)
 from etl_spark.ducklake.table_state import TableState, read_states
 from etl_spark.ducklake.types import Form, LakeType, convert, lake_type
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    pass
 
-INLINED = "_etl_inlined"
-"""The ``_etl_file`` of inlined rows in a live-rows frame, whose ``_etl_pos`` is their row id."""
 BEFORE_FIRST = -1
 """A transaction ordinal below every change's: a watermark at ``(lsn, BEFORE_FIRST)`` lets all changes at
 ``lsn`` in."""
@@ -357,18 +361,18 @@ def _plan_rows(
         collapsed = last_change_per_key_arrow(changes, names, key)
         if scan and len(key) == 1:  # files whose key bounds hold no touched key: skipped
             column = next(c for c in columns if c.name == key[0])
-            data_files = _may_hold(key_bounds(column.column_id), column, collapsed[key[0]], data_files)
+            data_files = may_hold(key_bounds(column.column_id), column, collapsed[key[0]], data_files)
         candidates = data_files if scan else []
         lookup = _driver_lookup(columns, key, candidates)
         if lookup is not None:
             found = lake.storage.positions_of_keys(lookup, candidates, collapsed[key[0]].combine_chunks())
-            plan.deletes = _file_positions(found, candidates, lake.storage)
+            plan.deletes = file_positions(found, candidates, lake.storage)
         elif candidates:
             touched = sf.broadcast(lake.to_spark(collapsed.select(key), columns))
             stored = read_rows(lake.spark, lake.storage, needed, [f.path for f in candidates]).join(
                 touched, key, "inner"
             )
-            plan.deletes = _positions(stored, candidates, lake.storage)
+            plan.deletes = matched_positions(stored, candidates, lake.storage)
         if inlined_tables and not only_inserts:
             wanted = _integer_key(columns, key, collapsed)  # then only the inlined rows of touched keys are read
             stored = lake.catalog.inlined_rows(inlined_tables, needed, Form.SPARK, keys=wanted)
@@ -387,25 +391,25 @@ def _plan_rows(
     if inlined_tables and not only_inserts:
         inlined_rows = lake.catalog.inlined_rows(inlined_tables, needed, Form.SPARK)
     has_inlined = inlined_rows is not None and inlined_rows.num_rows > 0
-    live = _live(lake, needed, data_files, inlined_rows if has_inlined else None) if scan or has_inlined else None
+    live = live_rows(lake, needed, data_files, inlined_rows if has_inlined else None) if scan or has_inlined else None
     frame = lake.to_spark(changes, columns)
     if key:
         collapsed = last_change_per_key(frame, names, key, toast).cache()
         upserts = collapsed.filter(collapsed[ACTION] == UPSERT)
         if live is not None:
-            upserts = _fill_from_lake(upserts, live, key, toast)
+            upserts = fill_from_lake(upserts, live, key, toast)
             touched = sf.broadcast(collapsed.select(*key))
-            plan.deletes, plan.ended_inlined = _positions_and_inlined(
+            plan.deletes, plan.ended_inlined = matched_positions_and_inlined(
                 live.join(touched, key, "inner"), data_files, lake.storage
             )
         rows = upserts.select(*names)
     else:
         collapsed = net_changes_without_key(frame, names).cache()
         if live is not None:
-            plan.deletes, plan.ended_inlined = _positions_and_inlined(
-                _occurrences(live, collapsed, names), data_files, lake.storage
+            plan.deletes, plan.ended_inlined = matched_positions_and_inlined(
+                occurrences(live, collapsed, names), data_files, lake.storage
             )
-        rows = _copies(collapsed, names)
+        rows = copies(collapsed, names)
     try:
         if inline and changes.num_rows <= inline_limit:  # no more rows than changes
             inlined_upserts = rows.toArrow()
@@ -477,123 +481,3 @@ def _plan_schema(schema: TableSchema, state: TableState) -> TablePlan | None:
     return TablePlan(
         schema, handle, handle.table.directory, change, new_ids, _sources(columns), watermark=(lsn, BEFORE_FIRST)
     )
-
-
-def _may_hold(
-    bounds: dict[int, tuple[int, int]], column: LakeColumn, keys: pa.ChunkedArray, data_files: list[DataFile]
-) -> list[DataFile]:
-    """The data files that may hold one of ``keys`` (values of a one-column key): for an integer key, those
-    whose ``bounds`` (file column statistics) contain one; otherwise, or for files without bounds, all of them."""
-    if not column.type.startswith("int"):
-        return data_files
-    wanted = np.sort(keys.drop_null().to_numpy())
-
-    def may_hold(data_file: DataFile) -> bool:
-        if data_file.data_file_id not in bounds:
-            return True
-        low, high = bounds[data_file.data_file_id]
-        return bool(np.searchsorted(wanted, low) < np.searchsorted(wanted, high, side="right"))
-
-    return [f for f in data_files if may_hold(f)]
-
-
-def _live(
-    lake: Lake, columns: list[LakeColumn], data_files: list[DataFile], inlined_rows: pa.Table | None
-) -> DataFrame:
-    """The table's live rows: those of its files, and its live inlined rows (``_etl_file`` ``INLINED``)."""
-    frames = []
-    if data_files:
-        deletes = [f.delete.path for f in data_files if f.delete is not None]
-        frames.append(read_live(lake.spark, lake.storage, columns, [f.path for f in data_files], deletes))
-    if inlined_rows is not None:
-        rows = inlined_rows.select([c.name for c in columns])
-        rows = rows.append_column("_etl_file", pa.array([INLINED] * rows.num_rows, pa.string()))
-        rows = rows.append_column("_etl_pos", inlined_rows["row_id"])
-        frames.append(lake.to_spark(rows, columns))
-    return functools.reduce(lambda a, b: a.unionByName(b), frames)
-
-
-def _fill_from_lake(upserts: DataFrame, live: DataFrame, key: list[str], toast: list[str]) -> DataFrame:
-    """Values still missing (unchanged TOAST) come from the stored row of the prior key."""
-    if not toast:
-        return upserts
-    from pyspark.sql import functions as sf
-
-    stored = live.select(
-        *[sf.col(k).alias(f"_etl_k_{k}") for k in key], *[sf.col(c).alias(f"_etl_v_{c}") for c in toast]
-    )
-    condition = None
-    for k in key:
-        term = upserts[PRIOR_KEY][k] == stored[f"_etl_k_{k}"]
-        condition = term if condition is None else condition & term
-    joined = upserts.join(stored, condition, "left")
-    for name in toast:
-        joined = joined.withColumn(
-            name,
-            sf.when(sf.array_contains(sf.col("_etl_missing"), name), sf.col(f"_etl_v_{name}")).otherwise(sf.col(name)),
-        )
-    return joined
-
-
-def _occurrences(live: DataFrame, net: DataFrame, names: list[str]) -> DataFrame:
-    """For each image deleted ``-NET`` times, that many of its stored occurrences."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as sf
-
-    deleted = net.filter(sf.col(NET) < 0).select(
-        *[sf.col(n).alias(f"_etl_d_{n}") for n in names], (-sf.col(NET)).alias("_etl_count")
-    )
-    condition = None
-    for n in names:
-        term = live[n].eqNullSafe(deleted[f"_etl_d_{n}"])
-        condition = term if condition is None else condition & term
-    matched = live.join(sf.broadcast(deleted), condition, "inner")
-    order = Window.partitionBy(*[f"_etl_d_{n}" for n in names]).orderBy("_etl_file", "_etl_pos")
-    return matched.withColumn("_etl_n", sf.row_number().over(order)).filter(sf.col("_etl_n") <= sf.col("_etl_count"))
-
-
-def _copies(net: DataFrame, names: list[str]) -> DataFrame:
-    from pyspark.sql import functions as sf
-
-    return (
-        net.filter(sf.col(NET) > 0)
-        .withColumn("_etl_copy", sf.explode(sf.sequence(sf.lit(1), sf.col(NET))))
-        .select(*names)
-    )
-
-
-def _positions_and_inlined(
-    matches: DataFrame, data_files: list[DataFile], storage: LakeStorage
-) -> tuple[dict[int, tuple[DataFile, pa.Array]], list[int]]:
-    """``_positions`` of the matched file rows, and the row ids of the matched inlined rows."""
-    found = matches.select("_etl_file", "_etl_pos").toArrow()
-    inlined = pc.equal(found["_etl_file"], INLINED)
-    row_ids = sorted(set(found["_etl_pos"].filter(inlined).to_pylist()))
-    return _file_positions(found.filter(pc.invert(inlined)), data_files, storage), row_ids
-
-
-def _positions(
-    matches: DataFrame, data_files: list[DataFile], storage: LakeStorage
-) -> dict[int, tuple[DataFile, pa.Array]]:
-    """Collect ``(file, position)`` pairs (small: one per changed row) grouped by data file, without the
-    positions the file's delete file already holds."""
-    return _file_positions(matches.select("_etl_file", "_etl_pos").toArrow(), data_files, storage)
-
-
-def _file_positions(
-    found: pa.Table, data_files: list[DataFile], storage: LakeStorage
-) -> dict[int, tuple[DataFile, pa.Array]]:
-    if found.num_rows == 0:
-        return {}
-    by_name = {file_name(f.path): f for f in data_files}
-    result: dict[int, tuple[DataFile, pa.Array]] = {}
-    grouped = found.group_by("_etl_file").aggregate([("_etl_pos", "list")])
-    for name, positions in zip(grouped["_etl_file"].to_pylist(), grouped["_etl_pos_list"], strict=True):
-        data_file = by_name[name]
-        wanted = pc.unique(positions.values)
-        if data_file.delete is not None:
-            deleted = storage.deleted(data_file.delete)["pos"]
-            wanted = wanted.filter(pc.invert(pc.is_in(wanted, deleted)))
-        if len(wanted):
-            result[data_file.data_file_id] = (data_file, wanted)
-    return result

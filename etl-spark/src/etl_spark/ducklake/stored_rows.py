@@ -1,0 +1,147 @@
+"""The lake's stored rows that a batch's changes touch, read with Spark for ``plan``.
+
+Which data files may hold the changed keys (their column statistics), the table's live rows (its files less
+their deletes, and its live inlined rows), unchanged TOAST values filled from the stored rows, the stored
+occurrences a keyless delete removes, and the positions of all of these per data file for its delete file.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from etl_spark.collapse import NET, PRIOR_KEY
+from etl_spark.ducklake.catalog import DataFile, LakeColumn
+from etl_spark.ducklake.lake import Lake
+from etl_spark.ducklake.scan import file_name, read_live
+from etl_spark.ducklake.storage import LakeStorage
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+INLINED = "_etl_inlined"
+"""The ``_etl_file`` of inlined rows in a live-rows frame, whose ``_etl_pos`` is their row id."""
+
+
+def may_hold(
+    bounds: dict[int, tuple[int, int]], column: LakeColumn, keys: pa.ChunkedArray, data_files: list[DataFile]
+) -> list[DataFile]:
+    """The data files that may hold one of ``keys`` (values of a one-column key): for an integer key, those
+    whose ``bounds`` (file column statistics) contain one; otherwise, or for files without bounds, all of them."""
+    if not column.type.startswith("int"):
+        return data_files
+    wanted = np.sort(keys.drop_null().to_numpy())
+
+    def holds(data_file: DataFile) -> bool:
+        if data_file.data_file_id not in bounds:
+            return True
+        low, high = bounds[data_file.data_file_id]
+        return bool(np.searchsorted(wanted, low) < np.searchsorted(wanted, high, side="right"))
+
+    return [f for f in data_files if holds(f)]
+
+
+def live_rows(
+    lake: Lake, columns: list[LakeColumn], data_files: list[DataFile], inlined_rows: pa.Table | None
+) -> DataFrame:
+    """The table's live rows: those of its files, and its live inlined rows (``_etl_file`` ``INLINED``)."""
+    frames = []
+    if data_files:
+        deletes = [f.delete.path for f in data_files if f.delete is not None]
+        frames.append(read_live(lake.spark, lake.storage, columns, [f.path for f in data_files], deletes))
+    if inlined_rows is not None:
+        rows = inlined_rows.select([c.name for c in columns])
+        rows = rows.append_column("_etl_file", pa.array([INLINED] * rows.num_rows, pa.string()))
+        rows = rows.append_column("_etl_pos", inlined_rows["row_id"])
+        frames.append(lake.to_spark(rows, columns))
+    return functools.reduce(lambda a, b: a.unionByName(b), frames)
+
+
+def fill_from_lake(upserts: DataFrame, live: DataFrame, key: list[str], toast: list[str]) -> DataFrame:
+    """Values still missing (unchanged TOAST) come from the stored row of the prior key."""
+    if not toast:
+        return upserts
+    from pyspark.sql import functions as sf
+
+    stored = live.select(
+        *[sf.col(k).alias(f"_etl_k_{k}") for k in key], *[sf.col(c).alias(f"_etl_v_{c}") for c in toast]
+    )
+    condition = None
+    for k in key:
+        term = upserts[PRIOR_KEY][k] == stored[f"_etl_k_{k}"]
+        condition = term if condition is None else condition & term
+    joined = upserts.join(stored, condition, "left")
+    for name in toast:
+        joined = joined.withColumn(
+            name,
+            sf.when(sf.array_contains(sf.col("_etl_missing"), name), sf.col(f"_etl_v_{name}")).otherwise(sf.col(name)),
+        )
+    return joined
+
+
+def occurrences(live: DataFrame, net: DataFrame, names: list[str]) -> DataFrame:
+    """For each image deleted ``-NET`` times, that many of its stored occurrences."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as sf
+
+    deleted = net.filter(sf.col(NET) < 0).select(
+        *[sf.col(n).alias(f"_etl_d_{n}") for n in names], (-sf.col(NET)).alias("_etl_count")
+    )
+    condition = None
+    for n in names:
+        term = live[n].eqNullSafe(deleted[f"_etl_d_{n}"])
+        condition = term if condition is None else condition & term
+    matched = live.join(sf.broadcast(deleted), condition, "inner")
+    order = Window.partitionBy(*[f"_etl_d_{n}" for n in names]).orderBy("_etl_file", "_etl_pos")
+    return matched.withColumn("_etl_n", sf.row_number().over(order)).filter(sf.col("_etl_n") <= sf.col("_etl_count"))
+
+
+def copies(net: DataFrame, names: list[str]) -> DataFrame:
+    from pyspark.sql import functions as sf
+
+    return (
+        net.filter(sf.col(NET) > 0)
+        .withColumn("_etl_copy", sf.explode(sf.sequence(sf.lit(1), sf.col(NET))))
+        .select(*names)
+    )
+
+
+def matched_positions_and_inlined(
+    matches: DataFrame, data_files: list[DataFile], storage: LakeStorage
+) -> tuple[dict[int, tuple[DataFile, pa.Array]], list[int]]:
+    """``matched_positions`` of the matched file rows, and the row ids of the matched inlined rows."""
+    found = matches.select("_etl_file", "_etl_pos").toArrow()
+    inlined = pc.equal(found["_etl_file"], INLINED)
+    row_ids = sorted(set(found["_etl_pos"].filter(inlined).to_pylist()))
+    return file_positions(found.filter(pc.invert(inlined)), data_files, storage), row_ids
+
+
+def matched_positions(
+    matches: DataFrame, data_files: list[DataFile], storage: LakeStorage
+) -> dict[int, tuple[DataFile, pa.Array]]:
+    """Collect ``(file, position)`` pairs (small: one per changed row) grouped by data file, without the
+    positions the file's delete file already holds."""
+    return file_positions(matches.select("_etl_file", "_etl_pos").toArrow(), data_files, storage)
+
+
+def file_positions(
+    found: pa.Table, data_files: list[DataFile], storage: LakeStorage
+) -> dict[int, tuple[DataFile, pa.Array]]:
+    if found.num_rows == 0:
+        return {}
+    by_name = {file_name(f.path): f for f in data_files}
+    result: dict[int, tuple[DataFile, pa.Array]] = {}
+    grouped = found.group_by("_etl_file").aggregate([("_etl_pos", "list")])
+    for name, positions in zip(grouped["_etl_file"].to_pylist(), grouped["_etl_pos_list"], strict=True):
+        data_file = by_name[name]
+        wanted = pc.unique(positions.values)
+        if data_file.delete is not None:
+            deleted = storage.deleted(data_file.delete)["pos"]
+            wanted = wanted.filter(pc.invert(pc.is_in(wanted, deleted)))
+        if len(wanted):
+            result[data_file.data_file_id] = (data_file, wanted)
+    return result
