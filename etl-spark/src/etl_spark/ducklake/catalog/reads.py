@@ -14,16 +14,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-import pyarrow as pa
 import sqlalchemy as sa
 import structlog
 from sqlalchemy.engine import Connection, Engine
 
 from etl.api import DestinationError
-from etl_spark.ducklake.catalog import inlined, retention
+from etl_spark.ducklake.catalog import retention
 from etl_spark.ducklake.catalog.bootstrap import check_lake, create_lake
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES
 from etl_spark.ducklake.catalog.engine import engine_for, masked, one_of, redacted, writing
+from etl_spark.ducklake.catalog.inlined_reads import InlinedReads
 from etl_spark.ducklake.catalog.migrations import migrate
 from etl_spark.ducklake.catalog.model import (
     DataFile,
@@ -37,7 +37,7 @@ from etl_spark.ducklake.catalog.model import (
 )
 from etl_spark.ducklake.catalog.transaction import Transaction
 from etl_spark.ducklake.metrics import DuckLakeMetrics
-from etl_spark.ducklake.types import LIST, Form
+from etl_spark.ducklake.types import LIST
 
 log = structlog.get_logger(__name__)
 
@@ -53,7 +53,7 @@ def _is_integer(text: str) -> bool:
     return text.lstrip("-").isdigit()
 
 
-class Catalog:
+class Catalog(InlinedReads):
     """A DuckLake catalog seen by one pipeline."""
 
     def __init__(
@@ -393,57 +393,6 @@ class Catalog:
                 versions = {int(t): versions.get(int(t), int(current)) for t in table_ids}
         return versions
 
-    def inlined_tables(self, table: LakeTable, conn: Connection | None = None) -> list[str]:
-        """The table's inlined data tables that hold rows (``inlined_tables_of``)."""
-        return self.inlined_tables_of([table], conn)[table.table_id]
-
-    def inlined_tables_of(self, tables: Sequence[LakeTable], conn: Connection | None = None) -> dict[int, list[str]]:
-        """Each table's inlined data tables that hold rows, by table id.
-
-        One of an earlier schema version is read as holding the current columns, which it must then have
-        (versions that only renamed the table). This writer flushes a table's inlined rows before it changes
-        its columns; rows left under other columns (by a DuckDB writer with inlining on) are refused.
-        """
-        held: dict[int, list[str]] = {t.table_id: [] for t in tables}
-        with self._reading(conn) as c:
-            registered = inlined.registered(c, list(held))
-            if not registered:
-                return held
-            versions = self.schema_versions(list(registered), c)
-            holding = inlined.holding_rows(c, [n for by_version in registered.values() for n in by_version.values()])
-            for table in tables:
-                current = [col.name for col in table.columns]
-                for version, name in sorted(registered.get(table.table_id, {}).items()):
-                    if name not in holding:
-                        continue
-                    if version != versions[table.table_id] and inlined.column_names(c, name) != current:
-                        raise DestinationError(
-                            f"DuckLake table {table.schema_name}.{table.name} holds rows inlined into the catalog"
-                            " under other columns",
-                            hint="run CALL ducklake_flush_inlined_data('<lake>') in DuckDB with the pipeline paused",
-                        )
-                    held[table.table_id].append(name)
-        return held
-
-    def inlined_rows(
-        self,
-        names: Sequence[str],
-        columns: Sequence[LakeColumn],
-        form: Form,
-        *,
-        live: bool = True,
-        keys: tuple[str, Sequence[int]] | None = None,
-    ) -> pa.Table:
-        """Rows of inlined data tables (``inlined.read``), by row id."""
-        with self.engine.connect() as conn:
-            tables = [inlined.read(conn, name, columns, form, live=live, keys=keys) for name in names]
-        return pa.concat_tables(tables).sort_by("row_id") if len(tables) != 1 else tables[0]
-
-    def inlined_count(self, table: LakeTable) -> int:
-        """Rows, live and ended, inlined into the table."""
-        with self.engine.connect() as conn:
-            return sum(inlined.shape(conn, n)[0] for n in self.inlined_tables(table, conn))
-
     def pipeline_tables(self) -> list[int]:
         """The lake tables this pipeline keeps."""
         with self.engine.connect() as conn:
@@ -460,20 +409,6 @@ class Catalog:
                 sa.text(f"SELECT source_table_id FROM {STATE_TABLE} WHERE pipeline_id = :p"), {"p": self.pipeline_id}
             ).all()
         return {int(t) for (t,) in rows}
-
-    def tables_with_inlined_rows(self) -> list[int]:
-        """The lake tables this pipeline keeps that have inlined rows."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.text(
-                    f"SELECT s.table_id, r.table_name FROM {STATE_TABLE} s"
-                    f" JOIN {inlined.REGISTRY} r ON r.table_id = s.table_id"
-                    " WHERE s.pipeline_id = :p AND NOT s.replaced"
-                ),
-                {"p": self.pipeline_id},
-            ).all()
-            holding = inlined.holding_rows(conn, [name for _, name in rows])
-        return sorted({int(t) for t, name in rows if name in holding})
 
     # -- retention -------------------------------------------------------------------------------
     def expire_snapshots(self, before: datetime) -> int:
