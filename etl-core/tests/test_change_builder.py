@@ -26,7 +26,8 @@ from etl.events import (
 from etl.lsn import Lsn
 from etl.postgres import pgoutput as pg
 from etl.postgres.codecs import INT32_MAX
-from etl.replication.changes import ChangeBuilder, change_schema
+from etl.replication.changes import ChangeBuilder
+from etl.replication.segment import change_schema
 from etl.schema import ColumnSchema, TableName, TableSchema
 from etl.testing.pgoutput_capture import capture
 from etl.testing.pytest_plugin import TestDatabase

@@ -1,7 +1,7 @@
 """Accumulate decoded changes column-wise and build ``EventBatch`` objects from them.
 
 The hot path keeps each row where the decoder found it (its payload and the offset of its tuple,
-not yet parsed); ``build()`` parses the rows of a table segment column by column with
+not yet parsed); ``build()`` parses the rows of a table segment (``segment``) column by column with
 ``tuple_columns`` and converts every column with one ``decode_text_column`` call. The ordered
 Python events of a batch are produced lazily from the same Arrow columns.
 
@@ -19,18 +19,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
-from functools import lru_cache
 from typing import Any, Final
 
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from etl.errors import EtlError, TableError
+from etl.errors import EtlError
 from etl.events import (
     COMMIT_LSN_COLUMN,
-    METADATA_COLUMNS,
     MISSING,
     MISSING_COLUMN,
     OLD_COLUMN,
@@ -49,176 +44,19 @@ from etl.events import (
     UpdateEvent,
 )
 from etl.lsn import Lsn
-from etl.postgres.codecs import arrow_field, decode_text_column, python_values
+from etl.postgres.codecs import python_values
 from etl.postgres.pgoutput import (
-    UNCHANGED_TOAST,
     OldKind,
-    TupleColumns,
     TupleData,
-    TupleWidthError,
     Value,
-    tuple_columns,
 )
+from etl.replication.segment import Segment
 from etl.schema import TableId, TableSchema
 
 _INDEX_BITS: Final = 32
 _INDEX_MASK: Final = (1 << _INDEX_BITS) - 1
 _ROW_OVERHEAD: Final = 96
 """Estimated bytes per buffered row besides its payload (metadata columns, Python objects)."""
-
-
-@lru_cache(maxsize=256)
-def change_schema(schema: TableSchema) -> pa.Schema:
-    """The Arrow schema of a table's change segments: the row columns, then the ``_etl_*`` metadata columns."""
-    clash = [c.name for c in schema.columns if c.name in METADATA_COLUMNS]
-    if clash:
-        raise TableError(
-            f"table {schema.name}: column {clash[0]} has the name of a column the engine adds to change tables",
-            hint="rename the column at the source, or leave it out of the publication (a column list), then resync"
-            " the table",
-            table_id=schema.id,
-        )
-    fields = [arrow_field(c) for c in schema.columns]
-    return pa.schema(
-        [
-            *fields,
-            pa.field(OP_COLUMN, pa.string(), nullable=False),
-            pa.field(COMMIT_LSN_COLUMN, pa.uint64(), nullable=False),
-            pa.field(TX_ORDINAL_COLUMN, pa.int64(), nullable=False),
-            pa.field(MISSING_COLUMN, pa.list_(pa.string())),
-            pa.field(OLD_COLUMN, pa.struct(fields)),
-            pa.field(OLD_IS_KEY_COLUMN, pa.bool_()),
-        ]
-    )
-
-
-class _Segment:
-    """Changes of one table under one schema version, as appended (raw tuples, row-wise).
-
-    A row is kept as its payload and the offset of its tuple there, not as a ``TupleData``: plain
-    bytes and ints are not tracked by the garbage collector, whose passes over a batch's worth of
-    per-row objects otherwise cost a fifth of the streaming time.
-    """
-
-    __slots__ = (
-        "lsns",
-        "number",
-        "old_kinds",
-        "old_rows",
-        "ops",
-        "ordinals",
-        "payloads",
-        "schema",
-        "start_lsns",
-        "starts",
-        "table_id",
-        "width",
-    )
-
-    def __init__(self, number: int, table_id: TableId, schema: TableSchema) -> None:
-        self.number = number
-        """Its position among the batch's segments (``ChangeBuilder._segment_list``)."""
-        self.table_id = table_id
-        self.schema = schema
-        self.width = len(schema.columns)
-        self.payloads: list[bytes | None] = []
-        """The payload of the new row of inserts and updates, of the old row of deletes; ``None`` for truncates."""
-        self.starts: list[int] = []
-        """Where the row's tuple starts in its payload."""
-        self.ops: list[str] = []
-        self.lsns: list[int] = []
-        self.ordinals: list[int] = []
-        self.start_lsns: list[int] = []
-        self.old_kinds: dict[int, OldKind | None] = {}
-        """Row index -> old row kind, for every update and delete."""
-        self.old_rows: dict[int, TupleData] = {}
-        """Row index -> the old row of an update, when Postgres sent one."""
-
-    def build(self) -> pa.Table:
-        schema, n = self.schema, len(self.ops)
-        new = self._parse(self.payloads, self.starts)
-        texts, missing_names = new.text, None
-        if any(mask is not None for mask in new.unchanged):
-            texts, missing_names = self._recover_unchanged(new)
-        columns = self._decode(texts)
-        missing = (
-            pa.array(missing_names, pa.list_(pa.string())) if missing_names else pa.nulls(n, pa.list_(pa.string()))
-        )
-        old_is_key = pa.nulls(n, pa.bool_())
-        if self.old_kinds:
-            is_key = np.zeros(n, np.bool_)
-            is_key[list(self.old_kinds)] = [kind == "K" for kind in self.old_kinds.values()]
-            old_is_key = pa.array(is_key, mask=_absent(n, self.old_kinds))
-        arrays = [
-            *columns,
-            pa.array(self.ops, pa.string()),
-            pa.array(self.lsns, pa.uint64()),
-            pa.array(self.ordinals, pa.int64()),
-            missing,
-            self._old_struct(n),
-            old_is_key,
-        ]
-        return pa.Table.from_arrays(arrays, schema=change_schema(schema))
-
-    def _parse(self, payloads: Sequence[bytes | None], starts: Sequence[int]) -> TupleColumns:
-        try:
-            return tuple_columns(payloads, starts, self.width)
-        except TupleWidthError as exc:
-            raise TableError(
-                f"table {self.schema.name}: rows with {exc.widths} columns do not match its schema of"
-                f" {self.width} columns",
-                hint="the stored schema is out of date; resync the table",
-                table_id=self.table_id,
-            ) from None
-
-    def _decode(self, texts: list[pa.Array]) -> list[pa.Array]:
-        try:
-            return [
-                decode_text_column(column, values) for column, values in zip(self.schema.columns, texts, strict=True)
-            ]
-        except TableError as exc:
-            message = f"table {self.schema.name}: {exc.message}"
-            raise TableError(message, hint=exc.hint, table_id=self.table_id) from None
-
-    def _recover_unchanged(self, new: TupleColumns) -> tuple[list[pa.Array], list[list[str] | None]]:
-        """Fill unchanged TOAST values of updates from the old row where Postgres sent them; name the rest.
-
-        An update's old row holds every column under REPLICA IDENTITY FULL (``O``), else the key
-        columns only (``K``, when the key changed). Values found in neither stay null and are listed
-        in ``_etl_missing``.
-        """
-        columns = self.schema.columns
-        masks = [mask if mask is not None else np.zeros(len(self.ops), np.bool_) for mask in new.unchanged]
-        missing: list[list[str] | None] = [None] * len(self.ops)
-        replacements: list[list[str | None]] = [[] for _ in columns]
-        for i in np.flatnonzero(np.logical_or.reduce(masks)).tolist():
-            old, old_kind = self.old_rows.get(i), self.old_kinds.get(i)
-            old_values = _plain(old) if old is not None else None
-            for c, column in enumerate(columns):
-                if not masks[c][i]:
-                    continue
-                if old_values is not None and (old_kind == "O" or column.primary_key):
-                    replacements[c].append(old_values[c])  # sent in the old row
-                    continue
-                replacements[c].append(None)
-                if self.ops[i] == "U":
-                    missing[i] = [*(missing[i] or []), column.name]
-        texts = [
-            text if mask is None else pc.replace_with_mask(text, mask, pa.array(values, pa.string()))
-            for text, mask, values in zip(new.text, new.unchanged, replacements, strict=True)
-        ]
-        return texts, missing
-
-    def _old_struct(self, n: int) -> pa.Array:
-        fields = [arrow_field(c) for c in self.schema.columns]
-        if not self.old_rows:
-            return pa.nulls(n, pa.struct(fields))
-        payloads: list[bytes | None] = [None] * n
-        starts = [0] * n
-        for i, row in self.old_rows.items():
-            payloads[i], starts[i] = row.data, row.start
-        columns = self._decode(self._parse(payloads, starts).text)  # unchanged TOAST in an old row reads as null
-        return pa.StructArray.from_arrays(columns, fields=fields, mask=pa.array(_absent(n, self.old_rows)))
 
 
 class ChangeBuilder:
@@ -244,9 +82,9 @@ class ChangeBuilder:
         self._reset()
 
     def _reset(self) -> None:
-        self._segments: dict[TableId, list[_Segment]] = {}
-        self._open: dict[TableId, _Segment] = {}
-        self._segment_list: list[_Segment] = []
+        self._segments: dict[TableId, list[Segment]] = {}
+        self._open: dict[TableId, Segment] = {}
+        self._segment_list: list[Segment] = []
         self._log: list[int | tuple[Any, ...]] = []
         """Changes as ``segment number << 32 | row index`` (an int: nothing for the garbage collector to
         track), transaction boundaries, relations and truncates as tuples, in stream order."""
@@ -439,14 +277,14 @@ class ChangeBuilder:
         )
 
     # -- internals -----------------------------------------------------------------------------------------
-    def _start(self, table_id: TableId) -> _Segment:
+    def _start(self, table_id: TableId) -> Segment:
         segment = self._new_segment(table_id, self._schema_of(table_id))
         self._segments.setdefault(table_id, []).append(segment)
         self._open[table_id] = segment
         return segment
 
-    def _new_segment(self, table_id: TableId, schema: TableSchema) -> _Segment:
-        segment = _Segment(len(self._segment_list), table_id, schema)
+    def _new_segment(self, table_id: TableId, schema: TableSchema) -> Segment:
+        segment = Segment(len(self._segment_list), table_id, schema)
         self._segment_list.append(segment)
         return segment
 
@@ -457,7 +295,7 @@ class ChangeBuilder:
         self._ordinal += 1
         return ordinal
 
-    def _add(self, segment: _Segment, op: str, payload: bytes, start: int, start_lsn: Lsn) -> int:
+    def _add(self, segment: Segment, op: str, payload: bytes, start: int, start_lsn: Lsn) -> int:
         if not self._in_transaction:
             raise EtlError("a change outside a transaction: the stream is out of order")
         index = len(segment.ops)
@@ -475,27 +313,15 @@ class ChangeBuilder:
         return index
 
 
-def _absent(n: int, present: Iterable[int]) -> npt.NDArray[np.bool_]:
-    """A mask of ``n`` rows, true except at the ``present`` indices."""
-    mask = np.ones(n, np.bool_)
-    mask[list(present)] = False
-    return mask
-
-
 def _raw(values: Sequence[Value]) -> TupleData:
     return values if isinstance(values, TupleData) else TupleData.of(values)
 
 
-def _plain(values: TupleData) -> tuple[str | None, ...]:
-    """A tuple's values with an unchanged TOAST marker (never expected in old rows) read as unknown (null)."""
-    return tuple(None if v is UNCHANGED_TOAST else v for v in values)  # type: ignore[misc]
-
-
 def _events(
-    log: list[int | tuple[Any, ...]], segment_list: list[_Segment], tables: dict[_Segment, pa.Table]
+    log: list[int | tuple[Any, ...]], segment_list: list[Segment], tables: dict[Segment, pa.Table]
 ) -> Iterator[Event]:
     """The ordered events of a built batch, with Python values taken from its Arrow columns."""
-    views: dict[_Segment, _RowView] = {}
+    views: dict[Segment, _RowView] = {}
     for entry in log:
         if isinstance(entry, int):
             segment, index = segment_list[entry >> _INDEX_BITS], entry & _INDEX_MASK

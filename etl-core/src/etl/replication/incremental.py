@@ -50,7 +50,7 @@ from etl.events import (
 from etl.lsn import Lsn
 from etl.postgres.codecs import python_values
 from etl.postgres.xid_snapshot import XidSnapshot
-from etl.replication.changes import change_schema
+from etl.replication.segment import change_schema
 from etl.schema import TableId, TableSchema
 
 INTEGER_KEY_TYPES: Final = frozenset({20, 21, 23})
