@@ -17,7 +17,7 @@ from etl.destination.base import WriteResult
 from etl.destination.memory import MemoryDestination
 from etl.lsn import Lsn
 from etl.pipeline import Pipeline
-from etl.postgres.replication import SlotLostError
+from etl.postgres.slot_state import SlotLostError
 from etl.schema import TableSchema
 from etl.store.base import TableStateKind
 from etl.testing.compare import source_rows

@@ -28,7 +28,7 @@ from etl.errors import DestinationError, SourceError, TransientError
 from etl.pipeline import Pipeline
 from etl.postgres.connection import connect
 from etl.postgres.ddl import MESSAGE_PREFIX
-from etl.postgres.replication import SlotLostError, slot_state
+from etl.postgres.slot_state import SlotLostError, slot_state
 from etl.replication.apply import RESYNC_MESSAGE_PREFIX
 from etl.schema import TableId, TableSchema
 from etl.store.base import RetryKind, TableState, TableStateKind

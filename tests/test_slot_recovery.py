@@ -10,7 +10,7 @@ import pytest
 from etl.destination.memory import MemoryDestination
 from etl.errors import SourceError
 from etl.pipeline import Pipeline
-from etl.postgres.replication import slot_state
+from etl.postgres.slot_state import slot_state
 from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl_store_sqlite.store import SqliteStore

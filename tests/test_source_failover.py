@@ -20,7 +20,7 @@ from etl.config import PipelineConfig
 from etl.destination.memory import MemoryDestination
 from etl.factory import build_store
 from etl.pipeline import Pipeline
-from etl.postgres.replication import SlotLostError
+from etl.postgres.slot_state import SlotLostError
 from etl.store.memory import MemoryStore
 from etl.testing import TemporaryCluster, find_install
 from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, wait_until

@@ -22,12 +22,10 @@ from etl.postgres.replication import (
     Keepalive,
     PublicationMissingError,
     ReplicationConnection,
-    SlotNotFoundError,
-    SlotState,
     XLogData,
     choose_protocol,
-    slot_state,
 )
+from etl.postgres.slot_state import SlotNotFoundError, SlotState, slot_state
 from etl.testing.pytest_plugin import TestDatabase
 
 T = TypeVar("T")

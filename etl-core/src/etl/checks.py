@@ -14,7 +14,7 @@ from etl.pipeline import apply_slot_lost, copy_names_error, slot_lost_error
 from etl.plugins import Registry, load_registry
 from etl.postgres.connection import connect
 from etl.postgres.ddl import ddl_trigger_installed
-from etl.postgres.replication import slot_state
+from etl.postgres.slot_state import slot_state
 from etl.preflight import Check, DeepPreflighted, Preflighted
 from etl.replication.slots import apply_slot
 from etl.schema import TableName

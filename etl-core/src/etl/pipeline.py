@@ -19,14 +19,8 @@ from etl.observe import MetricsServer, Sampler
 from etl.postgres.catalog import publication_exists, publication_tables
 from etl.postgres.connection import connect
 from etl.postgres.ddl import install_ddl_trigger
-from etl.postgres.replication import (
-    PublicationMissingError,
-    ReplicationConnection,
-    SlotLostError,
-    SlotState,
-    choose_protocol,
-    slot_state,
-)
+from etl.postgres.replication import PublicationMissingError, ReplicationConnection, choose_protocol
+from etl.postgres.slot_state import SlotLostError, SlotState, slot_state
 from etl.replication.activity import ActivityRecorder
 from etl.replication.apply import ApplyWorker
 from etl.replication.backoff import backoff_delays

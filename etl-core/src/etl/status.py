@@ -24,7 +24,7 @@ from etl.lsn import Lsn
 from etl.pipeline import apply_slot_lost, slot_lost_error
 from etl.postgres.catalog import WAL_POSITION
 from etl.postgres.connection import connect
-from etl.postgres.replication import SlotState, slot_state
+from etl.postgres.slot_state import SlotState, slot_state
 from etl.replication.slots import apply_slot, slot_prefix
 from etl.schema import TableId, TableName
 from etl.store.base import (

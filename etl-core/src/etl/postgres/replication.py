@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 import psycopg
 import structlog
@@ -31,6 +31,7 @@ from etl.postgres import generators
 from etl.postgres.connection import connection_error, conninfo_params
 from etl.postgres.frames import Keepalive, XLogData, parse_frame, status_update
 from etl.postgres.pgtime import now_pg_us
+from etl.postgres.slot_state import SlotNotFoundError
 from etl.postgres.waiting import Expired, Waiter
 from etl.schema import quote_ident, quote_literal
 
@@ -56,53 +57,8 @@ class SlotInfo:
     """The exported snapshot (``snapshot="export"``); valid until the next command on the connection."""
 
 
-@dataclass(frozen=True)
-class SlotState:
-    """A slot as ``pg_replication_slots`` shows it."""
-
-    exists: bool
-    confirmed_flush_lsn: Lsn = Lsn.ZERO
-    """Where a restart of the slot begins; ``Lsn.ZERO`` when the slot does not exist."""
-    wal_status: str | None = None
-    """``reserved``, ``extended``, ``unreserved`` or ``lost`` (``lost``: the slot was invalidated)."""
-    active_pid: int | None = None
-    invalidation_reason: str | None = None
-    """Why the slot was invalidated (Postgres 17+ reports it; earlier ``wal_removed`` is assumed when lost)."""
-    failover: bool = False
-    """A failover slot, kept in step on standbys with ``sync_replication_slots`` (Postgres 17+)."""
-
-    @property
-    def invalidated(self) -> bool:
-        return self.invalidation_reason is not None
-
-
 _told_unsynchronized = threading.Event()
 """That failover slots are off for want of ``synchronized_standby_slots`` is said once per process."""
-
-
-def slot_state(conn: psycopg.Connection[Any], name: str) -> SlotState:
-    """Look up replication slot ``name`` over a normal connection."""
-    # to_jsonb(row) reads the columns each major has without a per-version query
-    row = conn.execute(
-        "SELECT to_jsonb(s) FROM pg_catalog.pg_replication_slots s WHERE slot_name = %s", (name,)
-    ).fetchone()
-    if row is None:
-        return SlotState(exists=False)
-    slot: dict[str, Any] = row[0]
-    flushed = slot.get("confirmed_flush_lsn")
-    reason = slot.get("invalidation_reason")
-    if reason is None and slot.get("wal_status") == "lost":
-        reason = "wal_removed"
-    if reason is None and slot.get("conflicting"):
-        reason = "rows_removed"
-    return SlotState(
-        exists=True,
-        confirmed_flush_lsn=Lsn.parse(flushed) if flushed else Lsn.ZERO,
-        wal_status=slot.get("wal_status"),
-        active_pid=slot.get("active_pid"),
-        invalidation_reason=reason,
-        failover=bool(slot.get("failover")),
-    )
 
 
 def choose_protocol(server_version: int) -> tuple[int, bool]:
@@ -449,26 +405,6 @@ class ReplicationConnection:
     def _error(self, result: PGresult, doing: str) -> EtlError:
         error = error_from_result(result)
         return replication_error(error, self._config.describe(), doing)
-
-
-class SlotNotFoundError(SourceError):
-    """The named replication slot does not exist."""
-
-
-class SlotLostError(SourceError):
-    """A slot that progress was kept for is gone or invalidated: the server no longer keeps the changes since."""
-
-    @classmethod
-    def of(cls, slot: str, state: SlotState, consequence: str, recovery: str) -> SlotLostError:
-        what = (
-            f"was invalidated ({state.invalidation_reason})"
-            if state.exists and state.invalidated
-            else "is gone (dropped outside etl, or the source failed over to a standby without a synced copy of it)"
-        )
-        return cls(
-            f"replication slot {slot} {what}: the changes since its position are no longer kept; {consequence}",
-            hint=recovery,
-        )
 
 
 class PublicationMissingError(SourceError):

@@ -33,13 +33,8 @@ from etl.postgres.codecs import arrow_field
 from etl.postgres.connection import connect
 from etl.postgres.copy import copy_parts, copy_table, plan_copy
 from etl.postgres.copy_session import import_snapshot
-from etl.postgres.replication import (
-    ReplicationConnection,
-    SlotLostError,
-    SlotNotFoundError,
-    SlotState,
-    slot_state,
-)
+from etl.postgres.replication import ReplicationConnection
+from etl.postgres.slot_state import SlotLostError, SlotNotFoundError, SlotState, slot_state
 from etl.replication.context import WorkerContext
 from etl.replication.copy_watch import CopyWatch, copy_application_name
 from etl.replication.progress import CopyTracker
