@@ -3,6 +3,7 @@ stop from the last chunk written, and no transaction of the source held open for
 
 from __future__ import annotations
 
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -13,7 +14,10 @@ import pyarrow as pa
 import pytest
 from etl_plugin_example.mirror_reader import mirrored_rows
 
+from etl.destination.base import WriteResult
 from etl.destination.memory import MemoryDestination
+from etl.events import EventBatch
+from etl.lsn import Lsn
 from etl.pipeline import Pipeline, request_resync
 from etl.schema import TableName
 from etl.store.base import TableStateKind
@@ -138,6 +142,26 @@ BACKFILLED = 20_000
 """The backfill's predicate picks the rows up to this key (and the workload's negative keys)."""
 
 
+class HeldChunks(MemoryDestination):
+    """Holds the write of a chunk (a batch that commits nothing) once ``hold_after`` chunks were written, until
+    ``go`` is set: a test stops the pipeline part-way through a copy however fast the copy runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold_after: int | None = None
+        self.chunks = 0
+        self.held = threading.Event()
+        self.go = threading.Event()
+
+    def write_events(self, batch: EventBatch) -> WriteResult:
+        if self.hold_after is not None and batch.last_commit_lsn == Lsn.ZERO and batch.table_ids:
+            self.chunks += 1
+            if self.chunks > self.hold_after:
+                self.held.set()
+                self.go.wait(120)
+        return super().write_events(batch)
+
+
 def test_a_backfill_copies_again_the_rows_its_predicate_picks_and_goes_on_after_a_stop(
     source: TestDatabase, tmp_path: Path
 ) -> None:
@@ -145,7 +169,7 @@ def test_a_backfill_copies_again_the_rows_its_predicate_picks_and_goes_on_after_
     while its changes stream on. Here every tenth row of the destination was changed behind the pipeline's back:
     those the predicate picks are mended, the others stay as they were. Stopped part-way, the next run goes on
     with the same predicate after the last chunk written, not with a copy of the whole table."""
-    destination = MemoryDestination()
+    destination = HeldChunks()
     state = tmp_path / "state.sqlite"
     first = start(source, destination, state, method="snapshot", chunk_rows=500)
     try:
@@ -167,9 +191,13 @@ def test_a_backfill_copies_again_the_rows_its_predicate_picks_and_goes_on_after_
         finally:
             asking.close()
         copied = copied_rows(first, "public.big")  # the first copy's
+        destination.hold_after = 10
         with concurrent_transactions(source, workload, 150, pause=0.01):
-            wait_until(lambda: copied_rows(first, "public.big") >= copied + 5000, "ten chunks of the backfill", first)
+            wait_until(destination.held.is_set, "ten chunks of the backfill", first)
+        assert copied_rows(first, "public.big") >= copied + 5000
+        first.request_stop()  # stopped part-way: the eleventh chunk's write ends after the stop
     finally:
+        destination.go.set()
         first.shutdown()
     assert table_states_in(state)[oid(source, "big")] is TableStateKind.COPYING
     second = start(source, destination, state, method="snapshot", chunk_rows=500)
