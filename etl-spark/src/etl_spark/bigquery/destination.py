@@ -55,12 +55,10 @@ from etl_spark.bigquery.metrics import BigQueryMetrics
 from etl_spark.bigquery.names import column_name, table_id
 from etl_spark.bigquery.preflight import check_holds_the_copies, deep_preflight, preflight
 from etl_spark.bigquery.schema_change import alter_statements, unrecorded
-from etl_spark.bigquery.staging import MISSING_TEXT, flatten_changes
-from etl_spark.bigquery.types import bq_type, integer_key_range, staged_rows, table_ddl, table_options
+from etl_spark.bigquery.staging import flatten_changes
+from etl_spark.bigquery.statements import add_and_remove, append_history, converted, upsert
+from etl_spark.bigquery.types import integer_key_range, staged_rows, table_ddl, table_options
 from etl_spark.collapse import (
-    ACTION,
-    NET,
-    UPSERT,
     Position,
     after,
     after_last_truncate,
@@ -84,10 +82,6 @@ log = structlog.get_logger(__name__)
 WATERMARKS = "_etl_watermarks"
 COLUMNS = "_etl_columns"
 """Per table, the source columns (name, type, attribute number) it was last brought in line with."""
-CHANGES = "_etl_changes"
-"""The temporary table holding a batch's collapsed changes in target types, inside the apply transaction."""
-STORED = "_etl_stored"
-"""For tables without a key, the temporary table counting the stored occurrences of row images losing copies."""
 BATCH_LABEL = "*"
 """The ``table`` label of a streamed batch's load job, which carries every table of the batch."""
 
@@ -205,7 +199,7 @@ class BigQueryDestination:
             frame = self.spark.createDataFrame(staged_rows(schema, rows, changes=False))
             with self.jobs.staging([frame], rows.nbytes, str(schema.name)) as [staged]:
                 names = [column_name(c.name) for c in schema.columns]
-                values = self._converted(schema)
+                values = converted(schema)
                 if self.config.mode == "history":  # copied rows: no position, no commit time
                     names += [name for name, _ in history.COLUMNS]
                     values += f", '{history.COPY}', NULL, NULL, NULL"
@@ -288,90 +282,16 @@ class BigQueryDestination:
         if change.truncate:
             statements.append(f"DELETE FROM {target} WHERE TRUE")
         if staged is not None and self.config.mode == "history":
-            statements.append(self._append_history(schema, target, staged))
+            statements.append(append_history(schema, target, staged))
         elif staged is not None and schema.key_columns:
-            statements += self._upsert(schema, target, staged, change.toast, change.key_range)
+            statements += upsert(schema, target, staged, change.toast, change.key_range)
         elif staged is not None:
-            statements += self._add_and_remove(schema, target, staged, change.removes)
+            statements += add_and_remove(schema, target, staged, change.removes)
         statements += [*self._advance(schema, change.position), "COMMIT TRANSACTION"]
         self._watermarks.pop(schema.id, None)  # unknown should the job fail
         with self._metadata:
             self.jobs.dml(";\n".join(statements) + ";", schema)
         self._watermarks[schema.id] = change.position
-
-    def _upsert(
-        self, schema: TableSchema, target: str, staging: str, toast: list[str], key_range: tuple[int, int] | None
-    ) -> list[str]:
-        """Statements applying the collapsed changes in ``staging``: the keys they touch are deleted, upserts inserted.
-
-        Not a MERGE: local-bigquery runs a MERGE inside its own DuckDB transaction, which cannot nest in
-        the script's (the emulator then aborts the whole script), while DELETE and INSERT work in both.
-        The changes are first converted into a temporary table, so unchanged TOAST values are read
-        from the stored rows before those rows are deleted.
-        """
-        key = [column_name(c.name) for c in schema.key_columns]
-        names = [column_name(c.name) for c in schema.columns]
-        source = f"SELECT {self._converted(schema)}, S.{ACTION} FROM {staging} AS S"
-        if toast:
-            # Unchanged TOAST values still missing come from the stored row of the prior key.
-            prior = " AND ".join(f"P.{k} = S.`_etl_prior_{k.strip('`')}`" for k in key)
-            fills = {column_name(t): t for t in toast}
-            values = [
-                f"IF(STRPOS(S.{MISSING_TEXT}, ',{fills[n]},') > 0, P.{n}, {self._conversion(schema, n)}) AS {n}"
-                if n in fills
-                else f"{self._conversion(schema, n)} AS {n}"
-                for n in names
-            ]
-            source = f"SELECT {', '.join(values)}, S.{ACTION} FROM {staging} AS S LEFT JOIN {target} AS P ON {prior}"
-        touched = " AND ".join(f"U.{k} = T.{k}" for k in key)
-        # A constant range of the first key column lets BigQuery skip the blocks of a table clustered by it.
-        bounded = f"T.{key[0]} BETWEEN {key_range[0]} AND {key_range[1]} AND " if key_range else ""
-        return [
-            f"CREATE TEMP TABLE {CHANGES} AS {source}",
-            f"DELETE FROM {target} AS T WHERE {bounded}EXISTS (SELECT 1 FROM {CHANGES} AS U WHERE {touched})",
-            f"INSERT INTO {target} ({', '.join(names)}) SELECT {', '.join(names)} FROM {CHANGES}"
-            f" WHERE {ACTION} = '{UPSERT}'",
-            f"DROP TABLE {CHANGES}",
-        ]
-
-    def _append_history(self, schema: TableSchema, target: str, staged: str) -> str:
-        """The statement appending ``staged``'s history rows (``history``) to ``target``."""
-        names = [column_name(c.name) for c in schema.columns] + [name for name, _ in history.COLUMNS]
-        extra = ", ".join(f"S.{name}" for name, _ in history.COLUMNS)
-        return f"INSERT INTO {target} ({', '.join(names)}) SELECT {self._converted(schema)}, {extra} FROM {staged} AS S"
-
-    def _add_and_remove(self, schema: TableSchema, target: str, staging: str, removes: bool) -> list[str]:
-        """Statements applying ``staging``'s net copies per row image (``NET``) to a table without a key.
-
-        Rows are told apart by their whole image, as text (``TO_JSON_STRING``: arrays and JSON have no
-        equality). An image losing copies has all its stored occurrences deleted and the remaining
-        number inserted again; an image gaining copies has them inserted. Without ``removes`` (only
-        inserts) the copies are inserted and the table is not read; otherwise it is scanned twice.
-        """
-        names = [column_name(c.name) for c in schema.columns]
-        if not removes:
-            return [
-                f"INSERT INTO {target} ({', '.join(names)}) SELECT {self._converted(schema)} FROM {staging} AS S"
-                f" CROSS JOIN UNNEST(GENERATE_ARRAY(1, S.{NET})) AS _etl_copy"
-            ]
-
-        def image(alias: str) -> str:
-            return f"TO_JSON_STRING(STRUCT({', '.join(f'{alias}.{n}' for n in names)}))"
-
-        copies = f"IF(C.{NET} < 0, IFNULL(N._etl_stored, 0) + C.{NET}, C.{NET})"
-        return [
-            f"CREATE TEMP TABLE {CHANGES} AS WITH C AS (SELECT {self._converted(schema)}, S.{NET} FROM {staging} AS S)"
-            f" SELECT C.*, {image('C')} AS _etl_image FROM C",
-            f"CREATE TEMP TABLE {STORED} AS SELECT {image('T')} AS _etl_image, COUNT(*) AS _etl_stored"
-            f" FROM {target} AS T WHERE {image('T')} IN (SELECT _etl_image FROM {CHANGES} WHERE {NET} < 0)"
-            " GROUP BY _etl_image",
-            f"DELETE FROM {target} AS T WHERE {image('T')} IN (SELECT _etl_image FROM {STORED})",
-            f"INSERT INTO {target} ({', '.join(names)}) SELECT {', '.join(f'C.{n}' for n in names)}"
-            f" FROM {CHANGES} AS C LEFT JOIN {STORED} AS N ON N._etl_image = C._etl_image"
-            f" CROSS JOIN UNNEST(GENERATE_ARRAY(1, {copies})) AS _etl_copy",
-            f"DROP TABLE {CHANGES}",
-            f"DROP TABLE {STORED}",
-        ]
 
     def _advance(self, schema: TableSchema, position: Position) -> list[str]:
         lsn, ordinal = position
@@ -457,17 +377,6 @@ class BigQueryDestination:
 
     def _columns_row(self, schema: TableSchema) -> str:
         return f"table_name = '{table_id(schema.name)}'"
-
-    # -- conversions from the staged form ------------------------------------------------------------
-    def _converted(self, schema: TableSchema) -> str:
-        return ", ".join(
-            f"{self._conversion(schema, column_name(c.name))} AS {column_name(c.name)}" for c in schema.columns
-        )
-
-    @staticmethod
-    def _conversion(schema: TableSchema, quoted: str) -> str:
-        column = next(c for c in schema.columns if column_name(c.name) == quoted)
-        return bq_type(column).load.format(f"S.{quoted}")
 
 
 @dataclass(frozen=True)
