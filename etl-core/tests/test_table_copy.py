@@ -19,7 +19,8 @@ from etl.errors import SourceError, TableError
 from etl.postgres.catalog import PublishedTable, ctid_ranges, publication_tables, table_schema
 from etl.postgres.codecs import arrow_field
 from etl.postgres.connection import connect
-from etl.postgres.copy import copy_table, plan_copy, read_ranges
+from etl.postgres.copy import copy_chunk, copy_table, plan_copy, read_ranges
+from etl.postgres.copy_session import KeyChunk
 from etl.postgres.replication import ReplicationConnection
 from etl.schema import TableName, TableSchema
 from etl.testing.pytest_plugin import TestDatabase
@@ -104,6 +105,51 @@ def test_copy_many_pages(pg_database: TestDatabase, connections: int) -> None:
     assert started["connections"] == connections
     assert started["ranges"] == (1 if connections == 1 else 16)
     assert not copy_threads()
+
+
+@pytest.mark.parametrize("connections", [2, 3])
+def test_a_chunk_split_over_connections_reads_what_one_connection_reads(
+    pg_database: TestDatabase, connections: int
+) -> None:
+    """An incremental copy's chunk read over several connections (key ranges in the first one's snapshot) holds
+    the rows one connection reads, in key order: keys with gaps, a row filter, a backfill's predicate."""
+    db = pg_database
+    db.execute(
+        "CREATE TABLE c (id bigint PRIMARY KEY, v text);"
+        " INSERT INTO c SELECT g * 3, 'v' || g FROM generate_series(1, 20000) g;"
+        " CREATE PUBLICATION pub FOR TABLE c WHERE (id % 2 = 0)"
+    )
+    table, schema = published(db, "c")
+    first = KeyChunk("id", None, 5000)
+    # the rows are ids 6, 12, 18, ...: every (5000 // connections)-th of them ends a part
+    step = 5000 // connections
+    bounds = [str(6 * step * i) for i in range(1, connections)]
+    assert db.execute(first.split_query(table.name, table.row_filter, step)) == [(",".join(bounds),)]
+    with db.connect(autocommit=True) as monitor:
+
+        def sessions() -> int:
+            """Sessions ever opened in the database, as the server's statistics count them (each backend counts
+            itself as it exits)."""
+            monitor.execute("SELECT pg_catalog.pg_stat_clear_snapshot()")
+            row = monitor.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")
+            return int(row.fetchone()[0])  # type: ignore[index]
+
+        before = sessions()
+        split = copy_chunk(db.connection(), schema, table.name, table.row_filter, first, connections=connections)[1]
+        deadline = time.monotonic() + 10
+        while sessions() - before < connections:
+            assert time.monotonic() < deadline, f"the chunk was read over {sessions() - before} connection(s)"
+            time.sleep(0.05)
+    assert split.equals(copy_chunk(db.connection(), schema, table.name, table.row_filter, first)[1])
+    for chunk in (first, KeyChunk("id", 21_003, 4500, where="v <> 'v9000'"), KeyChunk("id", 57_000, 5000)):
+        one = copy_chunk(db.connection(), schema, table.name, table.row_filter, chunk)[1]
+        split = copy_chunk(db.connection(), schema, table.name, table.row_filter, chunk, connections=connections)[1]
+        assert split.equals(one)
+        expected = db.execute(
+            f"SELECT id, v FROM c WHERE id % 2 = 0 AND id > {chunk.after or 0} AND {chunk.where or 'true'}"
+            f" ORDER BY id LIMIT {chunk.limit}"
+        )
+        assert list(zip(*one.to_pydict().values(), strict=True)) == [tuple(r) for r in expected]
 
 
 def test_copy_range_batches_and_ranges(pg_database: TestDatabase) -> None:

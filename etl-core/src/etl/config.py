@@ -257,7 +257,12 @@ class CopySection(Section):
     skip: list[str] = Field(
         default_factory=list, description="These tables are not copied, only streamed (applied after `include`)."
     )
-    connections: Integer = Field(2, ge=1, description="Parallel `COPY` connections per table (ctid ranges).")
+    connections: Integer = Field(
+        2,
+        ge=1,
+        description="Parallel `COPY` connections per table (ctid ranges), or per chunk of an `incremental` copy"
+        " (key ranges of at least 1,000 rows each, in the snapshot of the chunk's first connection).",
+    )
     method: Literal["snapshot", "incremental"] = Field(
         "snapshot",
         description="`snapshot`: each table in one exported snapshot, over `connections` parallel ranges, while a"

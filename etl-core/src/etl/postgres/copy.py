@@ -8,6 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Generator, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
 import pyarrow as pa
@@ -32,17 +33,59 @@ from etl.schema import TableName, TableSchema
 
 log = structlog.get_logger(__name__)
 
+MIN_PART_ROWS: Final = 1000
+"""The fewest rows per connection worth splitting an incremental copy's chunk for."""
+
 
 def copy_chunk(
-    config: PostgresConnection, schema: TableSchema, source: TableName, row_filter: str | None, chunk: KeyChunk
+    config: PostgresConnection,
+    schema: TableSchema,
+    source: TableName,
+    row_filter: str | None,
+    chunk: KeyChunk,
+    *,
+    connections: int = 1,
 ) -> tuple[str, pa.Table]:
     """Read one chunk in a short ``REPEATABLE READ`` transaction of its own: the snapshot it read in
-    (``pg_current_snapshot()``'s text) and its rows, as a table of ``schema``'s columns in key order."""
+    (``pg_current_snapshot()``'s text) and its rows, as a table of ``schema``'s columns in key order.
+
+    With ``connections`` above 1, a chunk of at least ``MIN_PART_ROWS`` rows per connection is split by key into
+    that many parts, read at once: the first connection exports its snapshot for the others to import, so every
+    part sees the same rows one connection would, and no snapshot outlives the chunk's read."""
     output = pa.schema([arrow_field(c) for c in schema.columns])
     with CopySession(config, None) as session:
         snapshot = session.scalar("SELECT pg_catalog.pg_current_snapshot()::text", "read a chunk")  # takes it
-        batches = list(session.copy(schema, source, None, row_filter, max(1, chunk.limit), key_chunk=chunk))
+        parts = [chunk]
+        step = chunk.limit // max(1, connections)
+        if connections > 1 and step >= MIN_PART_ROWS:
+            bounds = session.scalar(chunk.split_query(source, row_filter, step), "split a chunk")
+            parts = chunk.split([int(b) for b in bounds.split(",") if b], step)
+        if len(parts) == 1:
+            batches = list(session.copy(schema, source, None, row_filter, max(1, chunk.limit), key_chunk=chunk))
+            return snapshot, pa.Table.from_batches(batches, schema=output)
+        exported = session.scalar("SELECT pg_catalog.pg_export_snapshot()", "read a chunk")
+        with ThreadPoolExecutor(len(parts) - 1, thread_name_prefix=f"chunk-{source}") as pool:
+            others = [
+                pool.submit(_read_part, config, exported, schema, source, row_filter=row_filter, part=p)
+                for p in parts[1:]
+            ]
+            batches = list(session.copy(schema, source, None, row_filter, parts[0].limit, key_chunk=parts[0]))
+            for part in others:
+                batches.extend(part.result())
     return snapshot, pa.Table.from_batches(batches, schema=output)
+
+
+def _read_part(
+    config: PostgresConnection,
+    snapshot: str,
+    schema: TableSchema,
+    source: TableName,
+    *,
+    row_filter: str | None,
+    part: KeyChunk,
+) -> list[pa.RecordBatch]:
+    with CopySession(config, snapshot) as session:
+        return list(session.copy(schema, source, None, row_filter, part.limit, key_chunk=part))
 
 
 def read_ranges(

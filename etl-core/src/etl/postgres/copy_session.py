@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
@@ -79,11 +79,37 @@ class KeyChunk:
     limit: int
     where: str | None = None
     """A backfill's predicate (``etl resync --where``), as the owner gave it."""
+    upto: int | None = None
+    """The chunk's last key, when it is a part of a chunk split by key (``split``)."""
 
     def predicate(self) -> str | None:
-        after = None if self.after is None else f"{quote_ident(self.column)} > {int(self.after)}"
+        key = quote_ident(self.column)
+        after = None if self.after is None else f"{key} > {int(self.after)}"
+        upto = None if self.upto is None else f"{key} <= {int(self.upto)}"
         where = None if self.where is None else predicate_sql(self.where)
-        return " AND ".join(c for c in (after, where) if c) or None
+        return " AND ".join(c for c in (after, upto, where) if c) or None
+
+    def split(self, bounds: list[int], step: int) -> list[KeyChunk]:
+        """The chunk as consecutive parts: one of ``step`` rows up to each key of ``bounds`` (every ``step``-th key
+        of the chunk, ``split_query``'s answer), then the rest."""
+        parts, after = [], self.after
+        for bound in bounds:
+            parts.append(replace(self, after=after, limit=step, upto=bound))
+            after = bound
+        parts.append(replace(self, after=after, limit=self.limit - step * len(bounds)))
+        return parts
+
+    def split_query(self, source: TableName, row_filter: str | None, step: int) -> str:
+        """Every ``step``-th key of the chunk's rows, as one comma-separated text, while ``step`` rows or more follow
+        (the last part holds ``step`` rows, and the rest of a ``limit`` that ``step`` does not divide)."""
+        key = quote_ident(self.column)
+        where = _conditions(None, row_filter, self)
+        keys = f"SELECT {key} AS k FROM ONLY {source.quoted()}{' WHERE ' + where if where else ''}{self.order()}"
+        return (
+            "SELECT coalesce(string_agg(k::text, ',' ORDER BY k), '')"
+            f" FROM (SELECT k, row_number() OVER (ORDER BY k) AS n FROM ({keys}) c) s"
+            f" WHERE n % {int(step)} = 0 AND n <= {int(self.limit - step)}"
+        )
 
     def order(self) -> str:
         return f" ORDER BY {quote_ident(self.column)} LIMIT {int(self.limit)}"
@@ -401,16 +427,20 @@ def _copy_query(
     row_filter: str | None,
     chunk: KeyChunk | None = None,
 ) -> str:
+    where = _conditions(ctid_range, row_filter, chunk)
+    # ONLY: rows of inheritance children are published (and copied) as those tables
+    select = f"SELECT {', '.join(quote_ident(n) for n in names)} FROM ONLY {source.quoted()}"
+    order = chunk.order() if chunk is not None else ""
+    return f"COPY ({select}{' WHERE ' + where if where else ''}{order}) TO STDOUT (FORMAT csv)"
+
+
+def _conditions(ctid_range: CtidRange | None, row_filter: str | None, chunk: KeyChunk | None) -> str:
     conditions = [
         ctid_range.predicate() if ctid_range is not None else None,
         f"({row_filter})" if row_filter else None,
         chunk.predicate() if chunk is not None else None,
     ]
-    where = " AND ".join(c for c in conditions if c)
-    # ONLY: rows of inheritance children are published (and copied) as those tables
-    select = f"SELECT {', '.join(quote_ident(n) for n in names)} FROM ONLY {source.quoted()}"
-    order = chunk.order() if chunk is not None else ""
-    return f"COPY ({select}{' WHERE ' + where if where else ''}{order}) TO STDOUT (FORMAT csv)"
+    return " AND ".join(c for c in conditions if c)
 
 
 def _copy_error(exc: psycopg.Error, config: PostgresConnection, doing: str) -> EtlError:

@@ -201,7 +201,9 @@ class ChunkedCopies:
             self.stream.flush()  # the stream's changes so far go first (a copy leaves out keys not copied yet)
             self.wait_written()  # and are durable before a chunk's mark after them is recorded
             chunk = KeyChunk(copy.key, copy.after, limit, copy.where)
-            text, rows = copy_chunk(ctx.config.source, schema, table.name, table.row_filter, chunk)
+            text, rows = copy_chunk(
+                ctx.config.source, schema, table.name, table.row_filter, chunk, connections=ctx.config.copy_.connections
+            )
         except TableError as exc:
             self.copies.pop(table_id, None)
             self.stream.table_failed(table_id, exc)
