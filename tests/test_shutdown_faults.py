@@ -137,3 +137,37 @@ def test_sigterm_ends_run_against_a_frozen_source_then_restart_catches_up(
                 interval=0.5,
             )
         runner.stop()  # a clean SIGTERM still drains and exits 0
+
+
+def test_sigterm_while_the_store_server_is_frozen_stops_the_start_cleanly(
+    pg_database: TestDatabase, tmp_path: Path
+) -> None:
+    """SIGTERM while ``etl run`` still builds its store, whose server is frozen: it exits 0 at once, saying it
+    stopped before the pipeline started; once the server is back, the next run copies the table into the mirror."""
+    db = pg_database
+    db.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t SELECT g, 'x' FROM generate_series(1, 100) g;"
+        " CREATE PUBLICATION pub FOR TABLE t"
+    )
+    mirror = tmp_path / "mirror.sqlite"
+    config = pipeline_config(
+        db,
+        store={"type": "postgres", **db.connection().model_dump(exclude_none=True)},
+        destination={"type": "sqlite_mirror", "path": str(mirror)},
+    )
+    runner = PipelineProcess(write_config(tmp_path / "pipeline.toml", config), log_level="info")
+    with db.cluster.frozen():
+        runner.start()
+        deadline = time.monotonic() + 60
+        while "etl run starting" not in runner.output():
+            runner.ensure_alive()
+            assert time.monotonic() < deadline, f"etl run never started:\n{runner.output()[-4000:]}"
+            time.sleep(0.05)
+        assert runner.process is not None
+        runner.process.send_signal(signal.SIGTERM)
+        code = runner.process.wait(timeout=MARGIN_S)
+    assert code == 0, runner.output()[-4000:]
+    assert "stopped before the pipeline started" in runner.output()
+    with runner, db.connect() as conn:
+        runner.start()
+        runner.wait_equal(lambda: source_rows(conn, "public.t"), lambda: mirrored_rows(mirror, "public.t"))

@@ -195,28 +195,50 @@ Durable progress is kept (delivery is at-least-once), so the next run resumes fr
 def cmd_run(config: PipelineConfig, path: str) -> int:
     """Run until SIGINT/SIGTERM, then drain; exit 0 after a clean stop, ``EXIT_UNDRAINED`` when the drain
     does not end within ``shutdown_timeout_s`` (or on a second signal)."""
-    from etl.factory import build_destination, build_store
-    from etl.pipeline import Pipeline
-
-    store = build_store(config, path)
-    destination = build_destination(config, store, path)
-    pipeline = Pipeline(config, store, destination)
-    bound = _BoundedStop(pipeline, config.pipeline.shutdown_timeout_s)
-    previous = {sig: signal.signal(sig, bound.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, _stop_before_start) for sig in signals}
     try:
-        pipeline.start()  # a signal during the start is honoured: the pipeline stops as soon as it runs
         try:
-            while not pipeline.wait(timeout=0.5):
-                pass
+            log.info("etl run starting", pipeline_id=config.pipeline.id, config=path)
+            from etl.factory import build_destination, build_store
+            from etl.pipeline import Pipeline
+
+            store = build_store(config, path)
+            destination = build_destination(config, store, path)
+            pipeline = Pipeline(config, store, destination)
+            bound = _BoundedStop(pipeline, config.pipeline.shutdown_timeout_s)
+            for sig in signals:
+                signal.signal(sig, bound.on_signal)
+        except _StoppedBeforeStart as stopped:
+            log.info("stopped before the pipeline started: nothing to drain", signal=stopped.signal.name)
+            return 0
+        try:
+            pipeline.start()  # a signal during the start is honoured: the pipeline stops as soon as it runs
+            try:
+                while not pipeline.wait(timeout=0.5):
+                    pass
+            finally:
+                bound.begin()  # the pipeline also ends on its own (an error): its shutdown is bounded the same way
+                if not pipeline.shutdown(timeout=bound.remaining()):
+                    bound.exit_undrained()
+            return 0
         finally:
-            bound.begin()  # the pipeline also ends on its own (an error): its shutdown is bounded the same way
-            if not pipeline.shutdown(timeout=bound.remaining()):
-                bound.exit_undrained()
-        return 0
+            bound.finish()
     finally:
-        bound.finish()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+class _StoppedBeforeStart(BaseException):  # not an Exception: no handler of the build may take it for an error
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signal = signal.Signals(signum)
+
+
+def _stop_before_start(signum: int, _frame: FrameType | None) -> NoReturn:
+    """SIGINT or SIGTERM while ``etl run`` builds its store and destination (a store's server that does not
+    answer can hold it there for a while): it stops at once, as a clean stop, before anything was started."""
+    raise _StoppedBeforeStart(signum)
 
 
 class _BoundedStop:
