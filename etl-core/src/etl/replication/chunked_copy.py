@@ -115,7 +115,9 @@ class ChunkedCopies:
         now = datetime.now(UTC)
         ctx.store.record_copy_progress(table_id, CopyProgress(0, estimate, now, now))
         ctx.states.set(table_id, TableState(TableStateKind.COPYING))
-        self.copies[table_id] = IncrementalCopy(table_id, key, None, 0, NO_MARK, barrier)
+        self.copies[table_id] = IncrementalCopy(
+            table_id, key, None, 0, NO_MARK, barrier, estimate=estimate, started_at=now
+        )
         log.info("copying a table in chunks", table=str(table.name), key=key, chunk_rows=ctx.config.copy_.chunk_rows)
         return True
 
@@ -138,7 +140,9 @@ class ChunkedCopies:
         resume_after = NO_MARK.to_json(None, where)  # durable before its first chunk: a restart goes on with it
         ctx.store.record_copy_progress(table_id, CopyProgress(0, estimate, now, now, False, resume_after))
         ctx.states.set(table_id, TableState(TableStateKind.COPYING))
-        self.copies[table_id] = IncrementalCopy(table_id, key, None, 0, NO_MARK, barrier, where=where)
+        self.copies[table_id] = IncrementalCopy(
+            table_id, key, None, 0, NO_MARK, barrier, where=where, estimate=estimate, started_at=now
+        )
         log.info("backfilling a table in chunks", table=str(table.name), key=key, where=where, estimate=estimate)
 
     def resume(self, table_id: TableId) -> None:
@@ -160,7 +164,17 @@ class ChunkedCopies:
         # A run that died may have written past its stored progress (a destination writes, then progress is
         # stored): the next chunk waits until the stream is past all it may have written, and so goes after it.
         self._resume_at[table_id] = wal
-        self.copies[table_id] = IncrementalCopy(table_id, key, after, progress.rows, mark, barrier, where=where)
+        self.copies[table_id] = IncrementalCopy(
+            table_id,
+            key,
+            after,
+            progress.rows,
+            mark,
+            barrier,
+            where=where,
+            estimate=progress.estimate,
+            started_at=progress.started_at,
+        )
         what = "going on with a table's backfill in chunks" if where else "going on with a table's copy in chunks"
         log.info(what, table=str(table.name), after=after, rows=progress.rows, where=where)
 
@@ -235,15 +249,10 @@ class ChunkedCopies:
             log.info(what, table=str(table.name), rows=copy.rows)
 
     def _record(self, copy: IncrementalCopy, finished: bool) -> None:
-        store = self.ctx.store
-        before = store.get_copy_progress(copy.table_id)
         now = datetime.now(UTC)
         resume_after = copy.mark.to_json(copy.after, copy.where)
-        estimate = before.estimate if before is not None else None
-        started = before.started_at if before is not None else now
-        store.record_copy_progress(
-            copy.table_id, CopyProgress(copy.rows, estimate, started, now, finished, resume_after)
-        )
+        progress = CopyProgress(copy.rows, copy.estimate, copy.started_at or now, now, finished, resume_after)
+        self.ctx.store.record_copy_progress(copy.table_id, progress)
 
     def _later(self, table_id: TableId) -> None:
         self._not_before[table_id] = time.monotonic() + RETRY_S

@@ -121,6 +121,10 @@ class IncrementalCopy:
     where: str | None = None
     """A backfill's predicate (``etl resync --where``): its chunks hold the rows it picks, upserted into a table
     that holds every row already, so none of the stream's changes is left out."""
+    estimate: int | None = None
+    """Rows the copy is expected to take, as recorded when it began (for ``etl status``)."""
+    started_at: datetime | None = None
+    """When the copy began, over every run; ``None``: now."""
 
     def misses(self, snapshot: XidSnapshot) -> bool:
         """Whether a chunk read in ``snapshot`` misses a streamed transaction (see the module). Forgets the
