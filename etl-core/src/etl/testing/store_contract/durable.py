@@ -22,6 +22,7 @@ from etl.lsn import Lsn
 from etl.store.base import (
     APPLY_WORKER,
     CopyProgress,
+    Store,
     TableState,
     TableStateKind,
     table_sync_worker,
@@ -110,24 +111,10 @@ class DurableStoreContract(StoreContract):
         store.delete_progress(table_sync_worker(T2))
         store.reset_tables_for_resync()
         store.delete_table_state(T3)
-        expected = (
-            store.get_table_states(),
-            store.get_table_schemas(),
-            store.get_destination_metadata(T1),
-            store.get_destination_metadata(T2),
-            [store.get_progress(w) for w in (APPLY_WORKER, table_sync_worker(T1), table_sync_worker(T2))],
-            [store.get_copy_progress(t) for t in (T1, T2, T3)],
-        )
+        expected = _everything(store)
         store.close()
         reopened = make_store()
-        assert (
-            reopened.get_table_states(),
-            reopened.get_table_schemas(),
-            reopened.get_destination_metadata(T1),
-            reopened.get_destination_metadata(T2),
-            [reopened.get_progress(w) for w in (APPLY_WORKER, table_sync_worker(T1), table_sync_worker(T2))],
-            [reopened.get_copy_progress(t) for t in (T1, T2, T3)],
-        ) == expected
+        assert _everything(reopened) == expected
         assert expected[0] == {T1: TableState.init(), T2: TableState.init()}
         assert [s.snapshot_lsn for s in expected[1]] == [20, 30]
         assert expected[5] == [None, sample_copy_progress(T2, finished=True), None]
@@ -319,3 +306,15 @@ def _start_holder(cls: type[Any], config: dict[str, Any], pipeline_id: int) -> s
                 )
             output += chunk
     return proc
+
+
+def _everything(store: Store) -> tuple[Any, ...]:
+    """What the removals above leave, read back: states, schemas, metadata, progress and copy progress."""
+    return (
+        store.get_table_states(),
+        store.get_table_schemas(),
+        store.get_destination_metadata(T1),
+        store.get_destination_metadata(T2),
+        [store.get_progress(w) for w in (APPLY_WORKER, table_sync_worker(T1), table_sync_worker(T2))],
+        [store.get_copy_progress(t) for t in (T1, T2, T3)],
+    )
