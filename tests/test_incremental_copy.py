@@ -11,14 +11,17 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from etl_plugin_example.mirror_reader import mirrored_rows
 
 from etl.destination.base import WriteResult
 from etl.destination.memory import MemoryDestination
+from etl.errors import StoreError
 from etl.events import EventBatch
 from etl.lsn import Lsn
 from etl.pipeline import Pipeline, request_resync
+from etl.replication.incremental import ChunkMark
 from etl.schema import TableName
 from etl.store.base import TableStateKind
 from etl.testing.compare import source_rows
@@ -136,6 +139,74 @@ def test_the_copy_holds_back_no_vacuum(source: TestDatabase, tmp_path: Path) -> 
     finally:
         pipeline.shutdown()
     assert checked == 5, "the copy ended before it was checked five times; make the table bigger"
+
+
+class KilledStore(SqliteStore):
+    """Stands in for the store of a run killed (SIGKILL) at a moment a test picks: once ``killed`` is set it
+    writes nothing more (every write fails, as it would with its process gone)."""
+
+    def __init__(self, path: Path, killed: threading.Event) -> None:
+        super().__init__(path, pipeline_id=1)
+        self.killed = killed
+
+    def _check_lock(self) -> None:
+        if self.killed.is_set():
+            raise StoreError("the run was killed", hint="none: a test killed it")
+        super()._check_lock()
+
+
+class KilledAfterAChunk(MemoryDestination):
+    """Kills the run (``killed``) right after it made durable the chunk of ``table`` that holds key ``kill_at``,
+    before the store records it; from then on it keeps none of the run's writes."""
+
+    def __init__(self, table: int, kill_at: int, killed: threading.Event) -> None:
+        super().__init__()
+        self.table, self.kill_at, self.killed = table, kill_at, killed
+
+    def write_events(self, batch: EventBatch) -> WriteResult:
+        if self.killed.is_set():
+            return WriteResult.DURABLE
+        result = super().write_events(batch)
+        segments = batch.changes.get(self.table, []) if batch.last_commit_lsn == Lsn.ZERO else []
+        if any(pc.any(pc.equal(s.table.column("id"), self.kill_at)).as_py() for s in segments):
+            self.killed.set()
+        return result
+
+
+def test_a_run_killed_between_a_chunks_write_and_its_record_leaves_no_stale_row(
+    source: TestDatabase, tmp_path: Path
+) -> None:
+    """The run dies right after its destination made a chunk durable, before the store recorded the chunk. While
+    it is down, rows of that chunk are deleted, moved to another key and changed at the source. The next run reads
+    the chunk again: the destination ends equal to the source, without the rows deleted or moved since."""
+    state, killed = tmp_path / "state.sqlite", threading.Event()
+    destination = KilledAfterAChunk(oid(source, "big"), 20_500, killed)
+    config = pipeline_config(source, copy={"method": "incremental", "chunk_rows": 1000})
+    first = Pipeline(config, KilledStore(state, killed), destination)
+    first.start()
+    try:
+        wait_until(killed.is_set, "the chunk of key 20,500 written", timeout=120)
+    finally:
+        with pytest.raises(StoreError, match="the run was killed"):  # its next write failed the run
+            first.shutdown(timeout=30)
+    held = {r["id"] for r in destination.rows("public.big")}
+    assert 20_500 in held and recorded_after(state, oid(source, "big")) < 20_500, "written, and not recorded"
+    source.execute(
+        """
+        DELETE FROM big WHERE id BETWEEN 20100 AND 20199;
+        UPDATE big SET id = id + 1000000 WHERE id BETWEEN 20300 AND 20309;
+        UPDATE big SET v = 'changed while down' WHERE id BETWEEN 20400 AND 20409;
+        """
+    )
+    killed.clear()
+    destination.kill_at = -1  # no key of the table
+    second = Pipeline(config, SqliteStore(state, pipeline_id=1), destination)
+    second.start()
+    try:
+        wait_until(lambda: all_ready(second, 3), "every table ready", second, timeout=180)
+        wait_until(lambda: destination_matches(source, destination, "public.big"), "equal to the source", second)
+    finally:
+        second.shutdown()
 
 
 BACKFILLED = 20_000
@@ -260,6 +331,19 @@ def table_states_in(state: Path) -> dict[int, TableStateKind]:
         return {t: s.kind for t, s in store.get_table_states().items()}
     finally:
         store.close()
+
+
+def recorded_after(state: Path, table: int) -> int:
+    """The last key a stopped run recorded as copied."""
+    store = SqliteStore(state, pipeline_id=1)
+    try:
+        progress = store.get_copy_progress(table)
+    finally:
+        store.close()
+    assert progress is not None and progress.resume_after is not None
+    after = ChunkMark.from_json(progress.resume_after)[0]
+    assert after is not None
+    return after
 
 
 def oid(db: TestDatabase, table: str) -> int:

@@ -7,10 +7,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from etl.destination.memory import MemoryDestination
-from etl.events import OP_COLUMN, TX_ORDINAL_COLUMN, DeleteEvent, EventBatch, InsertEvent, UpdateEvent
+from etl.events import (
+    OLD_IS_KEY_COLUMN,
+    OP_COLUMN,
+    TX_ORDINAL_COLUMN,
+    DeleteEvent,
+    EventBatch,
+    InsertEvent,
+    UpdateEvent,
+)
 from etl.lsn import Lsn
 from etl.postgres.copy_session import KeyChunk
 from etl.postgres.xid_snapshot import XidSnapshot
@@ -82,6 +91,31 @@ def test_changes_to_keys_not_copied_yet_are_left_out_alike_in_arrow_and_events()
     assert summary(before_any.filtered(batch()), BIG.id) == ([("T", None)], [])
 
 
+def test_changes_to_keys_a_chunk_may_have_written_are_deletes_until_the_chunks_reach_them() -> None:
+    """Keys after the last one copied up to the last one a chunk may have written (``upto``: a run died between
+    the chunk's write and its record): the destination may hold them, stale, so every change to them is a delete
+    of its key there, alike in Arrow and events; a chunk read later brings back the rows the source still holds."""
+    copy = IncrementalCopy(BIG.id, "id", after=10, rows=10, mark=NO_MARK, barrier=None, upto=60)
+    arrow, events = summary(copy.filtered(batch()), BIG.id)
+    kept = [("I", 5), ("D", 50), ("U", 6), ("D", 60), ("D", 7), ("U", 8), ("D", 9)]  # 70, 80 and 90: past upto
+    assert arrow == [*kept, ("T", None)]
+    assert events == kept
+    table = copy.filtered(batch()).changes[BIG.id][0].table
+    deleted = table.filter(pc.equal(table.column(OP_COLUMN), "D")).select(["id", OLD_IS_KEY_COLUMN])
+    assert deleted.to_pylist() == [
+        {"id": 50, OLD_IS_KEY_COLUMN: True},  # an insert's own key
+        {"id": 60, OLD_IS_KEY_COLUMN: True},  # an update that kept its key
+        {"id": 7, OLD_IS_KEY_COLUMN: True},  # the old key of an update that moved the row out
+        {"id": 9, OLD_IS_KEY_COLUMN: True},
+    ]
+    copy.will_write(pa.table({"id": pa.array([11, 40], pa.int64())}))
+    assert copy.upto == 60  # a chunk before upto leaves it
+    copy.after = 70
+    assert summary(copy.filtered(batch()), BIG.id) == summary(
+        IncrementalCopy(BIG.id, "id", after=70, rows=0, mark=NO_MARK, barrier=None).filtered(batch()), BIG.id
+    )  # the chunks passed it: the copy is an ordinary one again
+
+
 def test_a_backfill_leaves_none_of_the_stream_out() -> None:
     """A backfill's table holds every row already: its changes all apply, whichever keys its chunks reached."""
     backfill = IncrementalCopy(BIG.id, "id", after=10, rows=10, mark=NO_MARK, barrier=None, where="id < 100")
@@ -111,8 +145,9 @@ def test_chunks_sit_after_the_changes_before_them_and_after_one_another() -> Non
     idle = first.next(Lsn(0x501), rows=2)  # no transaction came in between
     assert idle == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 4)
     assert idle.next(Lsn(0x401), rows=1) == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 5)  # a run that resumed behind
-    assert ChunkMark.from_json(idle.to_json(after=42)) == (42, idle, None)
-    assert ChunkMark.from_json(idle.to_json(after=42, where="v LIKE '%\"'")) == (42, idle, "v LIKE '%\"'")
+    assert ChunkMark.from_json(idle.to_json(after=42)) == (42, idle, None, None)
+    assert ChunkMark.from_json(idle.to_json(after=42, where="v LIKE '%\"'")) == (42, idle, "v LIKE '%\"'", None)
+    assert ChunkMark.from_json(idle.to_json(after=42, upto=-7)) == (42, idle, None, -7)
     copy = IncrementalCopy(BIG.id, "id", after=None, rows=0, mark=idle, barrier=None)
     rows = pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array(["a", "b"])})
     chunk = copy.chunk_batch(BIG, rows, idle, datetime(2026, 1, 1, tzinfo=UTC))

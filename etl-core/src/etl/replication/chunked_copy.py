@@ -158,8 +158,8 @@ class ChunkedCopies:
             row = conn.execute(f"SELECT {WAL_POSITION}::text").fetchone()
             assert row is not None
             wal = Lsn.parse(row[0])
-        after, mark, where = (
-            (None, NO_MARK, None) if progress.resume_after is None else ChunkMark.from_json(progress.resume_after)
+        after, mark, where, upto = (
+            (None, NO_MARK, None, None) if progress.resume_after is None else ChunkMark.from_json(progress.resume_after)
         )
         # A run that died may have written past its stored progress (a destination writes, then progress is
         # stored): the next chunk waits until the stream is past all it may have written, and so goes after it.
@@ -174,6 +174,7 @@ class ChunkedCopies:
             where=where,
             estimate=progress.estimate,
             started_at=progress.started_at,
+            upto=upto,
         )
         what = "going on with a table's backfill in chunks" if where else "going on with a table's copy in chunks"
         log.info(what, table=str(table.name), after=after, rows=progress.rows, where=where)
@@ -231,7 +232,8 @@ class ChunkedCopies:
             self._later(table_id)
             return
         copy.mark = copy.mark.next(self.stream.position, rows.num_rows)
-        self._record(copy, finished=False)  # the mark before the chunk (see ChunkMark)
+        copy.will_write(rows)
+        self._record(copy, finished=False)  # the mark and the chunk's last key, before the chunk (see ChunkMark)
         self.stream.submit(copy.chunk_batch(schema, rows, copy.mark, datetime.now(UTC)))
         self.wait_written()  # durable before the copy's position moves past it
         state = ctx.states.get(table_id)
@@ -250,7 +252,7 @@ class ChunkedCopies:
 
     def _record(self, copy: IncrementalCopy, finished: bool) -> None:
         now = datetime.now(UTC)
-        resume_after = copy.mark.to_json(copy.after, copy.where)
+        resume_after = copy.mark.to_json(copy.after, copy.where, copy.upto)
         progress = CopyProgress(copy.rows, copy.estimate, copy.started_at or now, now, finished, resume_after)
         self.ctx.store.record_copy_progress(copy.table_id, progress)
 

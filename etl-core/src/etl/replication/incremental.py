@@ -14,6 +14,13 @@ The key is one integer column (``incremental_key``): its order in Postgres and i
 changes are compared with the last key copied in Arrow. An update that moves a row from a copied key to one not
 yet copied becomes a delete of the copied key (the new key's chunk brings the row).
 
+A run can die after its destination made a chunk durable and before the store recorded the chunk's last key. The
+next run reads that chunk again, but the destination may still hold rows of it that the source has deleted, or moved
+to another key, since: the stream's deletes of keys not yet copied are dropped, and the new read leaves those keys
+out. So before each chunk is written, the last key it holds is recorded (``upto``): up to that key, until the chunks
+reach it, the stream's changes are applied as deletes of their key, and the chunk read later brings the row back if
+the source still holds it.
+
 A backfill (``etl resync --where``) runs the same chunks over the rows a predicate picks, into a table that is
 already whole: it leaves none of the stream's changes out, and its chunks are placed in the stream as a copy's
 are, so a change committed after a chunk's read is applied after the chunk. This module is sans-IO.
@@ -89,14 +96,17 @@ class ChunkMark:
             return ChunkMark(position, CHUNK_ORDINAL_BASE + rows - 1)
         return ChunkMark(self.position, self.ordinal + rows)
 
-    def to_json(self, after: int | None, where: str | None = None) -> str:
-        return json.dumps({"after": after, "position": str(self.position), "ordinal": self.ordinal, "where": where})
+    def to_json(self, after: int | None, where: str | None = None, upto: int | None = None) -> str:
+        position, ordinal = str(self.position), self.ordinal
+        return json.dumps({"after": after, "position": position, "ordinal": ordinal, "where": where, "upto": upto})
 
     @classmethod
-    def from_json(cls, text: str) -> tuple[int | None, ChunkMark, str | None]:
-        """The last key copied, the last chunk's mark and a backfill's predicate, as ``to_json`` wrote them."""
+    def from_json(cls, text: str) -> tuple[int | None, ChunkMark, str | None, int | None]:
+        """The last key copied, the last chunk's mark, a backfill's predicate and the last key a chunk may have
+        written (``IncrementalCopy.upto``), as ``to_json`` wrote them."""
         obj = json.loads(text)
-        return obj["after"], cls(Lsn.parse(obj["position"]), int(obj["ordinal"])), obj.get("where")
+        mark = cls(Lsn.parse(obj["position"]), int(obj["ordinal"]))
+        return obj["after"], mark, obj.get("where"), obj.get("upto")
 
 
 NO_MARK: Final = ChunkMark(Lsn.ZERO, CHUNK_ORDINAL_BASE - 1)
@@ -125,6 +135,9 @@ class IncrementalCopy:
     """Rows the copy is expected to take, as recorded when it began (for ``etl status``)."""
     started_at: datetime | None = None
     """When the copy began, over every run; ``None``: now."""
+    upto: int | None = None
+    """The last key a chunk written, or about to be, may have put into the destination (see the module); keys after
+    ``after`` up to it are neither copied nor surely absent there."""
 
     def misses(self, snapshot: XidSnapshot) -> bool:
         """Whether a chunk read in ``snapshot`` misses a streamed transaction (see the module). Forgets the
@@ -132,6 +145,12 @@ class IncrementalCopy:
         missed = {xid for xid in self.streamed if snapshot.saw_running(xid)}
         self.streamed = missed
         return bool(missed)
+
+    def will_write(self, rows: pa.Table) -> None:
+        """Before a chunk of ``rows`` is written (and recorded as written): ``upto`` at least its last key."""
+        last = self.chunk_after(rows)
+        if rows.num_rows and last is not None:
+            self.upto = last if self.upto is None else max(self.upto, last)
 
     def chunk_after(self, rows: pa.Table) -> int | None:
         """The last key of a chunk's rows (they are in key order); ``after`` for an empty chunk."""
@@ -176,41 +195,47 @@ class IncrementalCopy:
     def _filtered_segment(self, segment: TableChanges) -> TableChanges:
         table = segment.table
         self._key_index(segment.schema)
-        op = table.column(OP_COLUMN)
-        new = self._copied(table.column(self.key))
-        old_keys = pc.struct_field(table.column(OLD_COLUMN), self.key)
-        old = np.where(pc.is_null(old_keys).to_numpy(zero_copy_only=False), new, self._copied(old_keys))
-        updates = pc.equal(op, "U").to_numpy(zero_copy_only=False)
-        moved_out = updates & ~new & old  # from a copied key to one not yet copied: a delete of the copied key
-        keep = pc.equal(op, "T").to_numpy(zero_copy_only=False) | new | moved_out
-        if moved_out.any():
-            table = _as_deletes(table, pa.array(moved_out))
+        keys, old_keys = table.column(self.key), pc.struct_field(table.column(OLD_COLUMN), self.key)
+        no_old = pc.is_null(old_keys).to_numpy(zero_copy_only=False)
+        new = self._at_most(keys, self.after)
+        old = np.where(no_old, self._at_most(keys, self._upto), self._at_most(old_keys, self._upto))
+        # A change to a key not copied yet whose old key is copied, or may be in the destination, is a delete there.
+        as_deletes = ~new & old
+        keep = pc.equal(table.column(OP_COLUMN), "T").to_numpy(zero_copy_only=False) | new | as_deletes
+        if as_deletes.any():
+            table = _as_deletes(table, pa.array(as_deletes))
         return TableChanges(segment.schema, table.filter(pa.array(keep)))
 
-    def _copied(self, keys: pa.ChunkedArray | pa.Array) -> np.ndarray:
-        """Which of ``keys`` are copied (null: not a key, as in a truncate's row)."""
-        if self.after is None:
+    @property
+    def _upto(self) -> int | None:
+        return self.after if self.upto is None or (self.after is not None and self.after > self.upto) else self.upto
+
+    @staticmethod
+    def _at_most(keys: pa.ChunkedArray | pa.Array, last: int | None) -> np.ndarray:
+        """Which of ``keys`` are at most ``last`` (``None``: none are; a null key, as in a truncate's row: no)."""
+        if last is None:
             return np.zeros(len(keys), np.bool_)
-        copied: np.ndarray = pc.fill_null(pc.less_equal(keys, self.after), False).to_numpy(zero_copy_only=False)
-        return copied
+        at_most: np.ndarray = pc.fill_null(pc.less_equal(keys, last), False).to_numpy(zero_copy_only=False)
+        return at_most
 
     def _filtered_event(self, event: Event, index: int) -> Event | None:
-        if isinstance(event, InsertEvent) and event.table_id == self.table_id:
-            return event if self._is_copied(event.row[index]) else None
-        if isinstance(event, DeleteEvent) and event.table_id == self.table_id:
-            return event if self._is_copied(event.old_row[index]) else None
-        if isinstance(event, UpdateEvent) and event.table_id == self.table_id:
-            if self._is_copied(event.row[index]):
-                return event
-            if event.old_row is not None and self._is_copied(event.old_row[index]):
-                return DeleteEvent(
-                    event.start_lsn, event.commit_lsn, event.tx_ordinal, self.table_id, event.old_row, event.old_is_key
-                )
+        if not isinstance(event, InsertEvent | UpdateEvent | DeleteEvent) or event.table_id != self.table_id:
+            return event
+        row = event.old_row if isinstance(event, DeleteEvent) else event.row
+        if self._is_at_most(row[index], self.after):
+            return event
+        old, old_is_key = row, True  # a row's own key identifies it; its other values may be MISSING
+        if isinstance(event, UpdateEvent) and event.old_row is not None:
+            old, old_is_key = event.old_row, event.old_is_key
+        elif isinstance(event, DeleteEvent):
+            old_is_key = event.old_is_key
+        if not self._is_at_most(old[index], self._upto):
             return None
-        return event
+        return DeleteEvent(event.start_lsn, event.commit_lsn, event.tx_ordinal, self.table_id, old, old_is_key)
 
-    def _is_copied(self, key: object) -> bool:
-        return self.after is not None and isinstance(key, int) and key <= self.after
+    @staticmethod
+    def _is_at_most(key: object, last: int | None) -> bool:
+        return last is not None and isinstance(key, int) and key <= last
 
     # -- a chunk as a batch ------------------------------------------------------------------------------------
     def chunk_batch(self, schema: TableSchema, rows: pa.Table, mark: ChunkMark, now: datetime) -> EventBatch:
@@ -243,8 +268,11 @@ def _inserts(table_id: TableId, rows: pa.Table, position: Lsn, first: int) -> Ca
 
 
 def _as_deletes(table: pa.Table, rows: pa.Array) -> pa.Table:
-    """``table`` with the updates at ``rows`` turned into deletes of their old row (``_etl_old``)."""
+    """``table`` with the changes at ``rows`` turned into deletes of their old row (``_etl_old``), or of their own
+    row, by its key, where they have none (an insert, an update that kept its key; a delete stays as it is)."""
     old = table.column(OLD_COLUMN)
+    from_old = pc.and_(rows, pc.is_valid(old))
+    by_key = pc.and_(pc.and_(rows, pc.is_null(old)), pc.not_equal(table.column(OP_COLUMN), "D"))
     columns = []
     for name in table.column_names:
         column = table.column(name)
@@ -252,7 +280,9 @@ def _as_deletes(table: pa.Table, rows: pa.Array) -> pa.Table:
             column = pc.if_else(rows, pa.scalar("D"), column)
         elif name in (OLD_COLUMN, MISSING_COLUMN):
             column = pc.if_else(rows, pa.scalar(None, column.type), column)
-        elif name not in (COMMIT_LSN_COLUMN, TX_ORDINAL_COLUMN, OLD_IS_KEY_COLUMN):
-            column = pc.if_else(rows, pc.struct_field(old, name), column)
+        elif name == OLD_IS_KEY_COLUMN:
+            column = pc.if_else(by_key, pa.scalar(True), column)
+        elif name not in (COMMIT_LSN_COLUMN, TX_ORDINAL_COLUMN):
+            column = pc.if_else(from_old, pc.struct_field(old, name), column)
         columns.append(column)
     return pa.Table.from_arrays(columns, schema=table.schema)
