@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pyarrow as pa
@@ -15,20 +16,25 @@ import pyarrow.compute as pc
 import pytest
 from etl_plugin_example.mirror_reader import mirrored_rows
 
-from etl.destination.base import WriteResult
+from etl.config import PipelineConfig
+from etl.destination.base import Destination, WriteResult
 from etl.destination.memory import MemoryDestination
 from etl.errors import StoreError
 from etl.events import EventBatch
+from etl.factory import build_destination
 from etl.lsn import Lsn
 from etl.pipeline import Pipeline, request_resync
 from etl.replication.incremental import ChunkMark
 from etl.schema import TableName
-from etl.store.base import TableStateKind
+from etl.store.base import Store, TableStateKind
 from etl.testing.compare import source_rows
 from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, table_states, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
 from etl.testing.workload import churn, concurrent_transactions, create_items_and_ledger
+from etl_spark.ducklake.reader import open_lake
+from etl_spark.session import running_master, stop_spark
+from etl_spark.testing import comparable_source_rows, lake_rows
 from etl_store_sqlite.store import SqliteStore
 
 ROWS = 40_000
@@ -155,22 +161,64 @@ class KilledStore(SqliteStore):
         super()._check_lock()
 
 
-class KilledAfterAChunk(MemoryDestination):
-    """Kills the run (``killed``) right after it made durable the chunk of ``table`` that holds key ``kill_at``,
-    before the store records it; from then on it keeps none of the run's writes."""
+class KilledAfterAChunk:
+    """A destination whose run is killed (``killed``) right after it made durable the chunk of ``table`` that
+    holds key ``kill_at``, before the store records it; from then on it keeps none of the run's writes. Everything
+    else is the wrapped destination's."""
 
-    def __init__(self, table: int, kill_at: int, killed: threading.Event) -> None:
-        super().__init__()
-        self.table, self.kill_at, self.killed = table, kill_at, killed
+    def __init__(self, inner: Destination, table: int, kill_at: int, killed: threading.Event) -> None:
+        self.inner, self.table, self.kill_at, self.killed = inner, table, kill_at, killed
+        self.on_flush = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
     def write_events(self, batch: EventBatch) -> WriteResult:
         if self.killed.is_set():
             return WriteResult.DURABLE
-        result = super().write_events(batch)
+        result = self.inner.write_events(batch)
         segments = batch.changes.get(self.table, []) if batch.last_commit_lsn == Lsn.ZERO else []
         if any(pc.any(pc.equal(s.table.column("id"), self.kill_at)).as_py() for s in segments):
-            self.killed.set()
+            if result is WriteResult.DURABLE:
+                self.killed.set()
+            self.on_flush = True
         return result
+
+    def flush(self) -> None:
+        if not self.killed.is_set():
+            self.inner.flush()
+            if self.on_flush:
+                self.killed.set()
+
+
+def run_killed_after_a_chunk(
+    source: TestDatabase, config: PipelineConfig, state: Path, destination: Callable[[Store], Destination]
+) -> Callable[[], Destination]:
+    """Run a pipeline into ``destination`` until it is killed right after a chunk's write (key 20,500), then
+    change rows of that chunk at the source, and start a second run; the second run's destination."""
+    killed = threading.Event()
+    store = KilledStore(state, killed)
+    first = Pipeline(
+        config, store, cast(Destination, KilledAfterAChunk(destination(store), oid(source, "big"), 20_500, killed))
+    )
+    first.start()
+    try:
+        wait_until(killed.is_set, "the chunk of key 20,500 written", timeout=180)
+    finally:
+        with pytest.raises(StoreError, match="the run was killed"):  # its next write failed the run
+            first.shutdown(timeout=60)
+    assert recorded_after(state, oid(source, "big")) < 20_500, "the chunk is not recorded"
+    source.execute(
+        """
+        DELETE FROM big WHERE id BETWEEN 20100 AND 20199;
+        UPDATE big SET id = id + 1000000 WHERE id BETWEEN 20300 AND 20309;
+        UPDATE big SET v = 'changed while down' WHERE id BETWEEN 20400 AND 20409;
+        """
+    )
+    store = SqliteStore(state, pipeline_id=1)
+    second = Pipeline(config, store, destination(store))
+    second.start()
+    return second
 
 
 def test_a_run_killed_between_a_chunks_write_and_its_record_leaves_no_stale_row(
@@ -179,32 +227,46 @@ def test_a_run_killed_between_a_chunks_write_and_its_record_leaves_no_stale_row(
     """The run dies right after its destination made a chunk durable, before the store recorded the chunk. While
     it is down, rows of that chunk are deleted, moved to another key and changed at the source. The next run reads
     the chunk again: the destination ends equal to the source, without the rows deleted or moved since."""
-    state, killed = tmp_path / "state.sqlite", threading.Event()
-    destination = KilledAfterAChunk(oid(source, "big"), 20_500, killed)
+    memory = MemoryDestination()
     config = pipeline_config(source, copy={"method": "incremental", "chunk_rows": 1000})
-    first = Pipeline(config, KilledStore(state, killed), destination)
-    first.start()
-    try:
-        wait_until(killed.is_set, "the chunk of key 20,500 written", timeout=120)
-    finally:
-        with pytest.raises(StoreError, match="the run was killed"):  # its next write failed the run
-            first.shutdown(timeout=30)
-    held = {r["id"] for r in destination.rows("public.big")}
-    assert 20_500 in held and recorded_after(state, oid(source, "big")) < 20_500, "written, and not recorded"
-    source.execute(
-        """
-        DELETE FROM big WHERE id BETWEEN 20100 AND 20199;
-        UPDATE big SET id = id + 1000000 WHERE id BETWEEN 20300 AND 20309;
-        UPDATE big SET v = 'changed while down' WHERE id BETWEEN 20400 AND 20409;
-        """
-    )
-    killed.clear()
-    destination.kill_at = -1  # no key of the table
-    second = Pipeline(config, SqliteStore(state, pipeline_id=1), destination)
-    second.start()
+    second = run_killed_after_a_chunk(source, config, tmp_path / "state.sqlite", lambda _: memory)
     try:
         wait_until(lambda: all_ready(second, 3), "every table ready", second, timeout=180)
-        wait_until(lambda: destination_matches(source, destination, "public.big"), "equal to the source", second)
+        wait_until(lambda: destination_matches(source, memory, "public.big"), "equal to the source", second)
+    finally:
+        second.shutdown()
+
+
+@pytest.mark.slow
+def test_ducklake_after_a_run_killed_between_a_chunks_write_and_its_record_holds_each_row_once(
+    source: TestDatabase, tmp_path: Path
+) -> None:
+    """As above, into DuckLake (``local[2]``; a chunk is written by the driver whatever the master), read by
+    DuckDB: no stale row, and no row twice (a chunk's rows are inserts, which the lake takes for new keys)."""
+    if running_master() not in (None, "local[2]"):
+        stop_spark()
+    lake = {"type": "ducklake", "catalog": f"sqlite:///{tmp_path}/catalog.sqlite", "data_path": f"{tmp_path}/data/"}
+    config = pipeline_config(
+        source,
+        copy={"method": "incremental", "chunk_rows": 1000},
+        destination=lake | {"spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "2"}}},
+    )
+    second = run_killed_after_a_chunk(
+        source, config, tmp_path / "state.sqlite", lambda store: build_destination(config, store, "test")
+    )
+    try:
+        wait_until(lambda: all_ready(second, 3), "every table ready", second, timeout=240)
+
+        def equal() -> bool:
+            with source.connect() as conn:
+                expected = comparable_source_rows(conn, "public.big")
+            con = open_lake(lake["catalog"], read_only=True)
+            try:
+                return lake_rows(con, "public.big") == expected
+            finally:
+                con.close()
+
+        wait_until(equal, "DuckDB reading the source's rows", second, timeout=120)
     finally:
         second.shutdown()
 

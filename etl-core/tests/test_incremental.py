@@ -108,7 +108,10 @@ def test_changes_to_keys_a_chunk_may_have_written_are_deletes_until_the_chunks_r
         {"id": 7, OLD_IS_KEY_COLUMN: True},  # the old key of an update that moved the row out
         {"id": 9, OLD_IS_KEY_COLUMN: True},
     ]
-    copy.will_write(pa.table({"id": pa.array([11, 40], pa.int64())}))
+    rows = pa.table({"id": pa.array([11, 40, 60, 61], pa.int64()), "v": pa.array(["a", "b", "c", "d"])})
+    chunk = copy.chunk_batch(BIG, rows, NO_MARK.next(Lsn(0x501), rows=4), datetime(2026, 1, 1, tzinfo=UTC))
+    assert summary(chunk, BIG.id) == ([("U", 11), ("U", 40), ("U", 60), ("I", 61)],) * 2  # up to upto: upserts
+    copy.will_write(rows.slice(0, 2))
     assert copy.upto == 60  # a chunk before upto leaves it
     copy.after = 70
     assert summary(copy.filtered(batch()), BIG.id) == summary(

@@ -232,9 +232,10 @@ class ChunkedCopies:
             self._later(table_id)
             return
         copy.mark = copy.mark.next(self.stream.position, rows.num_rows)
+        batch = copy.chunk_batch(schema, rows, copy.mark, datetime.now(UTC))
         copy.will_write(rows)
         self._record(copy, finished=False)  # the mark and the chunk's last key, before the chunk (see ChunkMark)
-        self.stream.submit(copy.chunk_batch(schema, rows, copy.mark, datetime.now(UTC)))
+        self.stream.submit(batch)
         self.wait_written()  # durable before the copy's position moves past it
         state = ctx.states.get(table_id)
         if state is None or state.kind is not TableStateKind.COPYING:  # its write errored the table

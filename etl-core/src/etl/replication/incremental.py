@@ -240,10 +240,13 @@ class IncrementalCopy:
     # -- a chunk as a batch ------------------------------------------------------------------------------------
     def chunk_batch(self, schema: TableSchema, rows: pa.Table, mark: ChunkMark, now: datetime) -> EventBatch:
         """A chunk's rows as inserts (destinations apply them as upserts) at ``mark``, after every change of the
-        stream before it. The batch commits nothing: it moves no progress."""
+        stream before it; those of keys up to ``upto``, which a run that died may have written, as updates (a
+        destination may take an insert's key for new). Built before ``will_write``. The batch commits nothing:
+        it moves no progress."""
         n = rows.num_rows
         position, first = mark.position, mark.ordinal - n + 1
-        table = rows.append_column(OP_COLUMN, pa.array(["I"] * n, pa.string()))
+        written = self._at_most(rows.column(self.key), self._upto)
+        table = rows.append_column(OP_COLUMN, pa.array(np.where(written, "U", "I"), pa.string()))
         table = table.append_column(COMMIT_LSN_COLUMN, pa.array(np.full(n, int(position), np.uint64)))
         ordinals = np.arange(first, first + n, dtype=np.int64)
         table = table.append_column(TX_ORDINAL_COLUMN, pa.array(ordinals))
@@ -253,16 +256,21 @@ class IncrementalCopy:
         table = table.append_column(OLD_IS_KEY_COLUMN, pa.nulls(n, pa.bool_())).cast(types)
         return EventBatch(
             {self.table_id: [TableChanges(schema, table)]},
-            _inserts(self.table_id, rows, position, first),
+            _rows(self.table_id, rows, written, position, first),
             commit_timestamps={int(position): now},
         )
 
 
-def _inserts(table_id: TableId, rows: pa.Table, position: Lsn, first: int) -> Callable[[], Iterator[Event]]:
+def _rows(
+    table_id: TableId, rows: pa.Table, written: np.ndarray, position: Lsn, first: int
+) -> Callable[[], Iterator[Event]]:
     def events() -> Iterator[Event]:
         columns = [python_values(rows.column(i)) for i in range(rows.num_columns)]
-        for ordinal, row in enumerate(zip(*columns, strict=True), first):
-            yield InsertEvent(position, position, ordinal, table_id, tuple(row))
+        for ordinal, (row, update) in enumerate(zip(zip(*columns, strict=True), written, strict=True), first):
+            if update:
+                yield UpdateEvent(position, position, ordinal, table_id, tuple(row), None, False)
+            else:
+                yield InsertEvent(position, position, ordinal, table_id, tuple(row))
 
     return events
 
