@@ -16,6 +16,9 @@ Fills the workload table (default 2M rows), then:
    ``INSERT INTO lake.t SELECT * FROM rows`` into a fresh SQLite-catalog lake (a reference line: what
    one machine gets without Spark, from rows already read).
 
+``--incremental CHUNK_ROWS`` also runs the incremental copy into a fresh lake each time, its chunks read and
+written by Spark's tasks as the snapshot copy's ranges are, until the table is ready.
+
 DuckDB 1.5.5 reads each lake's row count back: it must equal the table's. The null and DuckLake
 sides alternate ``--repeat`` times; the best run of each is reported.
 
@@ -23,7 +26,7 @@ The lake has no Parquet options unless ``--compression`` sets ``parquet_compress
 then creates the lake), so data files are snappy, as DuckDB writes them by default.
 
     .venv/bin/python bench/ducklake_copy.py [--rows 2000000] [--catalog sqlite|postgres] [--repeat 1]
-        [--masters 'local[2]' 'local-cluster[2,1,1024]'] [--compression zstd]
+        [--masters 'local[2]' 'local-cluster[2,1,1024]'] [--compression zstd] [--incremental 50000]
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import bench_copy
@@ -126,12 +130,15 @@ def lake(
                     conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-def pipeline_config(src: benchlib.Source, pipeline_id: int, **batch: Any) -> PipelineConfig:
+def pipeline_config(
+    src: benchlib.Source, pipeline_id: int, copy: dict[str, Any] | None = None, **batch: Any
+) -> PipelineConfig:
     return PipelineConfig.model_validate(
         {
             "pipeline": {"id": pipeline_id, "publication": PUBLICATION},
             "source": src.connection().model_dump(),
             "batch": batch,
+            "copy": copy or {},
         }
     )
 
@@ -188,7 +195,7 @@ def run_ducklake(
     return seconds, destination.stats
 
 
-COPYING = {TableStateKind.INIT, TableStateKind.DATA_SYNC}
+COPYING = {TableStateKind.INIT, TableStateKind.DATA_SYNC, TableStateKind.COPYING}
 NOT_READY = set(TableStateKind) - {TableStateKind.READY}
 
 
@@ -219,11 +226,20 @@ def fill(src: benchlib.Source, rows: int) -> float:
 
 
 def ducklake_copy(
-    src: benchlib.Source, rows: int, pipeline_id: int, catalog: str, spark: SparkSettings, *, compression: str | None
+    src: benchlib.Source,
+    rows: int,
+    pipeline_id: int,
+    *,
+    catalog: str,
+    spark: SparkSettings,
+    compression: str | None,
+    chunk_rows: int | None = None,
 ) -> Line:
+    """The copy into a fresh lake: by snapshot, or incremental in chunks of ``chunk_rows``."""
+    copy = None if chunk_rows is None else {"method": "incremental", "chunk_rows": chunk_rows}
     with lake(src, catalog, f"bench_lake_{pipeline_id}", spark, compression) as lake_config:
         seconds, _ = run_ducklake(
-            pipeline_config(src, pipeline_id), lake_config, rows, MemoryStore(pipeline_id), "copied"
+            pipeline_config(src, pipeline_id, copy), lake_config, rows, MemoryStore(pipeline_id), "copied"
         )
         counted, files, size = lake_count(lake_config)
     src.drop_slots()
@@ -231,7 +247,9 @@ def ducklake_copy(
         raise RuntimeError(f"DuckDB reads {counted} rows in the lake, the table has {rows}")
     note = f"DuckDB reads {counted:,} rows in {files} data files of {size / 2**20:.0f} MiB"
     codec = compression or "snappy"
-    return Line(f"engine -> DuckLake ({catalog} catalog, {spark.master}, {codec})", counted, seconds, note=note)
+    method = "" if chunk_rows is None else f"incremental {chunk_rows:,}, "
+    name = f"engine -> DuckLake ({method}{catalog} catalog, {spark.master}, {codec})"
+    return Line(name, counted, seconds, note=note)
 
 
 def duckdb_writer(src: benchlib.Source, rows: int) -> Line:
@@ -270,6 +288,12 @@ def main() -> int:
     parser.add_argument(
         "--compression", help="the lake's parquet_compression option (default: none set, so DuckLake's snappy)"
     )
+    parser.add_argument(
+        "--incremental",
+        type=int,
+        metavar="CHUNK_ROWS",
+        help="also the incremental copy in chunks of this many rows, each run, beside the snapshot copy",
+    )
     args = parser.parse_args()
     with benchlib.source(args) as src:
         print(f"machine: {benchlib.machine()}")
@@ -283,21 +307,20 @@ def main() -> int:
         for master in args.masters:
             spark = SparkSettings(master=master)
             print(f"spark:   {master} started and warmed up in {start_spark(spark):.1f} s (not timed below)")
-            lakes = []
+            lakes: list[Line] = []
+            chunked: list[Line] = []
             for run in range(args.repeat):
                 nulls.append(bench_copy.engine(src, args.rows, pipeline_id := pipeline_id + 1))
-                lakes.append(
-                    ducklake_copy(
-                        src,
-                        args.rows,
-                        pipeline_id := pipeline_id + 1,
-                        args.catalog,
-                        spark,
-                        compression=args.compression,
+                copy = partial(ducklake_copy, src, args.rows, catalog=args.catalog, spark=spark)
+                lakes.append(copy(pipeline_id := pipeline_id + 1, compression=args.compression))
+                line = f"  run {run + 1}: null {nulls[-1].seconds:.2f} s, DuckLake {lakes[-1].seconds:.2f} s"
+                if args.incremental:
+                    chunked.append(
+                        copy(pipeline_id := pipeline_id + 1, compression=args.compression, chunk_rows=args.incremental)
                     )
-                )
-                print(f"  run {run + 1}: null {nulls[-1].seconds:.2f} s, DuckLake {lakes[-1].seconds:.2f} s")
-            best.append(min(lakes, key=lambda line: line.seconds))
+                    line += f", incremental {chunked[-1].seconds:.2f} s"
+                print(line)
+            best.extend(min(lines, key=lambda line: line.seconds) for lines in (lakes, chunked) if lines)
         stop_spark()
         reference = duckdb_writer(src, args.rows)
         best_null = min(nulls, key=lambda line: line.seconds)

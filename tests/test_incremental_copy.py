@@ -3,13 +3,16 @@ stop from the last chunk written, and no transaction of the source held open for
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from contextlib import closing
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
+import duckdb
 import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,7 +20,8 @@ import pytest
 from etl_plugin_example.mirror_reader import mirrored_rows
 
 from etl.config import PipelineConfig
-from etl.destination.base import Destination, WriteResult
+from etl.copy_plan import CopyPlan
+from etl.destination.base import ChunkCopier, Destination, WriteResult
 from etl.destination.memory import MemoryDestination
 from etl.errors import StoreError
 from etl.events import EventBatch
@@ -161,14 +165,18 @@ class KilledStore(SqliteStore):
         super()._check_lock()
 
 
-class KilledAfterAChunk:
-    """A destination whose run is killed (``killed``) right after it made durable the chunk of ``table`` that
-    holds key ``kill_at``, before the store records it; from then on it keeps none of the run's writes. Everything
-    else is the wrapped destination's."""
+class Chunks:
+    """A destination that counts how the chunks of ``table`` come (batches through ``write_events``, or plans
+    through ``copy_chunk``), and whose run is killed (``killed``) right after it made durable the first chunk
+    that starts past key ``kill_after``, before the store records it: from then on it keeps none of the run's
+    writes. Everything else is the wrapped destination's."""
 
-    def __init__(self, inner: Destination, table: int, kill_at: int, killed: threading.Event) -> None:
-        self.inner, self.table, self.kill_at, self.killed = inner, table, kill_at, killed
+    def __init__(self, inner: Destination, table: int, killed: threading.Event, kill_after: int | None) -> None:
+        self.inner, self.table, self.killed, self.kill_after = inner, table, killed, kill_after
+        self.batches = self.plans = 0
         self.on_flush = False
+        if isinstance(inner, ChunkCopier):  # a copier only when the wrapped destination is one
+            self.copy_chunk = self._copy_chunk
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -178,11 +186,28 @@ class KilledAfterAChunk:
             return WriteResult.DURABLE
         result = self.inner.write_events(batch)
         segments = batch.changes.get(self.table, []) if batch.last_commit_lsn == Lsn.ZERO else []
-        if any(pc.any(pc.equal(s.table.column("id"), self.kill_at)).as_py() for s in segments):
-            if result is WriteResult.DURABLE:
+        if segments:
+            self.batches += 1
+            first = min(pc.min(s.table.column("id")).as_py() for s in segments)
+            if self._killing(first - 1) and result is WriteResult.DURABLE:
                 self.killed.set()
-            self.on_flush = True
         return result
+
+    def _copy_chunk(self, plan: CopyPlan, watermark: tuple[Lsn, int], stop: threading.Event) -> int:
+        if self.killed.is_set():
+            return 0  # the run is dead: nothing it writes is kept
+        assert isinstance(self.inner, ChunkCopier)
+        written = self.inner.copy_chunk(plan, watermark, stop)
+        if plan.schema.id == self.table:
+            self.plans += 1
+            chunk = plan.ranges[0].key_chunk
+            if self._killing(chunk.after if chunk is not None else None):
+                self.killed.set()
+        return written
+
+    def _killing(self, after: int | None) -> bool:
+        self.on_flush = self.kill_after is not None and after is not None and after >= self.kill_after
+        return self.on_flush
 
     def flush(self) -> None:
         if not self.killed.is_set():
@@ -193,21 +218,21 @@ class KilledAfterAChunk:
 
 def run_killed_after_a_chunk(
     source: TestDatabase, config: PipelineConfig, state: Path, destination: Callable[[Store], Destination]
-) -> Callable[[], Destination]:
-    """Run a pipeline into ``destination`` until it is killed right after a chunk's write (key 20,500), then
-    change rows of that chunk at the source, and start a second run; the second run's destination."""
-    killed = threading.Event()
+) -> tuple[Chunks, Pipeline, Chunks]:
+    """Run a pipeline into ``destination`` until it is killed right after writing the chunk of keys 20,001 to
+    21,000, then change rows of that chunk at the source, and start a second run: the first run's chunks, the second
+    run and its chunks."""
+    killed, table = threading.Event(), oid(source, "big")
     store = KilledStore(state, killed)
-    first = Pipeline(
-        config, store, cast(Destination, KilledAfterAChunk(destination(store), oid(source, "big"), 20_500, killed))
-    )
-    first.start()
+    first = Chunks(destination(store), table, killed, kill_after=20_000)
+    run = Pipeline(config, store, cast(Destination, first))
+    run.start()
     try:
-        wait_until(killed.is_set, "the chunk of key 20,500 written", timeout=180)
+        wait_until(killed.is_set, "the chunk after key 20,000 written", timeout=180)
     finally:
         with pytest.raises(StoreError, match="the run was killed"):  # its next write failed the run
-            first.shutdown(timeout=60)
-    assert recorded_after(state, oid(source, "big")) < 20_500, "the chunk is not recorded"
+            run.shutdown(timeout=60)
+    assert recorded_after(state, table) == 20_000, "the chunk is not recorded"
     source.execute(
         """
         DELETE FROM big WHERE id BETWEEN 20100 AND 20199;
@@ -216,9 +241,10 @@ def run_killed_after_a_chunk(
         """
     )
     store = SqliteStore(state, pipeline_id=1)
-    second = Pipeline(config, store, destination(store))
-    second.start()
-    return second
+    second = Chunks(destination(store), table, threading.Event(), kill_after=None)
+    run = Pipeline(config, store, cast(Destination, second))
+    run.start()
+    return first, run, second
 
 
 def test_a_run_killed_between_a_chunks_write_and_its_record_leaves_no_stale_row(
@@ -229,7 +255,7 @@ def test_a_run_killed_between_a_chunks_write_and_its_record_leaves_no_stale_row(
     the chunk again: the destination ends equal to the source, without the rows deleted or moved since."""
     memory = MemoryDestination()
     config = pipeline_config(source, copy={"method": "incremental", "chunk_rows": 1000})
-    second = run_killed_after_a_chunk(source, config, tmp_path / "state.sqlite", lambda _: memory)
+    _, second, _ = run_killed_after_a_chunk(source, config, tmp_path / "state.sqlite", lambda _: memory)
     try:
         wait_until(lambda: all_ready(second, 3), "every table ready", second, timeout=180)
         wait_until(lambda: destination_matches(source, memory, "public.big"), "equal to the source", second)
@@ -238,20 +264,24 @@ def test_a_run_killed_between_a_chunks_write_and_its_record_leaves_no_stale_row(
 
 
 @pytest.mark.slow
-def test_ducklake_after_a_run_killed_between_a_chunks_write_and_its_record_holds_each_row_once(
+@pytest.mark.xdist_group("local-cluster")
+def test_ducklake_chunks_are_copied_by_executors_and_a_run_killed_between_write_and_record_loses_nothing(
     source: TestDatabase, tmp_path: Path
 ) -> None:
-    """As above, into DuckLake (``local[2]``; a chunk is written by the driver whatever the master), read by
-    DuckDB: no stale row, and no row twice (a chunk's rows are inserts, which the lake takes for new keys)."""
-    if running_master() not in (None, "local[2]"):
+    """Into DuckLake on a standalone cluster of two executor JVMs: each chunk is read and written by Spark tasks
+    (``copy_chunk``), none as a batch through the driver. Killed as above, the next run writes the chunk the dead
+    run wrote again as a batch (of updates: the lake holds some of its keys), and the rest by tasks again. DuckDB
+    reads the source's rows: no stale row, and none twice."""
+    if running_master() is not None:
         stop_spark()
     lake = {"type": "ducklake", "catalog": f"sqlite:///{tmp_path}/catalog.sqlite", "data_path": f"{tmp_path}/data/"}
+    spark = {"master": "local-cluster[2,1,1024]", "conf": {"spark.sql.shuffle.partitions": "2"}}
     config = pipeline_config(
         source,
         copy={"method": "incremental", "chunk_rows": 1000},
-        destination=lake | {"spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "2"}}},
+        destination=lake | {"spark": spark, "driver_copy_max_bytes": 0},  # every chunk by Spark tasks
     )
-    second = run_killed_after_a_chunk(
+    first, second, chunks = run_killed_after_a_chunk(
         source, config, tmp_path / "state.sqlite", lambda store: build_destination(config, store, "test")
     )
     try:
@@ -269,6 +299,10 @@ def test_ducklake_after_a_run_killed_between_a_chunks_write_and_its_record_holds
         wait_until(equal, "DuckDB reading the source's rows", second, timeout=120)
     finally:
         second.shutdown()
+        stop_spark()
+    assert (first.plans, first.batches) == (21, 0), "the first run's 21 chunks, all by Spark tasks"
+    assert chunks.batches == 1, "the dead run's chunk written again as a batch"
+    assert chunks.plans > 0, "the chunks after it by Spark tasks"
 
 
 BACKFILLED = 20_000
@@ -385,6 +419,107 @@ def test_sigkill_three_times_during_an_incremental_copy_under_a_workload(
                 timeout=180,
                 interval=0.5,
             )
+
+
+MILLIONS = 2_000_000
+
+
+def spread_churn(conn: psycopg.Connection[Any], i: int) -> None:
+    """Changes all over a table of ``MILLIONS`` items, to keys copied, being copied and not copied yet: an insert
+    past its end, an update, a key moved before its start or past its end, a delete; and a ledger row."""
+    n = (i * 7919) % (MILLIONS - 10) + 1
+    conn.execute("INSERT INTO items VALUES (%s, 'new', 0, now())", (3 * MILLIONS + i,))
+    conn.execute("UPDATE items SET qty = qty + 1, name = name || '+' WHERE id = %s", (n,))
+    conn.execute("UPDATE items SET id = %s WHERE id = %s", (-1 - i if i % 2 else 4 * MILLIONS + i, n + 3))
+    conn.execute("DELETE FROM items WHERE id = %s", (n + 5,))
+    conn.execute("INSERT INTO ledger (item, delta) VALUES (%s, 1)", (i,))
+
+
+COMPARED = {  # each table's rows as the source and the lake read them, alike: timestamps as microseconds
+    "items": (
+        "SELECT id, name, qty, (extract(epoch FROM updated) * 1000000)::bigint FROM items ORDER BY id",
+        "SELECT id, name, qty, epoch_us(updated) FROM lake.public.items ORDER BY id",
+    ),
+    "ledger": (
+        "SELECT id, item, delta FROM ledger ORDER BY id",
+        "SELECT id, item, delta FROM lake.public.ledger ORDER BY id",
+    ),
+}
+TALLY = "SELECT count(*), coalesce(sum(id), 0) FROM {}"
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("local-cluster")
+def test_sigkill_three_times_during_an_incremental_copy_of_two_million_rows_into_ducklake(
+    pg_database: TestDatabase, tmp_path: Path
+) -> None:
+    """etl run into DuckLake on a standalone cluster of two executor JVMs, the chunks copied by Spark's tasks,
+    killed (SIGKILL) three times as the copy passes a quarter, a half and three quarters of a table of two million
+    rows, while transactions change it and another table: DuckDB reads both equal to the source, row for row."""
+    db = pg_database
+    create_items_and_ledger(db, items=MILLIONS, ledger=2000)
+    db.execute("ANALYZE items; CREATE PUBLICATION pub FOR TABLE items, ledger")
+    catalog, state = f"sqlite:///{tmp_path}/catalog.sqlite", tmp_path / "state.sqlite"
+    spark = {"master": "local-cluster[2,1,1024]", "conf": {"spark.sql.shuffle.partitions": "2"}}
+    config = pipeline_config(
+        db,
+        copy={"method": "incremental", "chunk_rows": 100_000},
+        store={"type": "sqlite", "path": str(state)},
+        destination={"type": "ducklake", "catalog": catalog, "data_path": f"{tmp_path}/data/", "spark": spark},
+    )
+    items = oid(db, "items")
+    with PipelineProcess(write_config(tmp_path / "pipeline.toml", config)) as runner:
+        runner.start()
+        with concurrent_transactions(db, spread_churn, count=1500, pause=0.02, timeout=600):
+            for quarter in (1, 2, 3):
+                deadline = time.monotonic() + 300
+                while rows_in_lake_files(tmp_path / "catalog.sqlite", "items") < quarter * MILLIONS // 4:
+                    runner.ensure_alive()
+                    assert time.monotonic() < deadline, f"the copy never reached {quarter} quarter(s)"
+                    time.sleep(0.2)
+                runner.kill()
+                runner.start()
+
+        def source() -> list[tuple[int, int]]:
+            return [tuple(map(int, db.execute(TALLY.format(t))[0])) for t in COMPARED]
+
+        def lake() -> list[tuple[int, int]]:
+            con = open_lake(catalog, read_only=True)
+            try:
+                return [tuple(map(int, con.execute(TALLY.format(f"lake.public.{t}")).fetchall()[0])) for t in COMPARED]
+            finally:
+                con.close()
+
+        runner.wait_equal(source, lake, not_yet=(duckdb.Error,), timeout=300, interval=1)  # then row for row:
+        con = open_lake(catalog, read_only=True)
+        try:
+            with db.connect() as conn:
+                for table, (theirs, ours) in COMPARED.items():
+                    lake_cursor = con.execute(ours)
+                    with conn.transaction(), conn.cursor(name=f"rows_{table}") as source_cursor:
+                        source_cursor.execute(theirs)
+                        while batch := source_cursor.fetchmany(100_000):
+                            assert lake_cursor.fetchmany(len(batch)) == batch, f"{table}: the lake differs"
+                    assert lake_cursor.fetchmany(1) == [], f"{table}: the lake holds rows the source does not"
+        finally:
+            con.close()
+    assert table_states_in(state)[items] is TableStateKind.READY  # read once the run stopped: its store is free
+
+
+def rows_in_lake_files(catalog: Path, table: str) -> int:
+    """The rows of a lake table's live data files, as its SQLite catalog says, read without a lock the pipeline
+    could wait on (its stored rows, deleted ones included: about what a copy wrote so far)."""
+    try:
+        with closing(sqlite3.connect(f"file:{catalog}?mode=ro", uri=True, timeout=5)) as con:
+            row = con.execute(
+                "SELECT coalesce(sum(f.record_count), 0) FROM ducklake_data_file f JOIN ducklake_table t"
+                " ON t.table_id = f.table_id AND t.end_snapshot IS NULL"
+                " WHERE t.table_name = ? AND f.end_snapshot IS NULL",
+                (table,),
+            ).fetchone()
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+    return int(row[0])
 
 
 def table_states_in(state: Path) -> dict[int, TableStateKind]:

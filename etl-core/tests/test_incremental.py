@@ -111,12 +111,33 @@ def test_changes_to_keys_a_chunk_may_have_written_are_deletes_until_the_chunks_r
     rows = pa.table({"id": pa.array([11, 40, 60, 61], pa.int64()), "v": pa.array(["a", "b", "c", "d"])})
     chunk = copy.chunk_batch(BIG, rows, NO_MARK.next(Lsn(0x501), rows=4), datetime(2026, 1, 1, tzinfo=UTC))
     assert summary(chunk, BIG.id) == ([("U", 11), ("U", 40), ("U", 60), ("I", 61)],) * 2  # up to upto: upserts
-    copy.will_write(rows.slice(0, 2))
+    copy.will_write(40)
     assert copy.upto == 60  # a chunk before upto leaves it
     copy.after = 70
     assert summary(copy.filtered(batch()), BIG.id) == summary(
         IncrementalCopy(BIG.id, "id", after=70, rows=0, mark=NO_MARK, barrier=None).filtered(batch()), BIG.id
     )  # the chunks passed it: the copy is an ordinary one again
+
+
+def test_inserts_committed_before_the_last_chunks_read_are_upserts_until_the_copy_ends() -> None:
+    """A transaction the last chunk's snapshot saw committed may reach the stream after the chunk: its inserts of
+    copied keys are of rows the chunk holds, so they come as updates (a destination may take an insert's key for
+    new); those committed after the read stay inserts. A finished copy has copied every key, and keeps this until
+    the stream is past the read; a backfill alike."""
+    b = BatchBuilder().commit()  # at 0x1100
+    b.insert(BIG, {"id": 5, "v": "before"}).insert(BIG, {"id": 50, "v": "before, not copied"})
+    b.commit().insert(BIG, {"id": 6, "v": "after"})  # at 0x1200
+    batch = b.commit().build()
+    copy = IncrementalCopy(BIG.id, "id", after=10, rows=10, mark=NO_MARK, barrier=None, read_before=Lsn(0x1180))
+    assert summary(copy.filtered(batch), BIG.id) == ([("U", 5), ("I", 6)],) * 2
+    copy.finished = True  # every key copied: 50 too
+    assert summary(copy.filtered(batch), BIG.id) == ([("U", 5), ("U", 50), ("I", 6)],) * 2
+    backfill = IncrementalCopy(BIG.id, "id", after=10, rows=10, mark=NO_MARK, barrier=None, where="id > 0")
+    backfill.read_before = Lsn(0x1180)
+    assert summary(backfill.filtered(batch), BIG.id) == ([("U", 5), ("U", 50), ("I", 6)],) * 2
+    rows = pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array(["a", "b"])})
+    chunk = backfill.chunk_batch(BIG, rows, NO_MARK.next(Lsn(0x501), rows=2), datetime(2026, 1, 1, tzinfo=UTC))
+    assert summary(chunk, BIG.id) == ([("U", 1), ("U", 2)],) * 2  # a backfill's rows replace the table's
 
 
 def test_a_backfill_leaves_none_of_the_stream_out() -> None:
@@ -148,9 +169,16 @@ def test_chunks_sit_after_the_changes_before_them_and_after_one_another() -> Non
     idle = first.next(Lsn(0x501), rows=2)  # no transaction came in between
     assert idle == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 4)
     assert idle.next(Lsn(0x401), rows=1) == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 5)  # a run that resumed behind
-    assert ChunkMark.from_json(idle.to_json(after=42)) == (42, idle, None, None)
-    assert ChunkMark.from_json(idle.to_json(after=42, where="v LIKE '%\"'")) == (42, idle, "v LIKE '%\"'", None)
-    assert ChunkMark.from_json(idle.to_json(after=42, upto=-7)) == (42, idle, None, -7)
+    assert ChunkMark.from_json(idle.to_json(after=42)) == (42, idle, None, None, Lsn.ZERO)
+    backfill = idle.to_json(after=42, where="v LIKE '%\"'")
+    assert ChunkMark.from_json(backfill) == (42, idle, "v LIKE '%\"'", None, Lsn.ZERO)
+    assert ChunkMark.from_json(idle.to_json(after=42, upto=-7, read_before=Lsn(0x900))) == (
+        42,
+        idle,
+        None,
+        -7,
+        Lsn(0x900),
+    )
     copy = IncrementalCopy(BIG.id, "id", after=None, rows=0, mark=idle, barrier=None)
     rows = pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array(["a", "b"])})
     chunk = copy.chunk_batch(BIG, rows, idle, datetime(2026, 1, 1, tzinfo=UTC))

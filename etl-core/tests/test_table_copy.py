@@ -20,7 +20,7 @@ from etl.postgres.catalog import PublishedTable, ctid_ranges, publication_tables
 from etl.postgres.codecs import arrow_field
 from etl.postgres.connection import connect
 from etl.postgres.copy import copy_chunk, copy_table, plan_copy, read_ranges
-from etl.postgres.copy_session import KeyChunk
+from etl.postgres.copy_session import ChunkKeys, KeyChunk
 from etl.postgres.replication import ReplicationConnection
 from etl.schema import TableName, TableSchema
 from etl.testing.pytest_plugin import TestDatabase
@@ -123,8 +123,9 @@ def test_a_chunk_split_over_connections_reads_what_one_connection_reads(
     first = KeyChunk("id", None, 5000)
     # the rows are ids 6, 12, 18, ...: every (5000 // connections)-th of them ends a part
     step = 5000 // connections
-    bounds = [str(6 * step * i) for i in range(1, connections)]
-    assert db.execute(first.split_query(table.name, table.row_filter, step)) == [(",".join(bounds),)]
+    bounds = [6 * step * i for i in range(1, connections)]
+    found = ChunkKeys.parse(db.execute(first.split_query(table.name, table.row_filter, step))[0][0])
+    assert found == ChunkKeys(5000, 6 * 5000, bounds)
     with db.connect(autocommit=True) as monitor:
 
         def sessions() -> int:

@@ -16,12 +16,17 @@ from typing import Any
 import pytest
 
 from etl.copy_plan import CopyPlan, CopyRange, CopyStopped
+from etl.lsn import Lsn
 from etl.postgres.connection import connect
+from etl.postgres.copy import plan_chunk
+from etl.postgres.copy_session import KeyChunk
+from etl.replication.tablesync import empty_table
 from etl.schema import TableName
 from etl.testing.copies import published_plan
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.ducklake import copy_job
 from etl_spark.ducklake.copy_job import _Ranges, copy_tasks
+from etl_spark.ducklake.table_state import read_states
 from etl_spark.testing import comparable_source_rows, duckdb_rows
 
 TYPED = """
@@ -203,6 +208,36 @@ def test_a_small_table_is_copied_on_the_driver_into_the_same_lake_types(
         bigger.metrics.copies.labels("driver")._value.get(),
         bigger.metrics.copies.labels("spark")._value.get(),
     ) == (0, 1)
+
+
+def test_chunks_of_an_incremental_copy_are_copied_on_the_driver_or_by_spark_each_with_its_watermark(
+    pg_database: TestDatabase, lake: Any, kit: Any
+) -> None:
+    """``copy_chunk``: each chunk, planned by key in a snapshot of its own (``plan_chunk``), is added to the table
+    as it is, under ``driver_copy_max_bytes`` on the driver, above it by Spark's tasks (the metric says which), in
+    a snapshot that moves the table's watermark to the chunk's place in the stream."""
+    plan = typed_plan(pg_database, parts=1)
+    pg_database.execute("ANALYZE typed")  # a chunk's bytes are estimated from the planner's row count
+    destination = kit.make_destination(lake)
+    destination.write_table_rows(plan.schema, empty_table(plan.schema))  # as an incremental copy takes a table on
+    chunks = destination.metrics.chunks
+    source = TableName("public", "typed")
+    for n, (after, rows) in enumerate([(None, 2000), (2000, 1000)]):
+        with plan_chunk(pg_database.connection(), plan.schema, source, None, KeyChunk("id", after, 2000), parts=2) as (
+            _,
+            keys,
+            chunk_plan,
+        ):
+            assert (keys.rows, keys.last) == (rows, 3000 if after else 2000)
+            assert len(chunk_plan.ranges) == 2 and chunk_plan.size_bytes is not None and plan.size_bytes is not None
+            assert 0 < chunk_plan.size_bytes < plan.size_bytes  # its share of the table
+            threshold = {"driver_copy_max_bytes": chunk_plan.size_bytes - n}  # the first on the driver
+            destination.config = destination.config.model_copy(update=threshold)
+            assert destination.copy_chunk(chunk_plan, (Lsn(0x100 + n), 7), threading.Event()) == rows
+        watermark = read_states(destination.catalog, [plan.schema])[plan.schema.id].handle.watermark
+        assert watermark == (0x100 + n, 7)
+    assert (chunks.labels("driver")._value.get(), chunks.labels("spark")._value.get()) == (1, 1)
+    assert lake_typed(lake) == source_typed(pg_database)
 
 
 def test_a_stopped_copy_on_the_driver_leaves_nothing(pg_database: TestDatabase, lake: Any, kit: Any) -> None:

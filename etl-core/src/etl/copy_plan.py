@@ -9,11 +9,14 @@ say), each of which reads them with ``etl.postgres.copy.read_ranges``. Nothing h
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from etl.config import PostgresConnection
 from etl.errors import TransientError
 from etl.schema import TableName, TableSchema
+
+if TYPE_CHECKING:
+    from etl.postgres.copy_session import KeyChunk
 
 RANGES_PER_CONNECTION: Final = 4
 """Ranges planned per connection and table, so that uneven ranges still spread evenly."""
@@ -42,12 +45,15 @@ class CtidRange:
 
 @dataclass(frozen=True)
 class CopyRange:
-    """One piece of a table's copy: a ctid range of the table or of one of its leaf partitions."""
+    """One piece of a table's copy: a ctid range of the table or of one of its leaf partitions; or a key range
+    of an incremental copy's chunk."""
 
     source: TableName
     """The table itself or, for a partitioned table, a leaf."""
     ctid_range: CtidRange | None
-    """``None``: the whole of ``source``."""
+    """``None``: the whole of ``source`` (or of ``key_chunk``)."""
+    key_chunk: KeyChunk | None = None
+    """A part of an incremental copy's chunk: its rows, in key order."""
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         CtidRange,
     )
     from etl.destination.base import (
+        ChunkCopier,
         Destination,
         DestinationContext,
         DestinationFactory,
@@ -132,6 +133,7 @@ _HOMES: dict[str, str] = {
     "CopyRange": "etl.copy_plan",
     "CopyStopped": "etl.copy_plan",
     "CtidRange": "etl.copy_plan",
+    "ChunkCopier": "etl.destination.base",
     "Destination": "etl.destination.base",
     "DestinationContext": "etl.destination.base",
     "DestinationFactory": "etl.destination.base",
@@ -237,6 +239,7 @@ __all__ = [
     "BeginEvent",
     "CachedStore",
     "Check",
+    "ChunkCopier",
     "ColumnSchema",
     "CommitEvent",
     "ConfigError",

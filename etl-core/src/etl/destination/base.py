@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from etl.copy_plan import CopyPlan
 from etl.events import EventBatch
 from etl.hookspecs import PluginFactory
+from etl.lsn import Lsn
 from etl.schema import TableName, TableSchema
 from etl.store.base import Store
 
@@ -90,6 +91,27 @@ class TableCopier(Protocol):
         ``drop_table_for_copy`` was called before. A copy cut short (a crash, an error) is started again
         from scratch, so rows of an unfinished copy must never become visible. When ``stop`` is set, give
         up soon and raise ``etl.postgres.copy.CopyStopped``.
+        """
+
+
+@runtime_checkable
+class ChunkCopier(Protocol):
+    """Optional for destinations: write an incremental copy's chunks themselves, from a plan, instead of receiving
+    their rows as batches of inserts (``write_events``).
+
+    The engine then hands over each chunk of keys that no run wrote before as a ``CopyPlan`` whose ranges are key
+    ranges (``CopyRange.key_chunk``, read with ``read_ranges``), in an exported snapshot it keeps open until
+    ``copy_chunk`` returns, between two writes of the stream. Chunks of keys that a run which died may have written
+    still come as batches (of updates), as do a backfill's.
+    """
+
+    def copy_chunk(self, plan: CopyPlan, watermark: tuple[Lsn, int], stop: threading.Event) -> int:
+        """Add the plan's rows to the table as new rows, durable on return; return how many.
+
+        ``watermark`` is the chunk's place among the stream's changes: the commit position and ordinal its last
+        row would carry in a batch, past every change written before it (a destination that skips what it
+        applied before records it as applied). When ``stop`` is set, give up soon and raise
+        ``etl.postgres.copy.CopyStopped``, with none of the rows visible.
         """
 
 

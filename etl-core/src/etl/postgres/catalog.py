@@ -25,6 +25,14 @@ WAL_POSITION: Final = (
 """SQL for the end of the WAL that the server's slots may decode: where it writes, or on a standby (whose slots
 decode what it replayed), where its replay has got to. ``pg_current_wal_lsn()`` fails during recovery."""
 
+WAL_INSERTED: Final = (
+    "(CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()"
+    " ELSE pg_catalog.pg_current_wal_insert_lsn() END)"
+)
+"""SQL for a WAL position past the commit record of every transaction that a snapshot taken before it sees
+committed: where records are inserted (an asynchronous commit's may not be written yet), or on a standby where
+replay stands (it sees a commit once it replayed it)."""
+
 
 @dataclass(frozen=True)
 class PublishedTable:

@@ -1,6 +1,7 @@
 """A table's copy: its ranges planned (``plan_copy``), read over several connections at once (``copy_table``), or
-read by whoever holds the plan (``read_ranges``); and an incremental copy's chunks (``copy_chunk``). Each read runs
-in a ``copy_session.CopySession``: ``COPY ... TO STDOUT`` into Arrow, with every wait bounded.
+read by whoever holds the plan (``read_ranges``); and an incremental copy's chunks, read here (``copy_chunk``) or
+planned for readers elsewhere (``plan_chunk``). Each read runs in a ``copy_session.CopySession``: ``COPY ... TO
+STDOUT`` into Arrow, with every wait bounded.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import queue
 import threading
 from collections.abc import Generator, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Final
 
 import pyarrow as pa
@@ -21,6 +23,8 @@ from etl.postgres.codecs import arrow_field
 from etl.postgres.connection import connect
 from etl.postgres.copy_session import (
     COPY_READ_TIMEOUT_S,
+    ChunkKeys,
+    ChunkSnapshot,
     ConsumerGone,
     CopySession,
     KeyChunk,
@@ -29,12 +33,13 @@ from etl.postgres.copy_session import (
     put_unless_halted,
 )
 from etl.postgres.waiting import POLL
-from etl.schema import TableName, TableSchema
+from etl.schema import TableName, TableSchema, quote_literal
 
 log = structlog.get_logger(__name__)
 
 MIN_PART_ROWS: Final = 1000
 """The fewest rows per connection worth splitting an incremental copy's chunk for."""
+EXPORT: Final = "SELECT pg_catalog.pg_export_snapshot()"
 
 
 def copy_chunk(
@@ -45,25 +50,25 @@ def copy_chunk(
     chunk: KeyChunk,
     *,
     connections: int = 1,
-) -> tuple[str, pa.Table]:
-    """Read one chunk in a short ``REPEATABLE READ`` transaction of its own: the snapshot it read in
-    (``pg_current_snapshot()``'s text) and its rows, as a table of ``schema``'s columns in key order.
+) -> tuple[ChunkSnapshot, pa.Table]:
+    """Read one chunk in a short ``REPEATABLE READ`` transaction of its own: the snapshot it read in and its rows,
+    as a table of ``schema``'s columns in key order.
 
     With ``connections`` above 1, a chunk of at least ``MIN_PART_ROWS`` rows per connection is split by key into
     that many parts, read at once: the first connection exports its snapshot for the others to import, so every
     part sees the same rows one connection would, and no snapshot outlives the chunk's read."""
     output = pa.schema([arrow_field(c) for c in schema.columns])
     with CopySession(config, None) as session:
-        snapshot = session.scalar("SELECT pg_catalog.pg_current_snapshot()::text", "read a chunk")  # takes it
+        snapshot = ChunkSnapshot.parse(session.scalar(ChunkSnapshot.QUERY, "read a chunk"))  # takes it
         parts = [chunk]
         step = chunk.limit // max(1, connections)
         if connections > 1 and step >= MIN_PART_ROWS:
-            bounds = session.scalar(chunk.split_query(source, row_filter, step), "split a chunk")
-            parts = chunk.split([int(b) for b in bounds.split(",") if b], step)
+            keys = ChunkKeys.parse(session.scalar(chunk.split_query(source, row_filter, step), "split a chunk"))
+            parts = chunk.split(keys.bounds, step)
         if len(parts) == 1:
             batches = list(session.copy(schema, source, None, row_filter, max(1, chunk.limit), key_chunk=chunk))
             return snapshot, pa.Table.from_batches(batches, schema=output)
-        exported = session.scalar("SELECT pg_catalog.pg_export_snapshot()", "read a chunk")
+        exported = session.scalar(EXPORT, "read a chunk")
         with ThreadPoolExecutor(len(parts) - 1, thread_name_prefix=f"chunk-{source}") as pool:
             others = [
                 pool.submit(_read_part, config, exported, schema, source, row_filter=row_filter, part=p)
@@ -73,6 +78,40 @@ def copy_chunk(
             for part in others:
                 batches.extend(part.result())
     return snapshot, pa.Table.from_batches(batches, schema=output)
+
+
+@contextmanager
+def plan_chunk(
+    config: PostgresConnection,
+    schema: TableSchema,
+    source: TableName,
+    row_filter: str | None,
+    chunk: KeyChunk,
+    *,
+    parts: int,
+) -> Iterator[tuple[ChunkSnapshot, ChunkKeys, CopyPlan]]:
+    """Plan one chunk for readers elsewhere (a destination's workers, ``read_ranges``): the snapshot its first
+    connection took, what that connection found of its keys, and a plan of up
+    to ``parts`` key ranges of at least ``MIN_PART_ROWS`` rows each, in that snapshot, exported, with about the bytes
+    they hold. The snapshot can be imported until the block ends, so the plan must be read inside it."""
+    with CopySession(config, None) as session:
+        snapshot = ChunkSnapshot.parse(session.scalar(ChunkSnapshot.QUERY, "plan a chunk"))
+        step = max(MIN_PART_ROWS, chunk.limit // max(1, parts))
+        keys = ChunkKeys.parse(session.scalar(chunk.split_query(source, row_filter, step), "plan a chunk"))
+        size = int(session.scalar(_rows_bytes(source, keys.rows), "plan a chunk"))
+        exported = session.scalar(EXPORT, "plan a chunk")
+        ranges = tuple(CopyRange(source, None, part) for part in chunk.split(keys.bounds, step))
+        yield snapshot, keys, CopyPlan(config, exported, schema, ranges, row_filter, size)
+
+
+def _rows_bytes(source: TableName, rows: int) -> str:
+    """About the bytes of ``rows`` rows of ``source``: its size (TOAST included) times the share of its rows they
+    are, as the planner last counted them (all of it, when it never counted or counted fewer)."""
+    share = f"{int(rows)} / greatest(c.reltuples::numeric, {int(rows)}, 1)"
+    return (
+        f"SELECT round(pg_catalog.pg_table_size(c.oid) * {share})::bigint::text FROM pg_catalog.pg_class c"
+        f" WHERE c.oid = {quote_literal(source.quoted())}::regclass"
+    )
 
 
 def _read_part(
@@ -104,7 +143,10 @@ def read_ranges(
     with CopySession(plan.connection, plan.snapshot, cancel=stop, read_timeout=read_timeout) as session:
         for index in indexes:
             piece = plan.ranges[index]
-            yield from session.copy(plan.schema, piece.source, piece.ctid_range, plan.row_filter, batch_rows)
+            pieces = session.copy(
+                plan.schema, piece.source, piece.ctid_range, plan.row_filter, batch_rows, key_chunk=piece.key_chunk
+            )
+            yield from pieces
 
 
 def plan_copy(

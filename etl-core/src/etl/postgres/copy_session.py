@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 import psycopg
 import pyarrow as pa
@@ -35,12 +35,15 @@ from psycopg.pq.abc import PGconn, PGresult
 from etl.config import PostgresConnection
 from etl.copy_plan import CopyStopped, CtidRange
 from etl.errors import EtlError, SourceError, TableError, TransientError
+from etl.lsn import Lsn
 from etl.postgres import generators
+from etl.postgres.catalog import WAL_INSERTED
 from etl.postgres.codecs import arrow_field, decode_text_column
 from etl.postgres.connection import connection_error, conninfo_string
 from etl.postgres.generators import PQGen
 from etl.postgres.predicate import predicate_sql
 from etl.postgres.waiting import POLL, Expired, Waiter
+from etl.postgres.xid_snapshot import XidSnapshot
 from etl.schema import TableName, TableSchema, quote_ident, quote_literal
 
 log = structlog.get_logger(__name__)
@@ -100,19 +103,54 @@ class KeyChunk:
         return parts
 
     def split_query(self, source: TableName, row_filter: str | None, step: int) -> str:
-        """Every ``step``-th key of the chunk's rows, as one comma-separated text, while ``step`` rows or more follow
-        (the last part holds ``step`` rows, and the rest of a ``limit`` that ``step`` does not divide)."""
+        """What ``ChunkKeys.parse`` reads: the chunk's row count, its last key, and every ``step``-th key of its
+        rows while ``step`` rows or more follow (the last part holds ``step`` rows, and the rest of a ``limit``
+        that ``step`` does not divide)."""
         key = quote_ident(self.column)
         where = _conditions(None, row_filter, self)
         keys = f"SELECT {key} AS k FROM ONLY {source.quoted()}{' WHERE ' + where if where else ''}{self.order()}"
+        every = f"n % {int(step)} = 0 AND n <= {int(self.limit - step)}"
+        bounds = f"string_agg(k::text, ',' ORDER BY k) FILTER (WHERE {every})"
         return (
-            "SELECT coalesce(string_agg(k::text, ',' ORDER BY k), '')"
+            f"SELECT count(*)::text || ';' || coalesce(max(k)::text, '') || ';' || coalesce({bounds}, '')"
             f" FROM (SELECT k, row_number() OVER (ORDER BY k) AS n FROM ({keys}) c) s"
-            f" WHERE n % {int(step)} = 0 AND n <= {int(self.limit - step)}"
         )
 
     def order(self) -> str:
         return f" ORDER BY {quote_ident(self.column)} LIMIT {int(self.limit)}"
+
+
+@dataclass(frozen=True)
+class ChunkSnapshot:
+    """What a chunk was read in: its snapshot, and a WAL position past the commit of every transaction the snapshot
+    saw committed (the stream may deliver such a transaction after the chunk: the chunk holds its changes)."""
+
+    snapshot: XidSnapshot
+    wal: Lsn
+
+    QUERY: ClassVar[str] = f"SELECT pg_catalog.pg_current_snapshot()::text || ' ' || {WAL_INSERTED}::text"
+    """Takes the snapshot, then reads the WAL position: as one statement's, in that order."""
+
+    @classmethod
+    def parse(cls, text: str) -> ChunkSnapshot:
+        snapshot, wal = text.split(" ")
+        return cls(XidSnapshot.parse(snapshot), Lsn.parse(wal))
+
+
+@dataclass(frozen=True)
+class ChunkKeys:
+    """What a chunk's first connection finds of its keys (``KeyChunk.split_query``)."""
+
+    rows: int
+    last: int | None
+    """Its last key; ``None`` when it holds no row."""
+    bounds: list[int]
+    """Where ``KeyChunk.split`` splits it."""
+
+    @classmethod
+    def parse(cls, text: str) -> ChunkKeys:
+        rows, last, bounds = text.split(";")
+        return cls(int(rows), int(last) if last else None, [int(b) for b in bounds.split(",") if b])
 
 
 class CopySession:

@@ -12,6 +12,7 @@ from typing import Any, Final, Protocol
 import psycopg
 import structlog
 
+from etl.destination.base import ChunkCopier
 from etl.errors import ConfigError, EtlError, TableError
 from etl.events import EventBatch
 from etl.lsn import Lsn
@@ -23,8 +24,8 @@ from etl.postgres.catalog import (
     table_schema,
 )
 from etl.postgres.connection import connect
-from etl.postgres.copy import copy_chunk
-from etl.postgres.copy_session import KeyChunk
+from etl.postgres.copy import copy_chunk, plan_chunk
+from etl.postgres.copy_session import ChunkSnapshot, KeyChunk
 from etl.postgres.predicate import predicate_rows
 from etl.postgres.xid_snapshot import XidSnapshot
 from etl.replication.context import WorkerContext
@@ -158,9 +159,8 @@ class ChunkedCopies:
             row = conn.execute(f"SELECT {WAL_POSITION}::text").fetchone()
             assert row is not None
             wal = Lsn.parse(row[0])
-        after, mark, where, upto = (
-            (None, NO_MARK, None, None) if progress.resume_after is None else ChunkMark.from_json(progress.resume_after)
-        )
+        recorded = None if progress.resume_after is None else ChunkMark.from_json(progress.resume_after)
+        after, mark, where, upto, read_before = recorded or (None, NO_MARK, None, None, Lsn.ZERO)
         # A run that died may have written past its stored progress (a destination writes, then progress is
         # stored): the next chunk waits until the stream is past all it may have written, and so goes after it.
         self._resume_at[table_id] = wal
@@ -175,6 +175,8 @@ class ChunkedCopies:
             estimate=progress.estimate,
             started_at=progress.started_at,
             upto=upto,
+            read_before=read_before,
+            finished=progress.finished,
         )
         what = "going on with a table's backfill in chunks" if where else "going on with a table's copy in chunks"
         log.info(what, table=str(table.name), after=after, rows=progress.rows, where=where)
@@ -201,10 +203,9 @@ class ChunkedCopies:
         if state is None or state.kind is not TableStateKind.COPYING:  # errored meanwhile
             self.copies.pop(table_id, None)
             return
-        if self.stream.position < self._resume_at.get(table_id, Lsn.ZERO):
-            self._later(table_id)
+        if copy.finished or self.stream.position < self._resume_at.get(table_id, Lsn.ZERO):
+            self._end_or_later(copy, table)
             return
-        schema = ctx.schemas.current(table_id)
         limit = ctx.config.copy_.chunk_rows
         try:
             if copy.barrier is not None:
@@ -216,44 +217,97 @@ class ChunkedCopies:
             self.stream.flush()  # the stream's changes so far go first (a copy leaves out keys not copied yet)
             self.wait_written()  # and are durable before a chunk's mark after them is recorded
             chunk = KeyChunk(copy.key, copy.after, limit, copy.where)
-            text, rows = copy_chunk(
-                ctx.config.source, schema, table.name, table.row_filter, chunk, connections=ctx.config.copy_.connections
-            )
+            copier = ctx.destination
+            if isinstance(copier, ChunkCopier) and copy.adds_new_keys:
+                written = self._copy_on_destination(copier, copy, table, chunk)
+            else:
+                written = self._copy_here(copy, table, chunk)
         except TableError as exc:
             self.copies.pop(table_id, None)
             self.stream.table_failed(table_id, exc)
             return
         except EtlError as exc:
-            log.warning("reading a chunk failed; reading it again shortly", table=str(table.name), error=exc.message)
+            log.warning("copying a chunk failed; copying it again shortly", table=str(table.name), error=exc.message)
             self._later(table_id)
             return
-        if copy.misses(XidSnapshot.parse(text)):
-            log.info("a chunk did not see a transaction already streamed; reading it again", table=str(table.name))
-            self._later(table_id)
+        if written is None:
             return
-        copy.mark = copy.mark.next(self.stream.position, rows.num_rows)
-        batch = copy.chunk_batch(schema, rows, copy.mark, datetime.now(UTC))
-        copy.will_write(rows)
-        self._record(copy, finished=False)  # the mark and the chunk's last key, before the chunk (see ChunkMark)
-        self.stream.submit(batch)
-        self.wait_written()  # durable before the copy's position moves past it
+        rows, last = written
         state = ctx.states.get(table_id)
         if state is None or state.kind is not TableStateKind.COPYING:  # its write errored the table
             self.copies.pop(table_id, None)
             return
-        copy.after, copy.rows = copy.chunk_after(rows), copy.rows + rows.num_rows
-        ctx.metrics.copied_rows.labels(str(table.name)).inc(rows.num_rows)
-        done = rows.num_rows < limit
-        self._record(copy, done)
-        if done:
-            self.copies.pop(table_id, None)
-            ctx.states.set(table_id, TableState(TableStateKind.READY))
-            what = "table backfilled" if copy.where else "table copied in chunks"
-            log.info(what, table=str(table.name), rows=copy.rows)
+        copy.after, copy.rows = copy.after if last is None else last, copy.rows + rows
+        ctx.metrics.copied_rows.labels(str(table.name)).inc(rows)
+        copy.finished = rows < limit
+        self._record(copy, copy.finished)
+        if copy.finished:
+            self._end_or_later(copy, table)
+
+    def _end_or_later(self, copy: IncrementalCopy, table: PublishedTable) -> None:
+        """End a finished copy once the stream is past every transaction its last chunk saw committed (until then
+        their inserts are upserts: ``IncrementalCopy.read_before``); else look again later."""
+        if not copy.finished or self.stream.position < copy.read_before:
+            self._later(copy.table_id)
+            return
+        self.copies.pop(copy.table_id, None)
+        self.ctx.states.set(copy.table_id, TableState(TableStateKind.READY))
+        what = "table backfilled" if copy.where else "table copied in chunks"
+        log.info(what, table=str(table.name), rows=copy.rows)
+
+    def _copy_here(
+        self, copy: IncrementalCopy, table: PublishedTable, chunk: KeyChunk
+    ) -> tuple[int, int | None] | None:
+        """Read the chunk in this process and write it as a batch, at its place in the stream: its row count and
+        last key, durable; ``None`` when it is to be read again later."""
+        ctx, schema = self.ctx, self.ctx.schemas.current(copy.table_id)
+        connections = ctx.config.copy_.connections
+        read, rows = copy_chunk(ctx.config.source, schema, table.name, table.row_filter, chunk, connections=connections)
+        if self._missed(copy, read, table):
+            return None
+        last = copy.chunk_after(rows) if rows.num_rows else None
+        copy.mark = copy.mark.next(self.stream.position, rows.num_rows)
+        batch = copy.chunk_batch(schema, rows, copy.mark, datetime.now(UTC))
+        copy.will_write(last)
+        self._record(copy, finished=False)  # the mark and the chunk's last key, before the chunk (see ChunkMark)
+        self.stream.submit(batch)
+        self.wait_written()  # durable before the copy's position moves past it
+        copy.read_before = read.wal
+        return rows.num_rows, last
+
+    def _copy_on_destination(
+        self, copier: ChunkCopier, copy: IncrementalCopy, table: PublishedTable, chunk: KeyChunk
+    ) -> tuple[int, int | None] | None:
+        """Plan the chunk and have the destination read and write it (``ChunkCopier``): as ``_copy_here``."""
+        ctx, schema = self.ctx, self.ctx.schemas.current(copy.table_id)
+        parts = ctx.config.copy_.connections
+        with plan_chunk(ctx.config.source, schema, table.name, table.row_filter, chunk, parts=parts) as planned:
+            read, keys, plan = planned
+            if self._missed(copy, read, table):
+                return None
+            copy.mark = copy.mark.next(self.stream.position, keys.rows)
+            copy.will_write(keys.last)
+            self._record(copy, finished=False)
+            written = copier.copy_chunk(plan, (copy.mark.position, copy.mark.ordinal), ctx.stop) if keys.rows else 0
+        if written != keys.rows:
+            raise EtlError(
+                f"{table.name}: the destination wrote {written} rows of a chunk of {keys.rows}",
+                hint="a fault of the destination plugin's copy_chunk; the chunk is copied again",
+            )
+        copy.read_before = read.wal
+        return keys.rows, keys.last
+
+    def _missed(self, copy: IncrementalCopy, read: ChunkSnapshot, table: PublishedTable) -> bool:
+        """Whether a chunk read in ``read`` misses a transaction already streamed: then it is read again."""
+        if not copy.misses(read.snapshot):
+            return False
+        log.info("a chunk did not see a transaction already streamed; reading it again", table=str(table.name))
+        self._later(copy.table_id)
+        return True
 
     def _record(self, copy: IncrementalCopy, finished: bool) -> None:
         now = datetime.now(UTC)
-        resume_after = copy.mark.to_json(copy.after, copy.where, copy.upto)
+        resume_after = copy.mark.to_json(copy.after, copy.where, copy.upto, copy.read_before)
         progress = CopyProgress(copy.rows, copy.estimate, copy.started_at or now, now, finished, resume_after)
         self.ctx.store.record_copy_progress(copy.table_id, progress)
 

@@ -32,7 +32,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Final
+from typing import Final, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -96,17 +96,37 @@ class ChunkMark:
             return ChunkMark(position, CHUNK_ORDINAL_BASE + rows - 1)
         return ChunkMark(self.position, self.ordinal + rows)
 
-    def to_json(self, after: int | None, where: str | None = None, upto: int | None = None) -> str:
-        position, ordinal = str(self.position), self.ordinal
-        return json.dumps({"after": after, "position": position, "ordinal": ordinal, "where": where, "upto": upto})
+    def to_json(
+        self, after: int | None, where: str | None = None, upto: int | None = None, read_before: Lsn = Lsn.ZERO
+    ) -> str:
+        return json.dumps(
+            {
+                "after": after,
+                "position": str(self.position),
+                "ordinal": self.ordinal,
+                "where": where,
+                "upto": upto,
+                "read_before": str(read_before),
+            }
+        )
 
     @classmethod
-    def from_json(cls, text: str) -> tuple[int | None, ChunkMark, str | None, int | None]:
-        """The last key copied, the last chunk's mark, a backfill's predicate and the last key a chunk may have
-        written (``IncrementalCopy.upto``), as ``to_json`` wrote them."""
+    def from_json(cls, text: str) -> Recorded:
+        """What ``to_json`` wrote."""
         obj = json.loads(text)
         mark = cls(Lsn.parse(obj["position"]), int(obj["ordinal"]))
-        return obj["after"], mark, obj.get("where"), obj.get("upto")
+        read_before = Lsn.parse(obj.get("read_before") or "0/0")
+        return Recorded(obj["after"], mark, obj.get("where"), obj.get("upto"), read_before)
+
+
+class Recorded(NamedTuple):
+    """An incremental copy's position as the store holds it (``ChunkMark.to_json``); see ``IncrementalCopy``."""
+
+    after: int | None
+    mark: ChunkMark
+    where: str | None
+    upto: int | None
+    read_before: Lsn
 
 
 NO_MARK: Final = ChunkMark(Lsn.ZERO, CHUNK_ORDINAL_BASE - 1)
@@ -138,6 +158,12 @@ class IncrementalCopy:
     upto: int | None = None
     """The last key a chunk written, or about to be, may have put into the destination (see the module); keys after
     ``after`` up to it are neither copied nor surely absent there."""
+    read_before: Lsn = Lsn.ZERO
+    """A WAL position past the commit of every transaction the last chunk's snapshot saw committed: the stream's
+    inserts committed before it may be of rows a chunk holds already, so they go to the destination as updates
+    (see the module)."""
+    finished: bool = False
+    """The last chunk is written: every key is copied, and the copy ends once the stream is past ``read_before``."""
 
     def misses(self, snapshot: XidSnapshot) -> bool:
         """Whether a chunk read in ``snapshot`` misses a streamed transaction (see the module). Forgets the
@@ -146,10 +172,16 @@ class IncrementalCopy:
         self.streamed = missed
         return bool(missed)
 
-    def will_write(self, rows: pa.Table) -> None:
-        """Before a chunk of ``rows`` is written (and recorded as written): ``upto`` at least its last key."""
-        last = self.chunk_after(rows)
-        if rows.num_rows and last is not None:
+    @property
+    def adds_new_keys(self) -> bool:
+        """Whether the next chunk's keys are surely absent from the destination: a copy's, with no key after
+        ``after`` that a run which died may have written (``upto``)."""
+        return self.where is None and (self.upto is None or (self.after is not None and self.upto <= self.after))
+
+    def will_write(self, last: int | None) -> None:
+        """Before a chunk whose last key is ``last`` (``None``: an empty one) is written and recorded as written:
+        ``upto`` at least that key."""
+        if last is not None:
             self.upto = last if self.upto is None else max(self.upto, last)
 
     def chunk_after(self, rows: pa.Table) -> int | None:
@@ -161,7 +193,7 @@ class IncrementalCopy:
         """``batch`` without the changes to keys not copied yet (updates from a copied key to one not yet copied
         become deletes of the copied key), in its Arrow changes and its events alike; a backfill's all of it."""
         segments = batch.changes.get(self.table_id)
-        if not segments or self.where is not None:
+        if not segments:
             return batch
         changes = dict(batch.changes)
         changes[self.table_id] = [self._filtered_segment(s) for s in segments]
@@ -201,18 +233,30 @@ class IncrementalCopy:
         old = np.where(no_old, self._at_most(keys, self._upto), self._at_most(old_keys, self._upto))
         # A change to a key not copied yet whose old key is copied, or may be in the destination, is a delete there.
         as_deletes = ~new & old
-        keep = pc.equal(table.column(OP_COLUMN), "T").to_numpy(zero_copy_only=False) | new | as_deletes
+        op = table.column(OP_COLUMN)
+        keep = pc.equal(op, "T").to_numpy(zero_copy_only=False) | new | as_deletes
         if as_deletes.any():
             table = _as_deletes(table, pa.array(as_deletes))
+        seen = pc.less(table.column(COMMIT_LSN_COLUMN), int(self.read_before)).to_numpy(zero_copy_only=False)
+        upserts = seen & pc.equal(table.column(OP_COLUMN), "I").to_numpy(zero_copy_only=False) & keep
+        if upserts.any():  # the insert of a row a chunk may hold
+            table = table.set_column(
+                table.column_names.index(OP_COLUMN),
+                OP_COLUMN,
+                pc.if_else(pa.array(upserts), "U", table.column(OP_COLUMN)),
+            )
         return TableChanges(segment.schema, table.filter(pa.array(keep)))
 
     @property
     def _upto(self) -> int | None:
         return self.after if self.upto is None or (self.after is not None and self.after > self.upto) else self.upto
 
-    @staticmethod
-    def _at_most(keys: pa.ChunkedArray | pa.Array, last: int | None) -> np.ndarray:
-        """Which of ``keys`` are at most ``last`` (``None``: none are; a null key, as in a truncate's row: no)."""
+    def _at_most(self, keys: pa.ChunkedArray | pa.Array, last: int | None) -> np.ndarray:
+        """Which of ``keys`` are at most ``last`` (``None``: none are; a null key, as in a truncate's row: no); of a
+        backfill's, or a finished copy's, every key."""
+        if self.where is not None or self.finished:
+            every: np.ndarray = pc.is_valid(keys).to_numpy(zero_copy_only=False)
+            return every
         if last is None:
             return np.zeros(len(keys), np.bool_)
         at_most: np.ndarray = pc.fill_null(pc.less_equal(keys, last), False).to_numpy(zero_copy_only=False)
@@ -223,6 +267,8 @@ class IncrementalCopy:
             return event
         row = event.old_row if isinstance(event, DeleteEvent) else event.row
         if self._is_at_most(row[index], self.after):
+            if isinstance(event, InsertEvent) and event.commit_lsn < self.read_before:  # as in _filtered_segment
+                return UpdateEvent(event.start_lsn, event.commit_lsn, event.tx_ordinal, self.table_id, row, None, False)
             return event
         old, old_is_key = row, True  # a row's own key identifies it; its other values may be MISSING
         if isinstance(event, UpdateEvent) and event.old_row is not None:
@@ -233,8 +279,9 @@ class IncrementalCopy:
             return None
         return DeleteEvent(event.start_lsn, event.commit_lsn, event.tx_ordinal, self.table_id, old, old_is_key)
 
-    @staticmethod
-    def _is_at_most(key: object, last: int | None) -> bool:
+    def _is_at_most(self, key: object, last: int | None) -> bool:
+        if self.where is not None or self.finished:
+            return isinstance(key, int)
         return last is not None and isinstance(key, int) and key <= last
 
     # -- a chunk as a batch ------------------------------------------------------------------------------------
@@ -245,7 +292,7 @@ class IncrementalCopy:
         it moves no progress."""
         n = rows.num_rows
         position, first = mark.position, mark.ordinal - n + 1
-        written = self._at_most(rows.column(self.key), self._upto)
+        written = self._at_most(rows.column(self.key), self._upto)  # of a backfill's: all
         table = rows.append_column(OP_COLUMN, pa.array(np.where(written, "U", "I"), pa.string()))
         table = table.append_column(COMMIT_LSN_COLUMN, pa.array(np.full(n, int(position), np.uint64)))
         ordinals = np.arange(first, first + n, dtype=np.int64)

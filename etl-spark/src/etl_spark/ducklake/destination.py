@@ -2,12 +2,14 @@
 
 Each committed write is one DuckLake snapshot. A table's initial copy is one Spark job whose tasks
 copy ranges of the source table straight into data files (``copy_job``); the driver registers them
-all in one snapshot. A batch of changes is collapsed per table (``etl_spark.collapse``): upserted
-rows become new data files, and the stored rows they replace or that were deleted become positional
-delete files, found by a Spark scan of the table's live rows (``_metadata.row_index``). A truncate
-ends the table's data files. Data files are written by pyarrow, in the types DuckDB writes.
-Schema changes become DuckLake schema versions in the same snapshot. Each table's replication
-watermark ``(commit_lsn, tx_ordinal)`` is committed with the snapshot, so a replayed change is
+all in one snapshot. So is each chunk of an incremental copy (``copy_chunk``): the tasks read its key
+ranges in the chunk's snapshot, and the snapshot moves the table's watermark to the chunk's place in
+the stream. A batch of changes is collapsed per table (``etl_spark.collapse``): upserted rows become
+new data files, and the stored rows they replace or that were deleted become positional delete
+files, found by a Spark scan of the table's live rows (``_metadata.row_index``). A truncate ends the
+table's data files. Data files are written by pyarrow, in the types DuckDB writes. Schema changes
+become DuckLake schema versions in the same snapshot. Each table's replication watermark
+``(commit_lsn, tx_ordinal)`` is committed with the snapshot, so a replayed change is
 skipped exactly. See docs/destinations/ducklake.md.
 """
 
@@ -30,6 +32,7 @@ from etl.api import (
     DestinationContext,
     DestinationError,
     EventBatch,
+    Lsn,
     Store,
     TableChanges,
     TableError,
@@ -242,14 +245,30 @@ class DuckLakeDestination:
     def copy_table(self, plan: CopyPlan, stop: threading.Event) -> int:
         """Copy the table on Spark's executors (``copy_job``), or on the driver when it is small (``on_driver``),
         and register every file in one snapshot."""
-        limit = self.config.driver_copy_max_bytes
-        on_driver = limit > 0 and plan.size_bytes is not None and plan.size_bytes <= limit
-        write = self._copy_on_driver if on_driver else self._copy_files
+        on, write = self._copier(plan, stop)
         with naming_table(plan.schema.id), self._copying():
-            copy = plan_copy(self.lake, plan.schema, partial(write, plan, stop))
+            copy = plan_copy(self.lake, plan.schema, write)
             self._commit_copy(copy)
-        self.metrics.copies.labels("driver" if on_driver else "spark").inc()
+        self.metrics.copies.labels(on).inc()
         return sum(f.record_count for f in copy.files)
+
+    def copy_chunk(self, plan: CopyPlan, watermark: tuple[Lsn, int], stop: threading.Event) -> int:
+        """An incremental copy's chunk of new keys, copied as a table is (``copy_table``), its files registered in
+        one snapshot that moves the table's watermark to the chunk's place in the stream."""
+        on, write = self._copier(plan, stop)
+        position = (int(watermark[0]), watermark[1])
+        with naming_table(plan.schema.id), self._copying(), self._writing.batch():
+            plans = self._commit_plans(lambda: [plan_copy(self.lake, plan.schema, write, position)])
+        self.metrics.chunks.labels(on).inc()
+        return sum(f.record_count for p in plans for f in p.files)
+
+    def _copier(self, plan: CopyPlan, stop: threading.Event) -> tuple[str, Callable[[DataFileSpec], list[NewFile]]]:
+        """Where the plan's rows are copied (``COPIED_ON``) and what writes them: on the driver when they are at
+        most ``driver_copy_max_bytes``, else by Spark's tasks."""
+        limit = self.config.driver_copy_max_bytes
+        if limit > 0 and plan.size_bytes is not None and plan.size_bytes <= limit:
+            return "driver", partial(self._copy_on_driver, plan, stop)
+        return "spark", partial(self._copy_files, plan, stop)
 
     @contextmanager
     def _copying(self) -> Iterator[None]:

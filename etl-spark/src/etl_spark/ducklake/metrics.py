@@ -17,7 +17,8 @@ from etl.api import LATENCY_BUCKETS, MetricsHolder
 FILE_KINDS: Final = ("data", "delete")
 """The ``kind`` label of the file series: Parquet data files and positional delete files."""
 COPIED_ON: Final = ("driver", "spark")
-"""The ``on`` label of ``etl_ducklake_copies``: where a table's copy read and wrote its rows."""
+"""The ``on`` label of ``etl_ducklake_copies`` and ``etl_ducklake_chunks``: where a table's copy, or a chunk of an
+incremental copy, read and wrote its rows."""
 MAINTENANCE_STEPS: Final = ("merge", "rewrite", "expire", "cleanup", "orphans")
 """The ``step`` label of the maintenance series (``[destination.maintenance]``)."""
 
@@ -35,6 +36,13 @@ class DuckLakeMetrics(MetricsHolder):
         self.copies = Counter(
             "etl_ducklake_copies",
             "Tables copied, by where their rows were read and written: on the driver (small tables) or by Spark",
+            ["on"],
+            registry=registry,
+        )
+        self.chunks = Counter(
+            "etl_ducklake_chunks",
+            "Chunks of incremental copies written, by where their rows were read and written: on the driver (small"
+            " chunks) or by Spark",
             ["on"],
             registry=registry,
         )

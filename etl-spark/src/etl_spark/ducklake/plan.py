@@ -265,12 +265,22 @@ def _handle(schema: TableSchema, state: TableState) -> Handle | None:
     return state.handle
 
 
-def plan_copy(lake: Lake, schema: TableSchema, write: Callable[[DataFileSpec], list[NewFile]]) -> TablePlan:
-    """The plan for copied rows, which ``write`` writes as data files (into the table, created when new)."""
+def plan_copy(
+    lake: Lake,
+    schema: TableSchema,
+    write: Callable[[DataFileSpec], list[NewFile]],
+    watermark: Position | None = None,
+) -> TablePlan:
+    """The plan for copied rows, which ``write`` writes as data files (into the table, created when new); with a
+    ``watermark``, an incremental copy's chunk of new keys at that place among the stream's changes, added to the
+    table as it is."""
     state = read_states(lake.catalog, [schema])[schema.id]
     handle = _handle(schema, state)
     change, new_ids, columns = _target_columns(schema, state)
-    plan = TablePlan(schema, handle, _directory(lake, schema, handle), change, new_ids, _sources(columns))
+    if watermark is not None and handle is not None and change:  # a chunk into the table as it is
+        _check_not_inlined(handle.table, state.inlined_tables)
+    directory = _directory(lake, schema, handle)
+    plan = TablePlan(schema, handle, directory, change, new_ids, _sources(columns), watermark=watermark)
     plan.files = write(_spec(lake, plan, columns))
     return plan
 
@@ -310,7 +320,7 @@ def plan_changes(lake: Lake, segment: TableChanges, inline_limit: int, state: Ta
     if watermark is None:
         return _plan_schema(schema, state) if segment.table.num_rows == 0 else None
     change, new_ids, columns = _target_columns(schema, state)
-    if handle is not None and change:
+    if watermark is not None and handle is not None and change:  # a chunk into the table as it is
         _check_not_inlined(handle.table, state.inlined_tables)
     directory = _directory(lake, schema, handle)
     plan = TablePlan(schema, handle, directory, change, new_ids, _sources(columns), watermark=watermark)
