@@ -14,8 +14,7 @@ from etl.store.base import APPLY_WORKER
 from etl.testing.pipelines import all_ready, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.ducklake.config import DuckLakeConfig
-from etl_spark.ducklake.reader import open_lake
-from etl_spark.testing import comparable_source_rows, lake_rows
+from etl_spark.testing import lake_matches
 
 SPARK = {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "2"}}
 
@@ -69,12 +68,7 @@ def test_a_catalog_without_the_copied_tables_stops_the_start(pg_database: TestDa
 
         def equal() -> bool:
             with db.connect() as conn:
-                expected = comparable_source_rows(conn, "public.t")
-            con = open_lake(catalog)
-            try:
-                return lake_rows(con, "public.t") == expected
-            finally:
-                con.close()
+                return lake_matches(conn, catalog, "public.t")
 
         wait_until(equal, "the row streamed while another catalog was named", pipeline, timeout=180)
     finally:

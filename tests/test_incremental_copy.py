@@ -38,7 +38,7 @@ from etl.testing.runner import PipelineProcess, write_config
 from etl.testing.workload import churn, concurrent_transactions, create_items_and_ledger
 from etl_spark.ducklake.reader import open_lake
 from etl_spark.session import running_master, stop_spark
-from etl_spark.testing import comparable_source_rows, lake_rows
+from etl_spark.testing import lake_matches
 from etl_store_sqlite.store import SqliteStore
 
 ROWS = 40_000
@@ -289,12 +289,7 @@ def test_ducklake_chunks_are_copied_by_executors_and_a_run_killed_between_write_
 
         def equal() -> bool:
             with source.connect() as conn:
-                expected = comparable_source_rows(conn, "public.big")
-            con = open_lake(lake["catalog"], read_only=True)
-            try:
-                return lake_rows(con, "public.big") == expected
-            finally:
-                con.close()
+                return lake_matches(conn, lake["catalog"], "public.big")
 
         wait_until(equal, "DuckDB reading the source's rows", second, timeout=120)
     finally:

@@ -56,6 +56,18 @@ def comparable_source_rows(conn: psycopg.Connection[Any], table: TableName | str
     return source_rows(conn, table, sorted_rows)
 
 
+def lake_matches(source: psycopg.Connection[Any], catalog: str, table: TableName | str) -> bool:
+    """Whether DuckDB reads ``table`` in the lake of ``catalog`` (read-only) equal to the source's, row for row."""
+    from etl_spark.ducklake.reader import open_lake
+
+    expected = comparable_source_rows(source, table)
+    con = open_lake(catalog, read_only=True)
+    try:
+        return lake_rows(con, table) == expected
+    finally:
+        con.close()
+
+
 def latest_snapshot(con: duckdb.DuckDBPyConnection, alias: str = "lake") -> int:
     row = con.execute(f"SELECT max(snapshot_id) FROM ducklake_snapshots('{alias}')").fetchone()
     return int(row[0]) if row else 0
