@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import closing
-from functools import partial
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,7 +17,6 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from etl_plugin_example.mirror_reader import mirrored_rows
 
 from etl.config import PipelineConfig
 from etl.copy_plan import CopyPlan
@@ -35,7 +34,7 @@ from etl.testing.compare import source_rows
 from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, table_states, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
-from etl.testing.workload import churn, concurrent_transactions, create_items_and_ledger
+from etl.testing.workload import concurrent_transactions, create_items_and_ledger
 from etl_spark.ducklake.reader import open_lake
 from etl_spark.session import running_master, stop_spark
 from etl_spark.testing import lake_matches
@@ -379,43 +378,6 @@ def test_a_backfill_copies_again_the_rows_its_predicate_picks_and_goes_on_after_
         second.shutdown()
 
 
-@pytest.mark.slow
-def test_sigkill_three_times_during_an_incremental_copy_under_a_workload(
-    pg_database: TestDatabase, tmp_path: Path
-) -> None:
-    """etl run, into the durable SQLite mirror, killed (SIGKILL) three times as the copy passes a quarter, a half
-    and three quarters of the table, while transactions change it: the mirror ends equal to the source."""
-    db = pg_database
-    create_items_and_ledger(db, items=100_000, ledger=2000)
-    db.execute("CREATE PUBLICATION pub FOR TABLE items, ledger")
-    mirror = tmp_path / "mirror.sqlite"
-    config = pipeline_config(
-        db,
-        copy={"method": "incremental", "chunk_rows": 2000},
-        store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
-        destination={"type": "sqlite_mirror", "path": str(mirror)},
-    )
-    tables = ("public.items", "public.ledger")
-    with PipelineProcess(write_config(tmp_path / "pipeline.toml", config)) as runner:
-        runner.start()
-        with concurrent_transactions(db, partial(churn, key_updates=True), count=1500, pause=0.01, timeout=300):
-            for quarter in (1, 2, 3):
-                deadline = time.monotonic() + 120
-                while len(mirrored_rows(mirror, "public.items") or []) < quarter * 25_000:
-                    runner.ensure_alive()
-                    assert time.monotonic() < deadline, f"the copy never reached {quarter} quarter(s)"
-                    time.sleep(0.05)
-                runner.kill()
-                runner.start()
-        with db.connect() as conn:
-            runner.wait_equal(
-                lambda: [source_rows(conn, t) for t in tables],
-                lambda: [mirrored_rows(mirror, t) for t in tables],
-                timeout=180,
-                interval=0.5,
-            )
-
-
 MILLIONS = 2_000_000
 
 
@@ -430,45 +392,105 @@ def spread_churn(conn: psycopg.Connection[Any], i: int) -> None:
     conn.execute("INSERT INTO ledger (item, delta) VALUES (%s, 1)", (i,))
 
 
-COMPARED = {  # each table's rows as the source and the lake read them, alike: timestamps as microseconds
-    "items": (
-        "SELECT id, name, qty, (extract(epoch FROM updated) * 1000000)::bigint FROM items ORDER BY id",
-        "SELECT id, name, qty, epoch_us(updated) FROM lake.public.items ORDER BY id",
-    ),
-    "ledger": (
-        "SELECT id, item, delta FROM ledger ORDER BY id",
-        "SELECT id, item, delta FROM lake.public.ledger ORDER BY id",
-    ),
-}
+@dataclass(frozen=True)
+class Sink:
+    """Where the two-million-row test copies to, and how it reads it back with its own reader: each table's rows,
+    ordered by key, as the source's query and the sink's read them (timestamps alike), and its rows so far."""
+
+    destination: dict[str, Any]
+    connect: Callable[[], Any]
+    """A DB-API connection that reads the sink."""
+    compared: dict[str, tuple[str, str]]
+    """Table -> (the source's query, the sink's query)."""
+    names: dict[str, str]
+    """Table -> its name in the sink's SQL."""
+    copied: Callable[[], int]
+    """Rows of ``items`` in the sink so far (about what the copy wrote)."""
+
+
+def ducklake_sink(tmp_path: Path) -> Sink:
+    catalog = tmp_path / "catalog.sqlite"
+    spark = {"master": "local-cluster[2,1,1024]", "conf": {"spark.sql.shuffle.partitions": "2"}}
+    lake = {"type": "ducklake", "catalog": f"sqlite:///{catalog}", "data_path": f"{tmp_path}/data/", "spark": spark}
+    return Sink(
+        lake,
+        lambda: open_lake(lake["catalog"], read_only=True),
+        {
+            "items": (
+                "SELECT id, name, qty, (extract(epoch FROM updated) * 1000000)::bigint FROM items ORDER BY id",
+                "SELECT id, name, qty, epoch_us(updated) FROM lake.public.items ORDER BY id",
+            ),
+            "ledger": (LEDGER, "SELECT id, item, delta FROM lake.public.ledger ORDER BY id"),
+        },
+        {"items": "lake.public.items", "ledger": "lake.public.ledger"},
+        lambda: rows_in_lake_files(catalog, "items"),
+    )
+
+
+def mirror_sink(tmp_path: Path) -> Sink:
+    mirror = tmp_path / "mirror.sqlite"
+
+    def connect() -> sqlite3.Connection:
+        return sqlite3.connect(f"file:{mirror}?mode=ro", uri=True, timeout=5)
+
+    def copied() -> int:
+        try:
+            with closing(connect()) as con:
+                return int(con.execute('SELECT count(*) FROM "public.items"').fetchone()[0])
+        except sqlite3.OperationalError:  # no mirror, or no table, yet
+            return 0
+
+    return Sink(
+        {"type": "sqlite_mirror", "path": str(mirror)},
+        connect,
+        {
+            "items": (
+                "SELECT id, name, qty, to_char(updated AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') || '+00:00'"
+                " FROM items ORDER BY id",
+                'SELECT id, name, qty, updated FROM "public.items" ORDER BY id',
+            ),
+            "ledger": (LEDGER, 'SELECT id, item, delta FROM "public.ledger" ORDER BY id'),
+        },
+        {"items": '"public.items"', "ledger": '"public.ledger"'},
+        copied,
+    )
+
+
+LEDGER = "SELECT id, item, delta FROM ledger ORDER BY id"
 TALLY = "SELECT count(*), coalesce(sum(id), 0) FROM {}"
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("local-cluster")
-def test_sigkill_three_times_during_an_incremental_copy_of_two_million_rows_into_ducklake(
-    pg_database: TestDatabase, tmp_path: Path
+@pytest.mark.parametrize(
+    "make_sink",
+    [
+        pytest.param(ducklake_sink, id="ducklake", marks=pytest.mark.xdist_group("local-cluster")),
+        pytest.param(mirror_sink, id="sqlite-mirror"),
+    ],
+)
+def test_sigkill_three_times_during_an_incremental_copy_of_two_million_rows(
+    pg_database: TestDatabase, tmp_path: Path, make_sink: Callable[[Path], Sink]
 ) -> None:
-    """etl run into DuckLake on a standalone cluster of two executor JVMs, the chunks copied by Spark's tasks,
-    killed (SIGKILL) three times as the copy passes a quarter, a half and three quarters of a table of two million
-    rows, while transactions change it and another table: DuckDB reads both equal to the source, row for row."""
-    db = pg_database
+    """etl run killed (SIGKILL) three times as the copy passes a quarter, a half and three quarters of a table of
+    two million rows, while transactions change it and another table; then both read back equal to the source,
+    row for row. Into DuckLake on a standalone cluster of two executor JVMs (the chunks copied by Spark's tasks),
+    and into the SQLite mirror (the engine's own path: chunks as batches)."""
+    db, sink = pg_database, make_sink(tmp_path)
     create_items_and_ledger(db, items=MILLIONS, ledger=2000)
     db.execute("ANALYZE items; CREATE PUBLICATION pub FOR TABLE items, ledger")
-    catalog, state = f"sqlite:///{tmp_path}/catalog.sqlite", tmp_path / "state.sqlite"
-    spark = {"master": "local-cluster[2,1,1024]", "conf": {"spark.sql.shuffle.partitions": "2"}}
+    state = tmp_path / "state.sqlite"
     config = pipeline_config(
         db,
         copy={"method": "incremental", "chunk_rows": 100_000},
         store={"type": "sqlite", "path": str(state)},
-        destination={"type": "ducklake", "catalog": catalog, "data_path": f"{tmp_path}/data/", "spark": spark},
+        destination=sink.destination,
     )
-    items = oid(db, "items")
     with PipelineProcess(write_config(tmp_path / "pipeline.toml", config)) as runner:
         runner.start()
         with concurrent_transactions(db, spread_churn, count=1500, pause=0.02, timeout=600):
             for quarter in (1, 2, 3):
                 deadline = time.monotonic() + 300
-                while rows_in_lake_files(tmp_path / "catalog.sqlite", "items") < quarter * MILLIONS // 4:
+                while sink.copied() < quarter * MILLIONS // 4:
                     runner.ensure_alive()
                     assert time.monotonic() < deadline, f"the copy never reached {quarter} quarter(s)"
                     time.sleep(0.2)
@@ -476,29 +498,22 @@ def test_sigkill_three_times_during_an_incremental_copy_of_two_million_rows_into
                 runner.start()
 
         def source() -> list[tuple[int, int]]:
-            return [tuple(map(int, db.execute(TALLY.format(t))[0])) for t in COMPARED]
+            return [tuple(map(int, db.execute(TALLY.format(t))[0])) for t in sink.compared]
 
-        def lake() -> list[tuple[int, int]]:
-            con = open_lake(catalog, read_only=True)
-            try:
-                return [tuple(map(int, con.execute(TALLY.format(f"lake.public.{t}")).fetchall()[0])) for t in COMPARED]
-            finally:
-                con.close()
+        def copied() -> list[tuple[int, int]]:
+            with closing(sink.connect()) as con:
+                return [tuple(map(int, con.execute(TALLY.format(sink.names[t])).fetchall()[0])) for t in sink.compared]
 
-        runner.wait_equal(source, lake, not_yet=(duckdb.Error,), timeout=300, interval=1)  # then row for row:
-        con = open_lake(catalog, read_only=True)
-        try:
-            with db.connect() as conn:
-                for table, (theirs, ours) in COMPARED.items():
-                    lake_cursor = con.execute(ours)
-                    with conn.transaction(), conn.cursor(name=f"rows_{table}") as source_cursor:
-                        source_cursor.execute(theirs)
-                        while batch := source_cursor.fetchmany(100_000):
-                            assert lake_cursor.fetchmany(len(batch)) == batch, f"{table}: the lake differs"
-                    assert lake_cursor.fetchmany(1) == [], f"{table}: the lake holds rows the source does not"
-        finally:
-            con.close()
-    assert table_states_in(state)[items] is TableStateKind.READY  # read once the run stopped: its store is free
+        runner.wait_equal(source, copied, not_yet=(duckdb.Error, sqlite3.Error), timeout=300, interval=1)
+        with closing(sink.connect()) as con, db.connect() as conn:  # then row for row
+            for table, (theirs, ours) in sink.compared.items():
+                sink_cursor = con.execute(ours)
+                with conn.transaction(), conn.cursor(name=f"rows_{table}") as source_cursor:
+                    source_cursor.execute(theirs)
+                    while batch := source_cursor.fetchmany(100_000):
+                        assert sink_cursor.fetchmany(len(batch)) == batch, f"{table}: the copy differs"
+                assert sink_cursor.fetchmany(1) == [], f"{table}: the copy holds rows the source does not"
+    assert table_states_in(state)[oid(db, "items")] is TableStateKind.READY  # read once the run stopped
 
 
 def rows_in_lake_files(catalog: Path, table: str) -> int:
