@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from etl.config import PipelineConfig
 from etl.copy_plan import CopyPlan
@@ -30,6 +32,7 @@ from etl.pipeline import Pipeline, request_resync
 from etl.replication.incremental import ChunkMark
 from etl.schema import TableName
 from etl.store.base import Store, TableStateKind
+from etl.testing import free_port
 from etl.testing.compare import source_rows
 from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, table_states, wait_until
 from etl.testing.pytest_plugin import TestDatabase
@@ -473,17 +476,19 @@ def test_sigkill_three_times_during_an_incremental_copy_of_two_million_rows(
 ) -> None:
     """etl run killed (SIGKILL) three times as the copy passes a quarter, a half and three quarters of a table of
     two million rows, while transactions change it and another table; then both read back equal to the source,
-    row for row. Into DuckLake on a standalone cluster of two executor JVMs (the chunks copied by Spark's tasks),
-    and into the SQLite mirror (the engine's own path: chunks as batches)."""
+    row for row, and the run started after the last kill copied the rest of the table only (its own
+    ``etl_copied_rows_total``). Into DuckLake on a standalone cluster of two executor JVMs (the chunks copied by
+    Spark's tasks), and into the SQLite mirror (the engine's own path: chunks as batches)."""
     db, sink = pg_database, make_sink(tmp_path)
     create_items_and_ledger(db, items=MILLIONS, ledger=2000)
     db.execute("ANALYZE items; CREATE PUBLICATION pub FOR TABLE items, ledger")
-    state = tmp_path / "state.sqlite"
+    state, port = tmp_path / "state.sqlite", free_port()
     config = pipeline_config(
         db,
         copy={"method": "incremental", "chunk_rows": 100_000},
         store={"type": "sqlite", "path": str(state)},
         destination=sink.destination,
+        metrics={"listen": f"127.0.0.1:{port}"},
     )
     with PipelineProcess(write_config(tmp_path / "pipeline.toml", config)) as runner:
         runner.start()
@@ -513,7 +518,17 @@ def test_sigkill_three_times_during_an_incremental_copy_of_two_million_rows(
                     while batch := source_cursor.fetchmany(100_000):
                         assert sink_cursor.fetchmany(len(batch)) == batch, f"{table}: the copy differs"
                 assert sink_cursor.fetchmany(1) == [], f"{table}: the copy holds rows the source does not"
+        copied_here = copied_rows_served(port, "public.items")  # by the run started after the last kill
+        assert 0 < copied_here <= 0.35 * MILLIONS, f"the last run copied {copied_here:,.0f} rows, not the rest only"
     assert table_states_in(state)[oid(db, "items")] is TableStateKind.READY  # read once the run stopped
+
+
+def copied_rows_served(port: int, table: str) -> float:
+    """``etl_copied_rows_total`` of ``table`` as a running ``etl run`` serves it: the rows this process copied."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    return sum(s.value for s in samples if s.name == "etl_copied_rows_total" and s.labels.get("table") == table)
 
 
 def rows_in_lake_files(catalog: Path, table: str) -> int:
