@@ -176,7 +176,7 @@ class IncrementalCopy:
     def adds_new_keys(self) -> bool:
         """Whether the next chunk's keys are surely absent from the destination: a copy's, with no key after
         ``after`` that a run which died may have written (``upto``)."""
-        return self.where is None and (self.upto is None or (self.after is not None and self.upto <= self.after))
+        return self.where is None and self._upto == self.after
 
     def will_write(self, last: int | None) -> None:
         """Before a chunk whose last key is ``last`` (``None``: an empty one) is written and recorded as written:
@@ -249,7 +249,9 @@ class IncrementalCopy:
 
     @property
     def _upto(self) -> int | None:
-        return self.after if self.upto is None or (self.after is not None and self.after > self.upto) else self.upto
+        """The last key that may be in the destination: ``upto`` until the chunks pass it, then ``after``."""
+        known = [key for key in (self.after, self.upto) if key is not None]
+        return max(known) if known else None
 
     def _at_most(self, keys: pa.ChunkedArray | pa.Array, last: int | None) -> np.ndarray:
         """Which of ``keys`` are at most ``last`` (``None``: none are; a null key, as in a truncate's row: no); of a
