@@ -280,6 +280,7 @@ def executor_jvms(root: int) -> list[int]:
     return found
 
 
+@pytest.mark.first_major  # Spark's task retry and the lake's cleanup: the source is only read
 def test_an_executor_killed_mid_copy_is_replaced_and_the_lake_ends_equal(
     pg_database: TestDatabase, tmp_path: Path
 ) -> None:

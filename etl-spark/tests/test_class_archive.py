@@ -1,4 +1,4 @@
-"""The class archive of the Spark driver JVM: built once in the background, then mapped by every later JVM;
+"""The class archive of Spark's JVMs: built once in the background, then mapped by every later JVM;
 an unfit archive costs only the speed. Each JVM here runs in a process of its own (one per process)."""
 
 from __future__ import annotations
@@ -17,21 +17,31 @@ from etl_spark.session import SparkSettings, _archive_option, _class_archive, fi
 
 START_SPARK = """
 import json, sys
+from pathlib import Path
 from etl.log import configure_logging
 configure_logging("json", "debug")
 from etl_spark import session
-spark = session.get_spark(session.SparkSettings(master="local[1]"))
+spark = session.get_spark(session.SparkSettings(master=sys.argv[1]))
 assert spark.range(10).count() == 10
 pid = session._gateway.proc.pid
-print(json.dumps({"maps": open(f"/proc/{pid}/maps").read(), "cmdline": open(f"/proc/{pid}/cmdline").read()}))
+jvms = {"driver": pid}
+for entry in Path("/proc").glob("[0-9]*"):  # a local-cluster's executor: a child of the driver JVM (its worker's)
+    try:
+        parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        if parent == pid and "CoarseGrainedExecutorBackend" in (entry / "cmdline").read_text():
+            jvms["executor"] = int(entry.name)
+    except (OSError, ValueError):
+        continue
+print(json.dumps({name: {"maps": open(f"/proc/{p}/maps").read(), "cmdline": open(f"/proc/{p}/cmdline").read()}
+                  for name, p in jvms.items()}))
 """
 
 
-def start_spark(cache: Path) -> tuple[dict[str, str], list[dict[str, str]]]:
-    """A process that starts a session with ``cache`` as XDG_CACHE_HOME: the JVM's memory maps and command
-    line, and the events it logged."""
+def start_spark(cache: Path, master: str = "local[1]") -> tuple[dict[str, dict[str, str]], list[dict[str, str]]]:
+    """A process that starts a session on ``master`` with ``cache`` as XDG_CACHE_HOME: its JVMs' memory maps and
+    command lines (``driver``, and a ``local-cluster``'s ``executor``), and the events it logged."""
     result = subprocess.run(
-        [sys.executable, "-c", START_SPARK],
+        [sys.executable, "-c", START_SPARK, master],
         env={**os.environ, "XDG_CACHE_HOME": str(cache)},
         capture_output=True,
         text=True,
@@ -48,19 +58,20 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "cache"
 
 
-@pytest.mark.slow  # three JVMs, one after the other: a session, the builder's, a session
+@pytest.mark.slow  # four JVMs, one after the other: a session, the builder's, a session and its executor
 def test_the_first_start_builds_the_archive_and_the_next_jvm_maps_it(cache: Path) -> None:
     archive = _class_archive(find_java())
     assert archive.path.parent == cache / "etl-spark" and not archive.path.exists()
-    jvm, events = start_spark(cache)
-    assert "-XX:SharedArchiveFile" not in jvm["cmdline"]
+    jvms, events = start_spark(cache)
+    assert "-XX:SharedArchiveFile" not in jvms["driver"]["cmdline"]
     assert any(e["event"] == "building a class archive for spark in the background" for e in events), events
     deadline = time.monotonic() + 240
     while not archive.path.is_file():
         assert time.monotonic() < deadline, f"no archive was built: {sorted(cache.rglob('*'))}"
         time.sleep(0.5)
-    jvm, events = start_spark(cache)
-    assert str(archive.path) in jvm["maps"], "the JVM did not map the archive"
+    jvms, events = start_spark(cache, "local-cluster[1,1,1024]")
+    assert str(archive.path) in jvms["driver"]["maps"], "the driver JVM did not map the archive"
+    assert str(archive.path) in jvms["executor"]["maps"], "the executor JVM did not map the archive"
     assert not any("class archive" in e["event"] for e in events)
 
 
@@ -68,7 +79,7 @@ def test_an_unfit_archive_costs_only_the_speed(cache: Path) -> None:
     archive = _class_archive(find_java())
     archive.path.parent.mkdir(parents=True)
     archive.path.write_bytes(b"not an archive" * 1000)
-    jvm, _ = start_spark(cache)  # it asserts the session ran a query
+    jvm = start_spark(cache)[0]["driver"]  # it asserts the session ran a query
     assert "-XX:SharedArchiveFile" in jvm["cmdline"] and str(archive.path) not in jvm["maps"]
 
 

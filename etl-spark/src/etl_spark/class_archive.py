@@ -7,7 +7,8 @@ jars and one set of ``JDK_JAVA_OPTIONS``: its name is a digest of them. When non
 starting Spark builds one in the background (``python -m etl_spark.class_archive``): a small local session
 runs a query and stops, and its JVM writes the archive as it exits. A lock keeps to one builder at a time; a
 builder that dies leaves a ``.part`` file, which the next one removes. A JVM that finds the archive unfit
-(a JDK updated in place, say) starts without it, silently.
+(a JDK updated in place, say) starts without it, silently. The executor JVMs of a ``local-cluster`` master
+run on this machine with the same jars, and start from the archive too.
 """
 
 from __future__ import annotations

@@ -225,8 +225,9 @@ def get_spark(settings: SparkSettings, extra: dict[str, str] | None = None) -> S
 
 
 def _start(master: str, conf: dict[str, str], java_option: str | None = None) -> SparkSession:
-    """A session on the process's driver JVM, which is launched on first use (with ``java_option``, and its
-    output logged by ``jvm_log``) and kept for later sessions, as PySpark does. With the option to write the class
+    """A session on the process's driver JVM, which is launched on first use (with ``java_option``, as are the
+    executors of a ``local-cluster`` master, and its output logged by ``jvm_log``) and kept for later sessions,
+    as PySpark does. With the option to write the class
     archive, ``_gateway`` is that JVM, which ``build_class_archive`` then waits for."""
     global _gateway
     from pyspark import SparkConf, SparkContext
@@ -236,6 +237,9 @@ def _start(master: str, conf: dict[str, str], java_option: str | None = None) ->
     if _launches_jvm():
         spark_conf = SparkConf().setMaster(master).setAll(list(conf.items()))
         spark_conf.set("spark.driver.extraJavaOptions", _driver_java_options(conf, java_option))
+        if java_option and master.startswith("local-cluster"):  # its executors run this java with these jars too
+            user = conf.get("spark.executor.extraJavaOptions")
+            spark_conf.set("spark.executor.extraJavaOptions", " ".join(filter(None, [java_option, user])))
         with jvm_log.routed() as output:
             _gateway = launch_gateway(spark_conf, popen_kwargs=output)  # type: ignore[no-untyped-call]
         SparkContext(conf=spark_conf, gateway=_gateway)  # later contexts start on this gateway, as PySpark's do
