@@ -59,8 +59,8 @@ class SparkSettings(BaseModel):
     )
     class_archive: bool = Field(
         True,
-        description="Start the driver JVM from an archive of Spark's classes in ~/.cache/etl-spark (built once, in"
-        " the background): a start about 40% faster.",
+        description="Start the driver JVM (and a local-cluster's executors) from an archive of Spark's classes in"
+        " ~/.cache/etl-spark (built once, in the background): a start about 40% faster.",
     )
 
 
