@@ -227,8 +227,8 @@ def get_spark(settings: SparkSettings, extra: dict[str, str] | None = None) -> S
 def _start(master: str, conf: dict[str, str], java_option: str | None = None) -> SparkSession:
     """A session on the process's driver JVM, which is launched on first use (with ``java_option``, as are the
     executors of a ``local-cluster`` master, and its output logged by ``jvm_log``) and kept for later sessions,
-    as PySpark does. With the option to write the class
-    archive, ``_gateway`` is that JVM, which ``build_class_archive`` then waits for."""
+    as PySpark does. With the option to write the class archive, ``_gateway`` is that JVM, which
+    ``build_class_archive`` then waits for."""
     global _gateway
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
