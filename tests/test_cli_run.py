@@ -75,8 +75,10 @@ def test_run_status_lock_and_sigterm(source: TestDatabase, tmp_path: Path) -> No
         out = wait_for_status(config, "1 ins, 0 upd, 0 del")  # what the run streamed, not what it copied
         assert "UTC (" in out and " ago)" in out  # the last write's time
         source.execute("UPDATE t SET v = 'z' WHERE id <= 2; DELETE FROM t WHERE id = 3")
-        # Durable (the slot confirmed it) within the interval of the last record: only the stop records it
-        ((end,),) = source.execute("SELECT pg_current_wal_lsn()")
+        # Durable (the slot confirmed it) within the interval of the last record: only the stop records it. The
+        # insert position, not the write position: the test clusters commit asynchronously, so the WAL written so
+        # far may end before the commit just made, and a slot confirmed up to it would not have the update yet.
+        ((end,),) = source.execute("SELECT pg_current_wal_insert_lsn()")
         deadline = time.monotonic() + 60
         while not source.execute(
             "SELECT confirmed_flush_lsn >= %s FROM pg_replication_slots WHERE slot_name = 'etl_apply_3'", (end,)

@@ -125,7 +125,7 @@ def test_a_table_taken_on_without_a_copy_under_steady_writes_gets_whole_transact
             with source.connect() as conn:
                 n = 500
                 while not stop.is_set():
-                    began[2 * n] = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+                    began[2 * n] = Lsn.parse(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
                     conn.execute("BEGIN")
                     conn.execute("INSERT INTO b VALUES (%s, 'new')", (2 * n,))
                     conn.execute("INSERT INTO b VALUES (%s, 'new')", (2 * n + 1,))
