@@ -236,10 +236,11 @@ def _start(master: str, conf: dict[str, str], java_option: str | None = None) ->
 
     if _launches_jvm():
         spark_conf = SparkConf().setMaster(master).setAll(list(conf.items()))
-        spark_conf.set("spark.driver.extraJavaOptions", _driver_java_options(conf, java_option))
+        driver = _java_options(jvm_log.java_options(), java_option, conf.get("spark.driver.extraJavaOptions"))
+        spark_conf.set("spark.driver.extraJavaOptions", driver)
         if java_option and master.startswith("local-cluster"):  # its executors run this java with these jars too
-            user = conf.get("spark.executor.extraJavaOptions")
-            spark_conf.set("spark.executor.extraJavaOptions", " ".join(filter(None, [java_option, user])))
+            executor = _java_options(java_option, conf.get("spark.executor.extraJavaOptions"))
+            spark_conf.set("spark.executor.extraJavaOptions", executor)
         with jvm_log.routed() as output:
             _gateway = launch_gateway(spark_conf, popen_kwargs=output)  # type: ignore[no-untyped-call]
         SparkContext(conf=spark_conf, gateway=_gateway)  # later contexts start on this gateway, as PySpark's do
@@ -257,9 +258,10 @@ def _launches_jvm() -> bool:
     return _gateway is None and SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
 
 
-def _driver_java_options(conf: dict[str, str], java_option: str | None) -> str:
-    """etl-spark's driver JVM options, then the user's (a later option of the same name wins)."""
-    return " ".join(filter(None, [jvm_log.java_options(), java_option, conf.get("spark.driver.extraJavaOptions")]))
+def _java_options(*options: str | None) -> str:
+    """JVM options in one string, the missing left out: etl-spark's first, then the user's (a later option of
+    the same name wins)."""
+    return " ".join(filter(None, options))
 
 
 def _class_archive(java: Path) -> ClassArchive:
