@@ -23,17 +23,6 @@ def bigquery_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BigQ
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The order pytest-xdist hands tests out in: the tests marked ``slow`` spread over the first two thirds of
-    the others, then the rest, the tests marked ``alone`` last. A slow test is mostly CPU (JVMs, copies,
-    restarts) and the others mostly wait (on timers, servers, child processes), so side by side they keep both
-    cores busy, where the slow tests first and the others after left the cores idle two fifths of the second
-    half (docs/testing.md, step 28). Every slow test still starts long before the end, and an ``alone`` test,
-    which waits until no other test runs, does not hold the workers idle while a slow one ends."""
-    slow = [item for item in items if item.get_closest_marker("slow")]
-    alone = [item for item in items if item.get_closest_marker("alone") and item not in slow]
-    others = [item for item in items if item not in slow and item not in alone]
-    step = len(others) * 2 // (3 * len(slow)) if slow else 0
-    ordered = []
-    for n, test in enumerate(slow):
-        ordered += [test, *others[n * step : (n + 1) * step]]
-    items[:] = [*ordered, *others[len(slow) * step :], *alone]
+    """Tests marked ``slow`` first, in their order, then the rest: pytest-xdist hands tests out in this order,
+    so the longest start while every worker is free instead of running on alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
