@@ -527,7 +527,7 @@ def test_sigkill_three_times_during_an_incremental_copy_of_two_million_rows(
         # The copy ends once the stream is past what its last chunk saw committed, which can come after the rows
         # are equal (seen once: a stop 0.2 s after the last chunk left the table copying, its copy complete).
         items = oid(db, "items")
-        wait_until(lambda: table_states_in(state)[items] is TableStateKind.READY, "items ready", timeout=120)
+        runner.wait_equal(lambda: TableStateKind.READY, lambda: table_states_in(state)[items], timeout=120)
     assert table_states_in(state)[items] is TableStateKind.READY  # and still so once the run stopped
 
 
