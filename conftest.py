@@ -23,6 +23,8 @@ def bigquery_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BigQ
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` first, in their order, then the rest: pytest-xdist hands tests out in this order,
-    so the longest start while every worker is free instead of running on alone at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Tests marked ``slow`` first, in their order, then the rest, then those marked ``alone``: pytest-xdist hands
+    tests out in this order, so the longest start while every worker is free instead of running on alone at the
+    end. An ``alone`` test waits for every test in flight to end, and holds the other workers meanwhile: at the
+    end it waits for a few short ones, where among the rest it could wait minutes for a slow one."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.get_closest_marker("alone") is not None))
