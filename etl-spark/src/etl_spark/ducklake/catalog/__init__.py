@@ -13,26 +13,56 @@ writer's tables over versions), ``bootstrap`` (a new lake), ``column_ids`` (how 
 ``inlined`` (rows kept in the catalog), ``reads`` (``Catalog``) and ``transaction`` (``Transaction``).
 """
 
-from etl_spark.ducklake.catalog.column_ids import ColumnIds, assign_column_ids
-from etl_spark.ducklake.catalog.engine import engine_for, redacted
-from etl_spark.ducklake.catalog.model import (
-    UNKNOWN_SOURCE_TYPE,
-    Composed,
-    DataFile,
-    DeleteFile,
-    Handle,
-    InlinedFlush,
-    LakeColumn,
-    LakeOptions,
-    LakeTable,
-    NewColumn,
-    NewFile,
-    Placed,
-    SourceColumn,
-    inside,
-)
-from etl_spark.ducklake.catalog.reads import Catalog
-from etl_spark.ducklake.catalog.transaction import CommitConflict, Transaction
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from etl_spark.ducklake.catalog.column_ids import ColumnIds, assign_column_ids
+    from etl_spark.ducklake.catalog.engine import engine_for, redacted
+    from etl_spark.ducklake.catalog.model import (
+        UNKNOWN_SOURCE_TYPE,
+        Composed,
+        DataFile,
+        DeleteFile,
+        Handle,
+        InlinedFlush,
+        LakeColumn,
+        LakeOptions,
+        LakeTable,
+        NewColumn,
+        NewFile,
+        Placed,
+        SourceColumn,
+        inside,
+    )
+    from etl_spark.ducklake.catalog.reads import Catalog
+    from etl_spark.ducklake.catalog.transaction import CommitConflict, Transaction
+
+_HOMES: dict[str, str] = {
+    "Catalog": "reads",
+    "ColumnIds": "column_ids",
+    "CommitConflict": "transaction",
+    "Composed": "model",
+    "DataFile": "model",
+    "DeleteFile": "model",
+    "Handle": "model",
+    "InlinedFlush": "model",
+    "LakeColumn": "model",
+    "LakeOptions": "model",
+    "LakeTable": "model",
+    "NewColumn": "model",
+    "NewFile": "model",
+    "Placed": "model",
+    "SourceColumn": "model",
+    "Transaction": "transaction",
+    "UNKNOWN_SOURCE_TYPE": "model",
+    "assign_column_ids": "column_ids",
+    "engine_for": "engine",
+    "inside": "model",
+    "redacted": "engine",
+}
 
 __all__ = [
     "UNKNOWN_SOURCE_TYPE",
@@ -57,3 +87,12 @@ __all__ = [
     "inside",
     "redacted",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # once: later look-ups find it without this function
+    return value
