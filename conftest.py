@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -23,8 +24,41 @@ def bigquery_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BigQ
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` first, in their order, then the rest, then those marked ``alone``: pytest-xdist hands
-    tests out in this order, so the longest start while every worker is free instead of running on alone at the
-    end. An ``alone`` test waits for every test in flight to end, and holds the other workers meanwhile: at the
-    end it waits for a few short ones, where among the rest it could wait minutes for a slow one."""
-    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.get_closest_marker("alone") is not None))
+    """The order pytest-xdist hands tests out in: those marked ``slow`` first, so the longest start while every
+    worker is free instead of running on alone at the end; then the rest, each file's tests spread evenly among
+    the others'; those marked ``alone`` last.
+
+    Spread: a file's tests are of one kind, and in file order the workers ran a dozen end-to-end fault tests at
+    once, each waiting on timers and child processes, the cores two-thirds idle for a minute, then a file of
+    Spark tests at once, all CPU. Spread within each Postgres major: the majors' tests stay apart, as pytest
+    groups them, since a session fixture of another major (the worker's cluster) is stopped to start it.
+    ``alone`` last: such a test waits for every test in flight to end and holds the other workers meanwhile; at
+    the end it waits for a few short ones, among the rest it could wait minutes for a slow one."""
+    majors = sorted({major for item in items if (major := _major(item)) is not None})
+    rank = {major: i for i, major in enumerate(majors)}  # tests without a database go with the first major's
+
+    def block(item: pytest.Item) -> int:
+        major = _major(item)
+        return 0 if major is None else rank[major]
+
+    files: dict[tuple[int, Path], list[pytest.Item]] = {}
+    for item in items:
+        if item.get_closest_marker("slow") is None:
+            files.setdefault((block(item), item.path), []).append(item)
+    spread = {id(item): i / len(tests) for tests in files.values() for i, item in enumerate(tests)}
+
+    def order(item: pytest.Item) -> tuple[bool, bool, int, float]:
+        if item.get_closest_marker("slow") is not None:
+            return (False, False, 0, 0.0)
+        if item.get_closest_marker("alone") is not None:  # the last major's first: the workers are on it by then
+            return (True, True, -block(item), spread[id(item)])
+        return (True, False, block(item), spread[id(item)])
+
+    items.sort(key=order)
+
+
+def _major(item: pytest.Item) -> int | None:
+    """The Postgres major a test runs on (None for a test without a database)."""
+    callspec = getattr(item, "callspec", None)
+    major = callspec.params.get("pg_major") if callspec is not None else None
+    return int(major) if major is not None else None
