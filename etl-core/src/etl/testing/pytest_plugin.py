@@ -131,13 +131,26 @@ def first_major_only(
 
 
 @pytest.fixture(scope="session")
-def postgres_cluster(pg_major: int) -> Iterator[TemporaryCluster]:
-    """A running cluster (wal_level=logical, trust auth, loopback) shared by the session."""
-    cluster = TemporaryCluster(find_install(pg_major or None)).start()
+def _postgres_clusters() -> Iterator[dict[int, TemporaryCluster]]:
+    """The session's running clusters by major, stopped at its end. Not ``postgres_cluster``'s own: pytest stops
+    a session fixture of the parametrized major whenever the tests turn to another major, and starts it again
+    when they turn back."""
+    clusters: dict[int, TemporaryCluster] = {}
     try:
-        yield cluster
+        yield clusters
     finally:
-        cluster.stop()
+        for cluster in clusters.values():
+            cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster(pg_major: int, _postgres_clusters: dict[int, TemporaryCluster]) -> TemporaryCluster:
+    """A running cluster (wal_level=logical, trust auth, loopback) shared by the session's tests of its major,
+    started by the first of them."""
+    cluster = _postgres_clusters.get(pg_major)
+    if cluster is None:
+        cluster = _postgres_clusters[pg_major] = TemporaryCluster(find_install(pg_major or None)).start()
+    return cluster
 
 
 @dataclass
