@@ -30,8 +30,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     Spread: a file's tests are of one kind, and in file order the workers ran a dozen end-to-end fault tests at
     once, each waiting on timers and child processes, the cores two-thirds idle for a minute, then a file of
-    Spark tests at once, all CPU. Spread within each Postgres major: the majors' tests stay apart, as pytest
-    groups them, since a session fixture of another major (the worker's cluster) is stopped to start it.
+    Spark tests at once, all CPU. Spread within each Postgres major: the majors' blocks stay as pytest groups
+    them (the major is a session-scoped parameter).
     ``alone`` last: such a test waits for every test in flight to end and holds the other workers meanwhile; at
     the end it waits for a few short ones, among the rest it could wait minutes for a slow one."""
     majors = sorted({major for item in items if (major := _major(item)) is not None})
