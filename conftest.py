@@ -30,35 +30,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     Spread: a file's tests are of one kind, and in file order the workers ran a dozen end-to-end fault tests at
     once, each waiting on timers and child processes, the cores two-thirds idle for a minute, then a file of
-    Spark tests at once, all CPU. Spread within each Postgres major: the majors' blocks stay as pytest groups
-    them (the major is a session-scoped parameter).
+    Spark tests at once, all CPU. The majors mix too: the destination-side tests run on the first major only.
     ``alone`` last: such a test waits for every test in flight to end and holds the other workers meanwhile; at
     the end it waits for a few short ones, among the rest it could wait minutes for a slow one."""
-    majors = sorted({major for item in items if (major := _major(item)) is not None})
-    rank = {major: i for i, major in enumerate(majors)}  # tests without a database go with the first major's
-
-    def block(item: pytest.Item) -> int:
-        major = _major(item)
-        return 0 if major is None else rank[major]
-
-    files: dict[tuple[int, Path], list[pytest.Item]] = {}
+    files: dict[Path, list[pytest.Item]] = {}
     for item in items:
         if item.get_closest_marker("slow") is None:
-            files.setdefault((block(item), item.path), []).append(item)
+            files.setdefault(item.path, []).append(item)
     spread = {id(item): i / len(tests) for tests in files.values() for i, item in enumerate(tests)}
 
-    def order(item: pytest.Item) -> tuple[bool, bool, int, float]:
+    def order(item: pytest.Item) -> tuple[int, float]:
         if item.get_closest_marker("slow") is not None:
-            return (False, False, 0, 0.0)
-        if item.get_closest_marker("alone") is not None:  # the last major's first: the workers are on it by then
-            return (True, True, -block(item), spread[id(item)])
-        return (True, False, block(item), spread[id(item)])
+            return (0, 0.0)
+        return (2 if item.get_closest_marker("alone") is not None else 1, spread[id(item)])
 
     items.sort(key=order)
-
-
-def _major(item: pytest.Item) -> int | None:
-    """The Postgres major a test runs on (None for a test without a database)."""
-    callspec = getattr(item, "callspec", None)
-    major = callspec.params.get("pg_major") if callspec is not None else None
-    return int(major) if major is not None else None
