@@ -1,4 +1,5 @@
-"""The plugin API (``etl.api``, ``etl.api.sql``) is what docs/plugins.md lists, name for name."""
+"""The plugin API (``etl.api``, ``etl.api.sql``) is what docs/plugins.md lists, name for name, each loaded when
+first used."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 import etl.api
 import etl.api.sql
+import etl_spark.ducklake.catalog
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 
@@ -22,14 +27,16 @@ def test_the_guide_lists_every_name_of_the_api_and_no_other() -> None:
     assert listed == {*etl.api.__all__, *etl.api.sql.__all__}
 
 
-def test_each_name_is_its_home_modules_own_and_the_type_checkers_see_the_same() -> None:
-    tree = ast.parse(Path(etl.api.__file__).read_text(encoding="utf-8"))
+@pytest.mark.parametrize("module", [etl.api, etl_spark.ducklake.catalog], ids=lambda m: m.__name__)
+def test_each_name_is_its_home_modules_own_and_the_type_checkers_see_the_same(module: ModuleType) -> None:
+    """For the modules whose names load on first use (PEP 562): the plugin API, and the DuckLake catalog."""
+    tree = ast.parse(Path(str(module.__file__)).read_text(encoding="utf-8"))
     checked = next(n for n in tree.body if isinstance(n, ast.If))  # the `if TYPE_CHECKING:` block
     typed = {a.name: n.module for n in checked.body if isinstance(n, ast.ImportFrom) for a in n.names}
-    assert typed == etl.api._HOMES
-    assert sorted(etl.api.__all__) == sorted(typed)
+    assert typed == module._HOMES
+    assert sorted(module.__all__) == sorted(typed) == dir(module)
     for name, home in typed.items():
-        assert getattr(etl.api, name) is getattr(importlib.import_module(str(home)), name)
+        assert getattr(module, name) is getattr(importlib.import_module(str(home)), name)
 
 
 def test_a_plugin_loads_only_the_modules_of_the_names_it_uses() -> None:

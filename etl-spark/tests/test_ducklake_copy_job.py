@@ -9,6 +9,8 @@ nothing behind.
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -260,3 +262,14 @@ def test_source_errors_in_tasks_reach_the_engine_as_its_own(pg_database: TestDat
     destination = kit.make_destination(lake)
     with pytest.raises(TableError, match="typed"):
         destination.copy_table(plan, threading.Event())
+
+
+def test_the_modules_a_task_imports_load_no_catalog_database_code() -> None:
+    """Spark's Python workers import the copy job and the data-file writer for each task's code: without SQLAlchemy
+    and the catalog's reads and commits (a third of a CPU second per worker process)."""
+    code = (
+        "import sys, etl_spark.ducklake.copy_job, etl_spark.ducklake.storage; "
+        "print(sorted(m for m in ('sqlalchemy', 'etl_spark.ducklake.catalog.reads') if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert loaded.stdout.strip() == "[]"

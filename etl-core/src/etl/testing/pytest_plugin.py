@@ -139,8 +139,9 @@ def _postgres_clusters() -> Iterator[dict[int, TemporaryCluster]]:
     try:
         yield clusters
     finally:
-        for cluster in clusters.values():
-            cluster.stop()
+        with ExitStack() as stops:  # every one, even when one fails to stop
+            for cluster in clusters.values():
+                stops.callback(cluster.stop)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,9 @@ the same database and moves in the same transaction.
 Modules: ``model`` (the values), ``engine`` (catalog URLs), ``ddl`` (the tables), ``migrations`` (this
 writer's tables over versions), ``bootstrap`` (a new lake), ``column_ids`` (how columns are numbered),
 ``inlined`` (rows kept in the catalog), ``reads`` (``Catalog``) and ``transaction`` (``Transaction``).
+
+Each name loads from its home module when first used (PEP 562, as ``etl.api``'s do): the modules Spark's tasks
+import take the values (``model``) without SQLAlchemy and the catalog's reads. Type checkers read the imports below.
 """
 
 from __future__ import annotations
@@ -41,27 +44,27 @@ if TYPE_CHECKING:
     from etl_spark.ducklake.catalog.transaction import CommitConflict, Transaction
 
 _HOMES: dict[str, str] = {
-    "Catalog": "reads",
-    "ColumnIds": "column_ids",
-    "CommitConflict": "transaction",
-    "Composed": "model",
-    "DataFile": "model",
-    "DeleteFile": "model",
-    "Handle": "model",
-    "InlinedFlush": "model",
-    "LakeColumn": "model",
-    "LakeOptions": "model",
-    "LakeTable": "model",
-    "NewColumn": "model",
-    "NewFile": "model",
-    "Placed": "model",
-    "SourceColumn": "model",
-    "Transaction": "transaction",
-    "UNKNOWN_SOURCE_TYPE": "model",
-    "assign_column_ids": "column_ids",
-    "engine_for": "engine",
-    "inside": "model",
-    "redacted": "engine",
+    "Catalog": "etl_spark.ducklake.catalog.reads",
+    "ColumnIds": "etl_spark.ducklake.catalog.column_ids",
+    "CommitConflict": "etl_spark.ducklake.catalog.transaction",
+    "Composed": "etl_spark.ducklake.catalog.model",
+    "DataFile": "etl_spark.ducklake.catalog.model",
+    "DeleteFile": "etl_spark.ducklake.catalog.model",
+    "Handle": "etl_spark.ducklake.catalog.model",
+    "InlinedFlush": "etl_spark.ducklake.catalog.model",
+    "LakeColumn": "etl_spark.ducklake.catalog.model",
+    "LakeOptions": "etl_spark.ducklake.catalog.model",
+    "LakeTable": "etl_spark.ducklake.catalog.model",
+    "NewColumn": "etl_spark.ducklake.catalog.model",
+    "NewFile": "etl_spark.ducklake.catalog.model",
+    "Placed": "etl_spark.ducklake.catalog.model",
+    "SourceColumn": "etl_spark.ducklake.catalog.model",
+    "Transaction": "etl_spark.ducklake.catalog.transaction",
+    "UNKNOWN_SOURCE_TYPE": "etl_spark.ducklake.catalog.model",
+    "assign_column_ids": "etl_spark.ducklake.catalog.column_ids",
+    "engine_for": "etl_spark.ducklake.catalog.engine",
+    "inside": "etl_spark.ducklake.catalog.model",
+    "redacted": "etl_spark.ducklake.catalog.engine",
 }
 
 __all__ = [
@@ -93,6 +96,10 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    value = getattr(importlib.import_module(home), name)
     globals()[name] = value  # once: later look-ups find it without this function
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
