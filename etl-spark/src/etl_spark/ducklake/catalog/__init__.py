@@ -92,6 +92,8 @@ __all__ = [
 ]
 
 
+# The same two functions as etl.api's: a plugin may import etl.api and etl.testing only (the import contract), and
+# neither offers them.
 def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
