@@ -188,6 +188,8 @@ def session_conf(settings: SparkSettings, extra: dict[str, str] | None = None) -
             # Executors' Python workers run this interpreter, which has pyarrow and the pipeline's packages
             # (the default, python3 from PATH, may have neither).
             "spark.pyspark.python": sys.executable,
+            # which imports pyspark from its installed package, compiled, not from Spark's zip of it
+            "spark.python.daemon.module": "etl_spark.python_daemon",
         }
     return conf | (extra or {}) | settings.conf
 
