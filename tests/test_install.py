@@ -4,8 +4,10 @@ installed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -60,5 +62,23 @@ def test_the_readme_install_lines_give_a_working_etl_and_a_ducklake_pipeline(tmp
 
     # Spark's class archive for this virtualenv's jars goes with the test's files, not into the user's cache
     demo_env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    shown = run(venv / "bin" / "etl", "demo", "--rows", "20", "--dir", tmp_path / "demo", cwd=tmp_path, env=demo_env)
+    try:
+        shown = run(
+            venv / "bin" / "etl", "demo", "--rows", "20", "--dir", tmp_path / "demo", cwd=tmp_path, env=demo_env
+        )
+    finally:
+        stop_processes_with(f"XDG_CACHE_HOME={demo_env['XDG_CACHE_HOME']}")
     assert "public.orders: 20 rows as DuckDB" in shown and "(same as the source's 20)" in shown, shown
+
+
+def stop_processes_with(variable: str) -> None:
+    """SIGKILL the process groups of the processes whose environment holds ``variable``: the class-archive build
+    that ``etl demo`` began in the background for the throwaway virtualenv (its Python and JVM would run on after
+    the test, for an archive no one uses)."""
+    wanted, ours = variable.encode(), os.getpgid(0)
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):  # gone, or not ours to read
+            if entry.name.isdigit() and wanted in (entry / "environ").read_bytes().split(b"\0"):
+                group = os.getpgid(int(entry.name))
+                if group != ours:  # a child of the demo's own, exiting with it: not the test's whole group
+                    os.killpg(group, signal.SIGKILL)
