@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import select
+import threading
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -128,3 +130,34 @@ def test_source_rows_reads_a_table_again_only_when_it_changed(pg_database: TestD
             conn.execute("INSERT INTO t VALUES (3, 'd')")
             assert source_rows(conn, "public.t") == [{"id": 2, "w": "c"}, {"id": 3, "w": "d"}]
         assert source_rows(conn, "public.t") == [{"id": 2, "w": "c"}, {"id": 3, "w": "d"}]
+
+
+def test_a_kept_connection_serves_each_thread_and_is_replaced_once_unusable(pg_database: TestDatabase) -> None:
+    db = pg_database
+    kept = db.kept_connection()
+    pid = kept.info.backend_pid
+    assert db.execute("SELECT pg_backend_pid()") == db.execute("SELECT pg_backend_pid()") == [(pid,)]
+    other: list[int] = []
+    thread = threading.Thread(target=lambda: other.append(db.execute("SELECT pg_backend_pid()")[0][0]))
+    thread.start()
+    thread.join()
+    assert other and other[0] != pid, "each thread has a connection of its own"
+
+    with db.connect() as admin:  # the server ends the kept connection's backend, as a restart would
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    assert select.select([kept.fileno()], [], [], 10)[0], "the terminated backend's connection never ended"
+    replaced = db.execute("SELECT pg_backend_pid()")[0][0]
+    assert replaced != pid
+
+    db.execute("BEGIN")  # a statement that leaves a transaction open: the next call does not run inside it
+    assert db.execute("SELECT now() = statement_timestamp()") == [(True,)]
+    assert db.execute("SELECT pg_backend_pid()")[0][0] != replaced
+
+
+def test_dropping_a_database_closes_its_kept_connections(pg_database: TestDatabase) -> None:
+    cluster, name = pg_database.cluster, f"{pg_database.name}_kept"
+    cluster.create_database(name)
+    kept = TestDatabase(cluster, name).kept_connection()
+    cluster.drop_database(name)
+    assert kept.closed
+    assert pg_database.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (name,)) == [(0,)]

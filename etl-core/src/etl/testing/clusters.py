@@ -8,24 +8,92 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import psycopg
 import structlog
+from psycopg import pq
 
-from etl.demo_postgres import ThrowawayCluster, pid_alive
+from etl.demo_postgres import PostgresInstall, ThrowawayCluster, pid_alive
 
 log = structlog.get_logger(__name__)
+
+
+class KeptConnections:
+    """Autocommit connections to one database kept open across calls, one per thread.
+
+    A test suite makes thousands of one-statement calls (a statement of a test, a poll of the source, a database
+    created and dropped per test); a connection each starts a server process, some 10 ms of CPU between server
+    and client. A kept connection is replaced when the server closed it (a restart, a terminated backend: its
+    socket turned readable while it was idle) or a statement left a transaction open, as a new one per call
+    would never have seen it."""
+
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]]) -> None:
+        self._connect = connect
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open: list[psycopg.Connection[Any]] = []
+
+    def get(self) -> psycopg.Connection[Any]:
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed or conn.info.transaction_status != pq.TransactionStatus.IDLE or _readable(conn):
+            if conn is not None:
+                conn.close()
+            conn = self._local.conn = self._connect()
+            with self._lock:
+                self._open = [c for c in self._open if not c.closed] + [conn]
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._open:
+                conn.close()
+            self._open = []
+
+
+def _readable(conn: psycopg.Connection[Any]) -> bool:
+    """Whether an idle connection has something to read: the server's end of it, mostly."""
+    return bool(select.select([conn.fileno()], [], [], 0)[0])
 
 
 class TemporaryCluster(ThrowawayCluster):
     """A throwaway cluster (``start()``, ``stop()``, ``connect()``) that tests can also restart, freeze, give a
     standby and databases."""
+
+    def __init__(self, install: PostgresInstall, settings: Mapping[str, str] | None = None) -> None:
+        super().__init__(install, settings)
+        self._kept: dict[str, KeptConnections] = {}
+        self._kept_lock = threading.Lock()
+
+    def kept_connection(self, database: str = "postgres") -> psycopg.Connection[Any]:
+        """The calling thread's kept autocommit connection to ``database`` (``KeptConnections``): for one-off
+        statements and polls; ``connect()`` gives a connection of one's own."""
+        with self._kept_lock:
+            kept = self._kept.get(database)
+            if kept is None:
+                kept = self._kept[database] = KeptConnections(partial(self.connect, database))
+        return kept.get()
+
+    def _close_kept(self, database: str | None = None) -> None:
+        with self._kept_lock:
+            closing = list(self._kept.values()) if database is None else [self._kept.pop(database, None)]
+            if database is None:
+                self._kept.clear()
+        for kept in closing:
+            if kept is not None:
+                kept.close()
+
+    def stop(self) -> None:
+        self._close_kept()
+        super().stop()
 
     def start_standby(self, settings: Mapping[str, str] | None = None) -> Self:
         """A hot standby of this running cluster, started: a base backup that streams the WAL from here, with
@@ -59,27 +127,27 @@ class TemporaryCluster(ThrowawayCluster):
         self._run("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.datadir), "-l", str(self._root / "server.log"))
 
     def create_database(self, name: str) -> None:
-        with self.connect() as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+        self.kept_connection().execute(f'CREATE DATABASE "{name}"')
 
     def drop_database(self, name: str) -> None:
         """Drop a database with its replication slots and sessions."""
-        with self.connect() as conn:
-            for _ in range(50):
+        self._close_kept(name)
+        conn = self.kept_connection()
+        for _ in range(50):
+            conn.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+                " WHERE database = %s AND active_pid IS NOT NULL",
+                (name,),
+            )
+            try:
                 conn.execute(
-                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
-                    " WHERE database = %s AND active_pid IS NOT NULL",
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s",
                     (name,),
                 )
-                try:
-                    conn.execute(
-                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s",
-                        (name,),
-                    )
-                    break
-                except psycopg.errors.ObjectInUse:
-                    time.sleep(0.1)
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                break
+            except psycopg.errors.ObjectInUse:
+                time.sleep(0.1)
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     def log_text(self) -> str:
         assert self._root is not None

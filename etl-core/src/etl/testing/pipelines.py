@@ -67,11 +67,11 @@ class ReadableDestination(Protocol):
 
 def destination_matches(db: TestDatabase, destination: ReadableDestination, *tables: str) -> bool:
     """True when every named table holds the same rows in the destination as in the source."""
-    with db.connect() as conn:
-        for table in tables:
-            try:
-                if destination.rows(TableName.parse(table)) != source_rows(conn, table):
-                    return False
-            except KeyError:
+    conn = db.kept_connection()
+    for table in tables:
+        try:
+            if destination.rows(TableName.parse(table)) != source_rows(conn, table):
                 return False
+        except KeyError:
+            return False
     return True

@@ -173,11 +173,16 @@ class TestDatabase:
     def connect(self, **kwargs: Any) -> psycopg.Connection[Any]:
         return self.cluster.connect(self.name, **kwargs)
 
+    def kept_connection(self) -> psycopg.Connection[Any]:
+        """The calling thread's connection to the database kept across calls, in autocommit: for one-off
+        statements and polls (``TemporaryCluster.kept_connection``)."""
+        return self.cluster.kept_connection(self.name)
+
     def execute(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
-        """Run one statement in autocommit; return its rows (empty when it returns none)."""
-        with self.connect() as conn:
-            cur = conn.execute(sql, params)
-            return cur.fetchall() if cur.description else []
+        """Run one statement in autocommit (on the kept connection); return its rows (empty when it returns
+        none)."""
+        cur = self.kept_connection().execute(sql, params)
+        return cur.fetchall() if cur.description else []
 
 
 @pytest.fixture
