@@ -164,13 +164,16 @@ def free_port() -> int:
 class ThrowawayCluster:
     """A Postgres cluster that lives in a temporary directory until ``stop()``."""
 
-    def __init__(self, install: PostgresInstall, settings: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, install: PostgresInstall, settings: Mapping[str, str] | None = None, directory: Path = Path("/tmp")
+    ) -> None:
         self.user = _service_user()
         self.install = _reachable(install, self.user)
         self.major = install.major
         self.settings = {**DEFAULT_SETTINGS, **(settings or {})}
         self.port = 0
         self.datadir: Path | None = None
+        self.directory = directory
         self._root: Path | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -181,7 +184,7 @@ class ThrowawayCluster:
 
     def _make_root(self) -> Path:
         """A directory of the cluster's own (the service user's); the path of its data directory in it."""
-        self._root = Path(tempfile.mkdtemp(prefix=f"etl-test-pg{self.major}-", dir="/tmp"))
+        self._root = Path(tempfile.mkdtemp(prefix=f"etl-test-pg{self.major}-", dir=self.directory))
         self._root.chmod(0o755)
         self.datadir = self._root / "data"
         if self.user is not None:
