@@ -7,6 +7,8 @@ setting off) the failover ends in the slot-lost path, and `etl check` on the new
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from etl.checks import run_checks
 from etl.config import PipelineConfig
@@ -21,6 +24,7 @@ from etl.destination.memory import MemoryDestination
 from etl.factory import build_store
 from etl.pipeline import Pipeline
 from etl.postgres.slot_state import SlotLostError
+from etl.schema import TableId
 from etl.store.memory import MemoryStore
 from etl.testing import TemporaryCluster, find_install
 from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, wait_until
@@ -35,7 +39,9 @@ class Pair:
     primary: TestDatabase
     standby: TestDatabase
 
-    def config(self, store: dict[str, object] | None = None, **pipeline: object) -> PipelineConfig:
+    def config(
+        self, store: dict[str, object] | None = None, copy: dict[str, object] | None = None, **pipeline: object
+    ) -> PipelineConfig:
         """A pipeline whose source names the primary, then the standby (libpq's multi-host form)."""
         ports = [self.primary.cluster.port, self.standby.cluster.port]
         sections: dict[str, Any] = {
@@ -45,6 +51,8 @@ class Pair:
         }
         if store is not None:
             sections["store"] = store
+        if copy is not None:
+            sections["copy"] = copy
         return pipeline_config(self.primary, **sections)
 
     def fail_over(self) -> None:
@@ -90,9 +98,24 @@ def synced_pair() -> Iterator[Pair]:
         primary.stop()
 
 
-def copied_rows(pipeline: Pipeline) -> float:
-    value = pipeline.metrics.registry.get_sample_value("etl_copied_rows_total", {"table": "public.items"})
+def copied_rows(pipeline: Pipeline, table: str = "public.items") -> float:
+    value = pipeline.metrics.registry.get_sample_value("etl_copied_rows_total", {"table": table})
     return value or 0.0
+
+
+def wait_synced(pair: Pair, pipeline: Pipeline) -> None:
+    def synced() -> bool:
+        rows = pair.standby.execute(
+            "SELECT failover AND synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = 'etl_apply_1'"
+        )
+        return rows == [(True,)]
+
+    # The slot-sync worker naps up to 30 s between rounds while nothing changes.
+    wait_until(synced, "the apply slot synced to the standby", pipeline, timeout=180)
+
+
+def oid(db: TestDatabase, table: str) -> TableId:
+    return TableId(db.execute("SELECT %s::regclass::oid", (table,))[0][0])
 
 
 @pytest.mark.slow
@@ -108,14 +131,7 @@ def test_a_failover_to_a_standby_with_synced_slots_goes_on_with_nothing_copied_a
         copied = copied_rows(pipeline)
         assert copied == 2000
 
-        def synced() -> bool:
-            rows = pair.standby.execute(
-                "SELECT failover AND synced AND NOT temporary FROM pg_replication_slots WHERE slot_name = 'etl_apply_1'"
-            )
-            return rows == [(True,)]
-
-        # The slot-sync worker naps up to 30 s between rounds while nothing changes.
-        wait_until(synced, "the apply slot synced to the standby", pipeline, timeout=180)
+        wait_synced(pair, pipeline)
         pair.primary.execute("INSERT INTO items VALUES (5001, 1, 'before the failover')")
         pair.fail_over()
         new_primary = pair.standby
@@ -132,6 +148,78 @@ def test_a_failover_to_a_standby_with_synced_slots_goes_on_with_nothing_copied_a
         assert new_primary.execute("SELECT active FROM pg_replication_slots WHERE slot_name = 'etl_apply_1'") == [
             (True,)
         ]
+    finally:
+        pipeline.shutdown()
+
+
+@pytest.mark.slow
+def test_copies_read_ahead_of_a_lagging_standby_are_not_written_so_a_failover_leaves_no_phantoms(
+    synced_pair: Pair,
+) -> None:
+    """The primary's walsenders send nothing its standby lacks; copies read the primary's tables, so they wait for
+    the standby too. Here the standby receives nothing while the primary takes updates and inserts, and a backfill
+    (chunks) and a copy (a snapshot: the table has a text key) read them; the primary crashes, the standby is
+    promoted: the destination holds the new primary's rows, none of the changes it never had."""
+    pair = synced_pair
+    pair.primary.execute(
+        "CREATE TABLE notes (k text PRIMARY KEY, v int NOT NULL);"
+        " INSERT INTO notes SELECT 'k' || g, g FROM generate_series(1, 300) g;"
+        " ALTER PUBLICATION pub ADD TABLE notes"
+    )
+    destination = MemoryDestination()
+    config = pair.config(copy={"method": "incremental", "chunk_rows": 300})
+    pipeline = Pipeline(config, MemoryStore(pipeline_id=1), destination)
+    pipeline.start()
+    try:
+        wait_until(lambda: all_ready(pipeline, 2), "the copies", pipeline)
+        wait_synced(pair, pipeline)
+        # The primary's walsender to the standby sends nothing more: what it had sent, the standby keeps.
+        sender = pair.primary.execute(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (STANDBY_SLOT,)
+        )[0][0]
+        os.kill(sender, signal.SIGSTOP)
+        try:
+            pair.primary.execute(
+                "UPDATE items SET qty = qty + 100 WHERE id <= 1000;"
+                " INSERT INTO items SELECT g, 1, 'never on the standby' FROM generate_series(3001, 3500) g;"
+                " UPDATE notes SET v = -v"
+            )
+            with capture_logs() as logs:
+                pipeline.resync(oid(pair.primary, "items"), where="id > 0")
+                pipeline.resync(oid(pair.primary, "notes"))
+
+                def held(table: str, event: str) -> bool:
+                    return any(event in e["event"] and table in (e.get("table"), e.get("copy")) for e in logs)
+
+                wait_until(
+                    lambda: (
+                        held("public.items", "a standby in synchronized_standby_slots lacks")
+                        or copied_rows(pipeline, "public.items") == 2000 + 2500
+                    ),  # every row of the primary backfilled
+                    "a chunk held back by the standby",
+                    pipeline,
+                )
+                wait_until(
+                    lambda: (
+                        held("public.notes", "a copy waits until the standbys")
+                        or copied_rows(pipeline, "public.notes") == 2 * 300
+                    ),  # copied twice
+                    "a copy held back by the standby",
+                    pipeline,
+                )
+        finally:
+            os.kill(sender, signal.SIGKILL)  # with what it never sent
+        pair.primary.cluster.crash()
+        pair.standby.execute("SELECT pg_promote(wait => true)")
+        new_primary = pair.standby
+        new_primary.execute("INSERT INTO items VALUES (5002, 2, 'after'); INSERT INTO notes VALUES ('after', 1)")
+        wait_until(lambda: all_ready(pipeline, 2), "the backfill and the copy, on the new primary", pipeline, 120)
+        wait_until(
+            lambda: destination_matches(new_primary, destination, "public.items", "public.notes"),
+            "the new primary's rows, none of the lost ones",
+            pipeline,
+            timeout=120,
+        )
     finally:
         pipeline.shutdown()
 

@@ -42,6 +42,8 @@ from etl.postgres.codecs import arrow_field, decode_text_column
 from etl.postgres.connection import connection_error, conninfo_string
 from etl.postgres.generators import PQGen
 from etl.postgres.predicate import predicate_sql
+from etl.postgres.standby_slots import SETTING as STANDBY_SLOTS
+from etl.postgres.standby_slots import parse_setting
 from etl.postgres.waiting import POLL, Expired, Waiter
 from etl.postgres.xid_snapshot import XidSnapshot
 from etl.schema import TableName, TableSchema, quote_ident, quote_literal
@@ -127,14 +129,18 @@ class ChunkSnapshot:
 
     snapshot: XidSnapshot
     wal: Lsn
+    standby_slots: tuple[str, ...] = ()
+    """The standbys' slots that must hold ``wal`` before the chunk is written (``etl.postgres.standby_slots``)."""
 
-    QUERY: ClassVar[str] = f"SELECT pg_catalog.pg_current_snapshot()::text || ' ' || {WAL_INSERTED}::text"
+    QUERY: ClassVar[str] = (
+        f"SELECT pg_catalog.pg_current_snapshot()::text || ' ' || {WAL_INSERTED}::text || ' ' || {STANDBY_SLOTS}"
+    )
     """Takes the snapshot, then reads the WAL position: as one statement's, in that order."""
 
     @classmethod
     def parse(cls, text: str) -> ChunkSnapshot:
-        snapshot, wal = text.split(" ")
-        return cls(XidSnapshot.parse(snapshot), Lsn.parse(wal))
+        snapshot, wal, slots = text.split(" ", 2)
+        return cls(XidSnapshot.parse(snapshot), Lsn.parse(wal), parse_setting(slots))
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from etl.postgres.connection import connect
 from etl.postgres.copy import copy_chunk, plan_chunk
 from etl.postgres.copy_session import ChunkSnapshot, KeyChunk
 from etl.postgres.predicate import predicate_rows
+from etl.postgres.standby_slots import wait_for_standbys
 from etl.postgres.xid_snapshot import XidSnapshot
 from etl.replication.context import WorkerContext
 from etl.replication.incremental import NO_MARK, ChunkMark, IncrementalCopy, incremental_key
@@ -38,6 +39,8 @@ log = structlog.get_logger(__name__)
 
 RETRY_S: Final = 2.0
 """How long a copy waits after a chunk it could not read or use, or while its barrier holds."""
+STANDBY_WAIT_S: Final = 5.0
+"""Seconds a chunk waits for the standby slots to have what it read before it is read again later."""
 SNAPSHOT_QUERY: Final = "SELECT pg_catalog.pg_current_snapshot()::text"
 
 
@@ -263,7 +266,7 @@ class ChunkedCopies:
         ctx, schema = self.ctx, self.ctx.schemas.current(copy.table_id)
         connections = ctx.config.copy_.connections
         read, rows = copy_chunk(ctx.config.source, schema, table.name, table.row_filter, chunk, connections=connections)
-        if self._missed(copy, read, table):
+        if self._missed(copy, read, table) or self._standbys_lack(copy, read, table):
             return None
         last = copy.chunk_after(rows) if rows.num_rows else None
         copy.mark = copy.mark.next(self.stream.position, rows.num_rows)
@@ -283,7 +286,7 @@ class ChunkedCopies:
         parts = ctx.config.copy_.connections
         with plan_chunk(ctx.config.source, schema, table.name, table.row_filter, chunk, parts=parts) as planned:
             read, keys, plan = planned
-            if self._missed(copy, read, table):
+            if self._missed(copy, read, table) or self._standbys_lack(copy, read, table):
                 return None
             copy.mark = copy.mark.next(self.stream.position, keys.rows)
             copy.will_write(keys.last)
@@ -302,6 +305,23 @@ class ChunkedCopies:
         if not copy.misses(read.snapshot):
             return False
         log.info("a chunk did not see a transaction already streamed; reading it again", table=str(table.name))
+        self._later(copy.table_id)
+        return True
+
+    def _standbys_lack(self, copy: IncrementalCopy, read: ChunkSnapshot, table: PublishedTable) -> bool:
+        """Whether the standbys a failover may promote still lack what a chunk read (``etl.postgres.standby_slots``)
+        after a short wait: then it is read again later rather than written."""
+        ctx = self.ctx
+        lacking = wait_for_standbys(
+            ctx.config.source, read.standby_slots, read.wal, what=str(table.name), stop=ctx.stop, timeout=STANDBY_WAIT_S
+        )
+        if not lacking:
+            return False
+        log.warning(
+            "a chunk is read again later: a standby in synchronized_standby_slots lacks what it read",
+            table=str(table.name),
+            standbys=lacking,
+        )
         self._later(copy.table_id)
         return True
 

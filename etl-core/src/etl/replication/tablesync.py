@@ -35,6 +35,8 @@ from etl.postgres.copy import copy_parts, copy_table, plan_copy
 from etl.postgres.copy_session import import_snapshot
 from etl.postgres.replication import ReplicationConnection
 from etl.postgres.slot_state import SlotLostError, SlotNotFoundError, SlotState, slot_state
+from etl.postgres.standby_slots import SETTING as STANDBY_SLOTS
+from etl.postgres.standby_slots import parse_setting, wait_for_standbys
 from etl.replication.context import WorkerContext
 from etl.replication.copy_watch import CopyWatch, copy_application_name
 from etl.replication.progress import CopyTracker
@@ -145,6 +147,12 @@ class TableSyncWorker:
                 conn.execute(import_snapshot(slot.snapshot_name))
                 schema = self._read_schema(conn, slot.consistent_point)
                 estimate = estimated_rows(conn, self.table.sources)
+                standby_slots = _standby_slots(conn)
+            # A failover must not take back rows the destination holds: the standbys get the snapshot's commits first.
+            if wait_for_standbys(
+                source, standby_slots, slot.consistent_point, what=str(self.table.name), stop=ctx.stop
+            ):
+                return  # stopping
             ctx.store.store_table_schema(schema)
             tracker = CopyTracker(str(self.table.name), estimate, ctx.metrics, ctx.copy_progress(table_id))
             if isinstance(ctx.destination, TableCopier):
@@ -306,3 +314,10 @@ class CatchUpStream(StreamWorker):
 
     def schema_change_recorded(self, lsn: Lsn) -> bool:
         return self.ctx.schema_change_recorded(lsn)
+
+
+def _standby_slots(conn: Connection[Any]) -> tuple[str, ...]:
+    """The standby slots a copy's rows wait for (``etl.postgres.standby_slots``)."""
+    row = conn.execute(f"SELECT {STANDBY_SLOTS}").fetchone()
+    assert row is not None
+    return parse_setting(row[0])

@@ -179,6 +179,21 @@ class TemporaryCluster(ThrowawayCluster):
         assert self._root is not None
         return (self._root / "server.log").read_text(errors="replace")
 
+    def crash(self) -> None:
+        """End the server at once, as a crash would (an immediate shutdown: no checkpoint, nothing more sent to its
+        standbys), and wait until it is gone; ``stop()`` then deletes its files."""
+        self._close_kept()
+        postmaster = self._postmaster_pid()
+        if postmaster is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(postmaster, signal.SIGQUIT)
+        deadline = time.monotonic() + 30
+        while pid_alive(postmaster):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"postgres (pid {postmaster}) did not end after SIGQUIT")
+            time.sleep(0.05)
+
     @contextlib.contextmanager
     def frozen(self) -> Iterator[list[int]]:
         """Freeze the server for the duration of the block: SIGSTOP the postmaster and all its processes.
