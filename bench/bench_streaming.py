@@ -71,8 +71,8 @@ def generate(src: benchlib.Source, shape: str, rows: int) -> float:
     return time.perf_counter() - started
 
 
-def limit(src: benchlib.Source, rows: int, end_lsn: str) -> Line:
-    options = ["proto_version=2", f"publication_names={PUBLICATION}", "streaming=on", "messages=true"]
+def limit(src: benchlib.Source, rows: int, end_lsn: str, publication: str = PUBLICATION) -> Line:
+    options = ["proto_version=2", f"publication_names={publication}", "streaming=on", "messages=true"]
     command = src.client(
         "pg_recvlogical",
         "-d",
@@ -91,8 +91,18 @@ def limit(src: benchlib.Source, rows: int, end_lsn: str) -> Line:
     return Line("pg_recvlogical > /dev/null", rows, seconds, note=f"walsender CPU {walsender:.1f} s")
 
 
-def engine(src: benchlib.Source, shape: str, rows: int, pipeline_id: int, store: Path, *, metrics: bool) -> Line:
-    common = ["--pipeline-id", str(pipeline_id), "--store", str(store), *(["--metrics"] if metrics else [])]
+def engine(
+    src: benchlib.Source,
+    shape: str,
+    rows: int,
+    pipeline_id: int,
+    store: Path,
+    *,
+    metrics: bool,
+    publication: str = PUBLICATION,
+) -> Line:
+    common = ["--pipeline-id", str(pipeline_id), "--store", str(store), "--publication", publication]
+    common += ["--metrics"] if metrics else []
     child = Engine(src, "stream", "--rows", str(rows), *common, profile=f"streaming-{shape}")
     sampler = CpuSampler(src, f"etl_apply_{pipeline_id}")
     try:
@@ -111,9 +121,9 @@ def engine(src: benchlib.Source, shape: str, rows: int, pipeline_id: int, store:
     )
 
 
-def ready(src: benchlib.Source, pipeline_id: int, store: Path) -> None:
-    """Start the pipeline, wait until the table is Ready, stop it: its slot now waits for the workload."""
-    child = Engine(src, "ready", "--pipeline-id", str(pipeline_id), "--store", str(store))
+def ready(src: benchlib.Source, pipeline_id: int, store: Path, publication: str = PUBLICATION) -> None:
+    """Start the pipeline, wait until its tables are Ready, stop it: its slot now waits for the workload."""
+    child = Engine(src, "ready", "--pipeline-id", str(pipeline_id), "--store", str(store), "--publication", publication)
     try:
         child.expect("done")
         child.wait()

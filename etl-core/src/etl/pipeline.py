@@ -7,6 +7,7 @@ import time
 from typing import Any, Final
 
 import psycopg
+import pyarrow as pa
 import structlog
 
 from etl.config import MetricsSection, PipelineConfig
@@ -84,6 +85,7 @@ class Pipeline:
 
     # -- public API ------------------------------------------------------------------------------------
     def start(self) -> None:
+        threading.Thread(target=_warm_arrow, name="warm-arrow", daemon=True).start()
         self.store.acquire_lock()
         try:
             self._preflight()
@@ -453,6 +455,12 @@ def published_table_id(config: PipelineConfig, table: TableName, where: str | No
         if where is not None:
             check_backfill(conn, published[table], where)
     return published[table].id
+
+
+def _warm_arrow() -> None:
+    """Convert one value to Arrow, as every batch does: pyarrow imports pandas at its first conversion (a second
+    or more of CPU), which would otherwise fall inside the first batch after every start."""
+    pa.array([0])
 
 
 def request_resync(config: PipelineConfig, store: Store, table: TableName, where: str | None = None) -> TableId:
