@@ -30,7 +30,6 @@ from etl.postgres.codecs import (
     parse_array,
     python_values,
 )
-from etl.postgres.connection import connect
 from etl.schema import ColumnSchema
 from etl.testing.pytest_plugin import TestDatabase
 
@@ -206,7 +205,7 @@ def column_schemas(conn: Conn, table: str) -> dict[str, ColumnSchema]:
 @pytest.fixture
 def matrix(pg_database: TestDatabase) -> tuple[Conn, dict[str, ColumnSchema], dict[str, tuple[str | None, ...]]]:
     """A table with a column per case and a row per value (NULL where a column has fewer values)."""
-    conn = connect(pg_database.connection())
+    conn = pg_database.connect()  # the engine's text forms, a person's search_path
     conn.execute(SETUP)
     columns = ", ".join(f"{quote(name)} {case.sql_type}" for name, case in CASES.items())
     conn.execute(f"CREATE TABLE matrix (id serial PRIMARY KEY, {columns})")
@@ -376,7 +375,7 @@ def _text_of(conn: Conn, sql: str) -> pa.Array:
 
 
 def test_values_that_cannot_be_represented_raise(pg_database: TestDatabase) -> None:
-    with connect(pg_database.connection()) as conn:
+    with pg_database.connect() as conn:
         conn.execute("CREATE TABLE bad (n numeric(10, 2), t time, a integer[], ts timestamp)")
         conn.execute("INSERT INTO bad VALUES ('NaN', '24:00:00', '{{1,2},{3,4}}', '294276-12-31 23:59:59.999999')")
         schemas = column_schemas(conn, "bad")

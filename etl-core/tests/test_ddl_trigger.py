@@ -216,9 +216,9 @@ def test_a_role_that_is_not_superuser(db: TestDatabase, role: str, slot: str) ->
         assert accepted and "already installed" in accepted.reason
         # the function runs as the role that alters its own table
         user_conn.execute("SET synchronous_commit = on")
-        user_conn.execute("CREATE TABLE mine (id int PRIMARY KEY)")
+        user_conn.execute("CREATE TABLE public.mine (id int PRIMARY KEY)")
         db.execute("ALTER PUBLICATION pub ADD TABLE mine")
-        user_conn.execute("ALTER TABLE mine ADD COLUMN x int NOT NULL DEFAULT 0")
+        user_conn.execute("ALTER TABLE public.mine ADD COLUMN x int NOT NULL DEFAULT 0")
     (change,) = changes(db, slot)
     assert change.name == TableName("public", "mine")
     assert [(c.column.name, c.column.default, c.column.nullable) for c in change.columns][-1] == ("x", "0", False)
@@ -326,12 +326,12 @@ def test_a_failing_catalog_read_never_fails_the_users_ddl(db: TestDatabase, role
     try:
         with connect(db.connection(user=role)) as user_conn:
             user_conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
-            user_conn.execute("CREATE TABLE mine (id int PRIMARY KEY)")
+            user_conn.execute("CREATE TABLE public.mine (id int PRIMARY KEY)")
             db.execute("ALTER PUBLICATION pub ADD TABLE mine")
             user_conn.execute("SET synchronous_commit = on")
-            user_conn.execute("ALTER TABLE mine ADD COLUMN x int")
+            user_conn.execute("ALTER TABLE public.mine ADD COLUMN x int")
             cols = user_conn.execute(
-                "SELECT count(*) FROM pg_attribute WHERE attrelid = 'mine'::regclass AND attnum > 0"
+                "SELECT count(*) FROM pg_attribute WHERE attrelid = 'public.mine'::regclass AND attnum > 0"
             )
             assert cols.fetchone() == (2,)
     finally:
@@ -345,10 +345,10 @@ def test_the_trigger_records_its_messages_and_no_other_role_can(db: TestDatabase
     not the record. A table's owner altering its table gets the record all the same (the function runs as
     the superuser who installed it)."""
     with connect(db.connection(user=role)) as user_conn:
-        user_conn.execute("CREATE TABLE mine (id int PRIMARY KEY)")
+        user_conn.execute("CREATE TABLE public.mine (id int PRIMARY KEY)")
         db.execute("ALTER PUBLICATION pub ADD TABLE mine")
         user_conn.execute("SET synchronous_commit = on")
-        user_conn.execute("ALTER TABLE mine ADD COLUMN x int")
+        user_conn.execute("ALTER TABLE public.mine ADD COLUMN x int")
         forged = user_conn.execute("SELECT pg_logical_emit_message(true, %s, 'forged')::text", (MESSAGE_PREFIX,))
         row = forged.fetchone()
         assert row is not None

@@ -196,7 +196,7 @@ def test_use_snapshot_in_the_replication_transaction(pg_database: TestDatabase) 
         repl.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         repl.create_slot("use_slot", snapshot="use")
         pg_database.execute("INSERT INTO t VALUES (2)")
-        assert repl.execute("SELECT id FROM t") == [("1",)]
+        assert repl.execute("SELECT id FROM public.t") == [("1",)]
         repl.execute("COMMIT")
         repl.drop_slot("use_slot")
 

@@ -7,6 +7,8 @@ from pydantic import SecretStr
 
 from etl.errors import SourceError, TransientError
 from etl.postgres.connection import SESSION_SETTINGS, connect, conninfo_string, startup_options
+from etl.postgres.copy_session import CopySession
+from etl.postgres.replication import ReplicationConnection
 from etl.testing import free_port
 from etl.testing.pytest_plugin import TestDatabase
 
@@ -16,13 +18,36 @@ SECRET = "s3cret-Passw0rd-xyz"
 def test_connect_pins_session_settings(pg_database: TestDatabase) -> None:
     with connect(pg_database.connection()) as conn:
         assert conn.autocommit
-        for key, value in SESSION_SETTINGS.items():
-            shown = conn.execute(f"SHOW {key}").fetchone()
-            assert shown is not None
-            assert shown[0].split(",")[0] == value, key
         # the text forms the codecs rely on
         row = conn.execute("SELECT '2024-01-02 03:04:05+02'::timestamptz::text, '\\x01ff'::bytea::text").fetchone()
         assert row == ("2024-01-02 01:04:05+00", "\\x01ff")
+
+
+def test_every_kind_of_source_session_pins_the_settings_over_the_databases_own(pg_database: TestDatabase) -> None:
+    """Normal, replication and copy sessions (the Spark executors' too: ``read_ranges``) all take the pinned
+    settings, over what ``ALTER DATABASE ... SET`` gives: with ``public`` first in the path, an operator any role
+    planted there would run as the pipeline's role (issue 47)."""
+    pg_database.execute(
+        f"ALTER DATABASE {pg_database.name} SET search_path = public, pg_catalog;"
+        f" ALTER DATABASE {pg_database.name} SET standard_conforming_strings = off;"
+        f" ALTER DATABASE {pg_database.name} SET row_security = on"
+    )
+    keys = list(SESSION_SETTINGS)
+    settings = ", ".join(f"current_setting('{key}')" for key in keys)
+    config = pg_database.connection()
+    with connect(config) as conn:
+        normal = conn.execute(f"SELECT {settings}").fetchone()
+    with ReplicationConnection.connect(config) as rconn:
+        replication = rconn.execute(f"SELECT {settings}")[0]
+    with CopySession(config, None) as session:
+        copy = tuple(session.scalar(f"SELECT concat_ws('|', {settings})", "read the settings").split("|"))
+    for kind, shown in [("normal", normal), ("replication", replication), ("copy", copy)]:
+        assert shown is not None
+        pinned = {k: v.split(",")[0] if k == "DateStyle" else v for k, v in zip(keys, shown, strict=True)}
+        assert pinned == SESSION_SETTINGS, kind  # DateStyle shows "ISO, MDY"
+    assert SESSION_SETTINGS["search_path"] == "pg_catalog, pg_temp"
+    assert SESSION_SETTINGS["standard_conforming_strings"] == "on"
+    assert SESSION_SETTINGS["row_security"] == "off"
 
 
 def test_connect_passes_kwargs(pg_database: TestDatabase) -> None:

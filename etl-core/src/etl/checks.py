@@ -151,7 +151,7 @@ def _checks(conn: psycopg.Connection[Any], config: PipelineConfig) -> Iterator[C
         SELECT c.oid, format('%%I.%%I', n.nspname, c.relname), c.relreplident,
                EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary),
                EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident),
-               has_table_privilege(c.oid, 'SELECT')
+               has_table_privilege(c.oid, 'SELECT'), row_security_active(c.oid)
         FROM pg_publication_tables pt
         JOIN pg_namespace n ON n.nspname = pt.schemaname
         JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
@@ -176,12 +176,15 @@ def _checks(conn: psycopg.Connection[Any], config: PipelineConfig) -> Iterator[C
 
     unusable = []
     unreadable = []
-    for _oid, name, ident, has_pk, has_ident_index, readable in tables:
+    filtered = []  # by row-level security: the role is neither the owner, nor BYPASSRLS, nor a superuser
+    for _oid, name, ident, has_pk, has_ident_index, readable, policed in tables:
         usable = ident == "f" or (ident == "d" and has_pk) or (ident == "i" and has_ident_index)
         if not usable:
             unusable.append(name)
         if not readable:
             unreadable.append(name)
+        if policed:
+            filtered.append(name)
     if tables:
         yield Check(
             "replica identity",
@@ -199,6 +202,15 @@ def _checks(conn: psycopg.Connection[Any], config: PipelineConfig) -> Iterator[C
             if not unreadable
             else f"role '{user}' may not SELECT from: {', '.join(unreadable)}",
             f'GRANT SELECT ON <table> TO "{user}";',
+        )
+        yield Check(
+            "row-level security",
+            not filtered,
+            "no published table hides rows from the role by row-level security"
+            if not filtered
+            else f"row-level security hides rows of {', '.join(filtered)} from role '{user}' (the stream has every"
+            " row, a copy would not): their copies fail",
+            f'ALTER ROLE "{user}" BYPASSRLS; (as a superuser), or ALTER TABLE <table> DISABLE ROW LEVEL SECURITY;',
         )
 
     if config.pipeline.install_ddl_trigger:

@@ -50,6 +50,9 @@ DEFAULT_SETTINGS: Mapping[str, str] = {
     "shared_buffers": "128MB",
     "log_min_messages": "warning",
 }
+PERSON_SESSION: Mapping[str, str | None] = {"search_path": None, "row_security": None}
+"""``connect()``'s sessions are a person's (a demo's, a test's): the engine's pinned text forms, but the database's
+own ``search_path`` and row-level security (``etl.postgres.connection.SESSION_SETTINGS``)."""
 
 
 @dataclass(frozen=True)
@@ -228,7 +231,7 @@ class ThrowawayCluster:
         return PostgresConnection(host="127.0.0.1", port=self.port, database=database, user=user, sslmode="disable")
 
     def connect(self, database: str = "postgres", **kwargs: Any) -> psycopg.Connection[Any]:
-        return connect(self.connection(database), **kwargs)
+        return connect(self.connection(database), settings=PERSON_SESSION, **kwargs)
 
     # -- internals -----------------------------------------------------------------------------------
     def _write_settings(self) -> None:

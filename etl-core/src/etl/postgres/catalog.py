@@ -187,7 +187,7 @@ def estimated_rows(conn: psycopg.Connection[Any], tables: Sequence[TableName]) -
         return None
     row = conn.execute(
         "SELECT sum(greatest(reltuples, 0))::bigint, bool_and(reltuples < 0)"
-        " FROM pg_catalog.pg_class WHERE oid = ANY(%s::regclass[])",
+        " FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.regclass[])",
         ([t.quoted() for t in tables],),
     ).fetchone()
     if row is None or row[0] is None or row[1]:

@@ -1,7 +1,8 @@
-"""Normal connections to the source Postgres, with the session settings the value parsers rely on.
+"""Normal connections to the source Postgres, with the session settings the parsers and the engine's SQL rely on.
 
 The settings travel in the libpq ``options`` startup parameter (``-c key=value``), so they hold for
-every kind of connection, replication connections included, without an extra round trip.
+every kind of connection, replication connections included, without an extra round trip; a client's
+startup options win over ``ALTER ROLE/DATABASE ... SET``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any, Final
 
 import psycopg
 from psycopg.conninfo import make_conninfo
+from psycopg.pq.abc import PGconn
 
 from etl.config import PostgresConnection
 from etl.errors import EtlError, SourceError, TransientError
@@ -22,8 +24,16 @@ SESSION_SETTINGS: Final[Mapping[str, str]] = {
     "extra_float_digits": "3",
     "bytea_output": "hex",
     "client_encoding": "UTF8",
+    "search_path": "pg_catalog, pg_temp",
+    "standard_conforming_strings": "on",
+    "row_security": "off",
 }
-"""Settings pinned on every source session: text output of dates, times, floats and bytea depends on them."""
+"""Settings pinned on every source session. Text output of dates, times, floats and bytea depends on the first six.
+``search_path``: an unqualified operator or function in the engine's SQL resolves in ``pg_catalog`` only, never to
+one that any role with ``CREATE`` on a schema of the path planted there (it would run as the pipeline's role), as
+Postgres's own apply worker and pg_dump have it. ``standard_conforming_strings``: string literals read as pglast
+(and ``quote_literal``) read them. ``row_security``: a read that a row-level security policy would filter (and
+whose functions would run as the pipeline's role) fails instead of copying part of a table."""
 
 # Phrases of libpq/server errors that retrying will not fix.
 _PERMANENT_FAILURES: Final = (
@@ -55,37 +65,66 @@ def _escape_option(text: str) -> str:
 def conninfo_params(
     config: PostgresConnection,
     overrides: Mapping[str, str] | None = None,
-    settings: Mapping[str, str] | None = None,
+    settings: Mapping[str, str | None] | None = None,
 ) -> dict[str, str]:
-    """libpq parameters for ``config`` (with ``overrides``), the session settings plus ``settings`` in ``options``.
+    """libpq parameters for ``config`` (with ``overrides``), the session settings plus ``settings`` in ``options``
+    (one set to ``None`` is not pinned).
 
     An ``options`` override is kept and the settings are appended to it. The result holds the
     password: never log it.
     """
     params = config.conninfo(**(overrides or {}))
-    pinned = startup_options({**SESSION_SETTINGS, **(settings or {})})
+    merged = {**SESSION_SETTINGS, **(settings or {})}
+    pinned = startup_options({key: value for key, value in merged.items() if value is not None})
     params["options"] = f"{params['options']} {pinned}" if params.get("options") else pinned
     return params
 
 
-def conninfo_string(config: PostgresConnection, **overrides: str) -> str:
+def conninfo_string(
+    config: PostgresConnection, settings: Mapping[str, str | None] | None = None, **overrides: str
+) -> str:
     """A libpq connection string for ``config`` with the pinned session settings (holds the password)."""
-    return make_conninfo(**conninfo_params(config, overrides))
+    return make_conninfo(**conninfo_params(config, overrides, settings))
 
 
 def connect(
-    config: PostgresConnection, *, autocommit: bool = True, retried: bool = False, **kwargs: Any
+    config: PostgresConnection,
+    *,
+    autocommit: bool = True,
+    retried: bool = False,
+    settings: Mapping[str, str | None] | None = None,
+    **kwargs: Any,
 ) -> psycopg.Connection[Any]:
-    """Open a normal connection to ``config`` with the pinned session settings.
+    """Open a normal connection to ``config`` with the pinned session settings (``settings``: as
+    ``conninfo_params`` takes them).
 
     Raises ``TransientError`` when the server is unreachable or busy (retrying may help) and
     ``SourceError`` when retrying will not help (authentication, missing database, bad TLS setup).
     ``retried``: the caller retries a ``TransientError`` by itself, so its hint may say so.
     """
     try:
-        return psycopg.connect(conninfo_string(config), autocommit=autocommit, **kwargs)
+        conn = psycopg.connect(conninfo_string(config, settings), autocommit=autocommit, **kwargs)
     except psycopg.OperationalError as exc:
         raise connection_error(config, exc, retried=retried) from None
+    try:
+        check_pinned(conn.pgconn, config)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def check_pinned(pgconn: PGconn, config: PostgresConnection) -> None:
+    """``SourceError`` unless the server reports (``ParameterStatus``, no round trip) the pinned
+    ``standard_conforming_strings``: a connection pooler that drops libpq's ``options`` leaves every setting
+    unpinned, and a ``--where`` predicate would be read otherwise than pglast checked it."""
+    reported = pgconn.parameter_status(b"standard_conforming_strings")
+    if reported != SESSION_SETTINGS["standard_conforming_strings"].encode():
+        raise SourceError(
+            f"the session on {config.describe()} did not take the pinned settings (standard_conforming_strings is"
+            f" {(reported or b'unknown').decode()!r})",
+            hint="connect directly to Postgres, or have the pooler pass the libpq 'options' startup parameter on",
+        )
 
 
 def connection_error(

@@ -107,10 +107,12 @@ def plan_chunk(
 def _rows_bytes(source: TableName, rows: int) -> str:
     """About the bytes of ``rows`` rows of ``source``: its size (TOAST included) times the share of its rows they
     are, as the planner last counted them (all of it, when it never counted or counted fewer)."""
-    share = f"{int(rows)} / greatest(c.reltuples::numeric, {int(rows)}, 1)"
+    # Operators qualified (as everywhere a type of theirs could be outmatched): see SESSION_SETTINGS' search_path.
+    share = f"{int(rows)}::numeric OPERATOR(pg_catalog./) greatest(c.reltuples::numeric, {int(rows)}, 1)"
+    table = f"{quote_literal(source.quoted())}::regclass"
     return (
-        f"SELECT round(pg_catalog.pg_table_size(c.oid) * {share})::bigint::text FROM pg_catalog.pg_class c"
-        f" WHERE c.oid = {quote_literal(source.quoted())}::regclass"
+        f"SELECT pg_catalog.round(pg_catalog.pg_table_size(c.oid) OPERATOR(pg_catalog.*) ({share}))::bigint::text"
+        f" FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) {table}"
     )
 
 

@@ -39,7 +39,7 @@ from etl.lsn import Lsn
 from etl.postgres import generators
 from etl.postgres.catalog import WAL_INSERTED
 from etl.postgres.codecs import arrow_field, decode_text_column
-from etl.postgres.connection import connection_error, conninfo_string
+from etl.postgres.connection import check_pinned, connection_error, conninfo_string
 from etl.postgres.generators import PQGen
 from etl.postgres.predicate import predicate_sql
 from etl.postgres.standby_slots import SETTING as STANDBY_SLOTS
@@ -111,7 +111,7 @@ class KeyChunk:
         key = quote_ident(self.column)
         where = _conditions(None, row_filter, self)
         keys = f"SELECT {key} AS k FROM ONLY {source.quoted()}{' WHERE ' + where if where else ''}{self.order()}"
-        every = f"n % {int(step)} = 0 AND n <= {int(self.limit - step)}"
+        every = f"n OPERATOR(pg_catalog.%) {int(step)} = 0 AND n <= {int(self.limit - step)}"
         bounds = f"string_agg(k::text, ',' ORDER BY k) FILTER (WHERE {every})"
         return (
             f"SELECT count(*)::text || ';' || coalesce(max(k)::text, '') || ';' || coalesce({bounds}, '')"
@@ -213,6 +213,7 @@ class CopySession:
                 waiter.run(step, deadline=time.monotonic() + config.connect_timeout, check=self._checking(None))
             except Expired:
                 raise psycopg.OperationalError(f"timeout expired after {config.connect_timeout}s") from None
+            check_pinned(pgconn, config)
         except psycopg.OperationalError as exc:
             waiter.close()
             pgconn.finish()
@@ -495,4 +496,10 @@ def _copy_error(exc: psycopg.Error, config: PostgresConnection, doing: str) -> E
         return TransientError(message, hint="the connection to the source was lost or refused; the copy is retried")
     if sqlstate in ("42P01", "42703"):  # undefined table / column: the table changed under the copy
         return TableError(message, hint="the table changed while it was being copied; copy it again")
+    if sqlstate == "42501" and "row-level security" in detail:  # row_security = off: see SESSION_SETTINGS
+        return TableError(
+            f"{message}: a copy would hold only the rows the policies show the role",
+            hint=f'let the role read every row: ALTER ROLE "{config.user}" BYPASSRLS (as a superuser), or ALTER TABLE'
+            " ... DISABLE ROW LEVEL SECURITY; then etl resync the table",
+        )
     return TableError(message, hint="see the server's message; fix the table or the publication, then copy again")

@@ -28,7 +28,7 @@ from etl.config import PostgresConnection
 from etl.errors import ConfigError, EtlError, SourceError, TransientError
 from etl.lsn import Lsn
 from etl.postgres import generators
-from etl.postgres.connection import connection_error, conninfo_params
+from etl.postgres.connection import check_pinned, connection_error, conninfo_params
 from etl.postgres.frames import Keepalive, XLogData, parse_frame, status_update
 from etl.postgres.pgtime import now_pg_us
 from etl.postgres.slot_state import SlotNotFoundError
@@ -119,6 +119,12 @@ class ReplicationConnection:
                 pgconn.finish()
                 errors.append(str(exc).strip())
                 continue
+            try:
+                check_pinned(pgconn, config)
+            except BaseException:
+                waiter.close()
+                pgconn.finish()
+                raise
             pgconn.nonblocking = 1
             log.debug("replication connection opened", target=config.describe(), server_version=pgconn.server_version)
             return cls(pgconn, config, waiter)

@@ -42,9 +42,9 @@ def source_rows(
     key = (conn.info.dsn, str(name), shape)
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        found = conn.execute(
+        found = conn.execute(  # oid = oid: no operator a role planted outmatches pg_catalog's
             "SELECT (SELECT string_agg(attname || ' ' || atttypid, ',' ORDER BY attnum) FROM pg_catalog.pg_attribute"
-            "  WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped),"
+            "  WHERE attrelid = %s::regclass::oid AND attnum > 0 AND NOT attisdropped),"
             f" count(*), sum(hashtextextended(t::text, 0)) FROM {name.quoted()} t",
             (name.quoted(),),
         ).fetchone()

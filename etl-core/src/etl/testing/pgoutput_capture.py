@@ -24,7 +24,7 @@ from typing import Any, Final
 import psycopg
 import structlog
 
-from etl.demo_postgres import find_install
+from etl.demo_postgres import PERSON_SESSION, find_install
 from etl.log import configure_logging
 from etl.postgres.connection import conninfo_string
 from etl.testing.clusters import TemporaryCluster
@@ -49,13 +49,13 @@ def capture(
     """Run ``workload`` on a fresh slot of ``database`` (the ``pg_database`` fixture) and return the payloads.
 
     ``setup`` runs before the slot exists (DDL, publication ``p`` must be created there or here by default).
-    The session has the engine's pinned settings (``SESSION_SETTINGS``: UTC, ISO dates...), so values are
+    The session has the engine's pinned text forms (``SESSION_SETTINGS``: UTC, ISO dates...), so values are
     in the text form the engine receives. With ``streaming``, large transactions are streamed:
     ``logical_decoding_work_mem`` is 64kB, and on Postgres 16+ every change is streamed at once so that
     already-aborted transactions still stream (newer servers skip streaming a transaction they know has aborted).
     """
     slot = f"capture_{next(_counter)}"
-    conninfo = conninfo_string(database.connection(), options="-c synchronous_commit=on")
+    conninfo = conninfo_string(database.connection(), PERSON_SESSION, options="-c synchronous_commit=on")
     with psycopg.connect(conninfo, autocommit=True) as conn:
         if setup:
             conn.execute(setup)
