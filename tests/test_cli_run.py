@@ -119,6 +119,7 @@ def test_resync_rejects_a_table_outside_the_publication(source: TestDatabase, tm
         ("v = 'x' /* no end", "is not valid SQL"),
         ("nope > 1", 'does not fit public.t: column "nope" does not exist'),
         ("id + 1", "does not fit public.t: argument of WHERE must be type boolean"),
+        ("pg_terminate_backend(pg_backend_pid())", "calls what is volatile: function pg_catalog.pg_terminate_backend"),
         ("   ", "the --where predicate is empty"),
     ],
 )
