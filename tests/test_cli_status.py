@@ -169,6 +169,7 @@ def test_status_json_of_a_stopped_pipeline_names_errors_and_problems(source: Tes
         "started_at": started.isoformat(),
         "recorded_at": (started + timedelta(seconds=10)).isoformat(),
         "finished": False,
+        "note": None,
     }
     assert (tables[empty_oid]["state"], tables[empty_oid]["copy"], tables[empty_oid]["reason"]) == ("init", None, None)
     assert tables[4_000_000_000]["state"] == "data_sync"

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
 
 from etl.config import PipelineConfig
 from etl.copy_plan import CopyPlan
@@ -31,6 +32,7 @@ from etl.lsn import Lsn
 from etl.pipeline import Pipeline, request_resync
 from etl.replication.incremental import ChunkMark
 from etl.schema import TableName
+from etl.status import status_report
 from etl.store.base import Store, TableStateKind
 from etl.testing import free_port
 from etl.testing.compare import source_rows
@@ -578,3 +580,194 @@ def recorded_after(state: Path, table: int) -> int:
 
 def oid(db: TestDatabase, table: str) -> int:
     return int(db.execute("SELECT %s::regclass::oid", (table,))[0][0])
+
+
+# -- the source changing under a copy ----------------------------------------------------------------------------
+# A commit streamed before it is visible, a swap of table names, a new primary key; a backfill whose predicate fails;
+# a forgotten transaction that holds a copy back. Each pauses the copy after a few chunks (HeldChunks) to change the
+# source at a known point.
+SMALL = 3000
+SMALL_CHUNK = 500
+
+
+@pytest.fixture
+def small(pg_database: TestDatabase) -> TestDatabase:
+    pg_database.execute(
+        f"""
+        CREATE TABLE t (id bigint PRIMARY KEY, other int NOT NULL, v text);
+        INSERT INTO t SELECT g, g + 100000, 'row ' || g FROM generate_series(1, {SMALL}) g;
+        CREATE PUBLICATION pub FOR TABLE t;
+        """
+    )
+    return pg_database
+
+
+def start_small(db: TestDatabase, destination: HeldChunks, state: Path, **copy: Any) -> Pipeline:
+    config = pipeline_config(db, copy={"method": "incremental", "chunk_rows": SMALL_CHUNK} | copy)
+    pipeline = Pipeline(config, SqliteStore(state, pipeline_id=1), destination)
+    pipeline.start()
+    return pipeline
+
+
+def held_after(destination: HeldChunks, chunks: int, pipeline: Pipeline) -> None:
+    destination.hold_after = chunks
+    wait_until(destination.held.is_set, f"{chunks} chunks written", pipeline)
+
+
+@pytest.mark.alone  # a synchronous standby that never answers holds every commit of the cluster meanwhile
+def test_a_commit_streamed_before_it_is_visible_is_not_lost(small: TestDatabase, tmp_path: Path) -> None:
+    """An insert waits for a synchronous standby that never comes: its commit is in the WAL, and streamed, but not
+    visible, and as the newest transaction it is at its snapshots' xmax (``731:731:``), in no ``xip``. The chunks
+    read meanwhile are read again until it is visible, and the destination gets its row."""
+    destination = HeldChunks()
+    pipeline = start_small(small, destination, tmp_path / "state.sqlite")
+
+    def insert() -> None:
+        with small.connect(autocommit=True) as conn:
+            conn.execute("SET synchronous_commit = on")  # test clusters commit with it off
+            conn.execute(f"INSERT INTO t VALUES ({SMALL + 1}, 0, 'waited for the standby')")
+
+    inserted = threading.Thread(target=insert)
+    try:
+        held_after(destination, 2, pipeline)
+        with small.connect(autocommit=True) as sql, capture_logs() as logs:
+            sql.execute("ALTER SYSTEM SET synchronous_standby_names = 'ghost'")
+            try:
+                sql.execute("SELECT pg_reload_conf()")
+                time.sleep(0.5)  # the checkpointer's turn: it tells backends a synchronous standby is named
+                inserted.start()
+
+                def waiting() -> bool:
+                    rows = sql.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
+                    return rows.fetchone() == (1,)
+
+                wait_until(waiting, "the insert waiting for the standby", pipeline, timeout=10)
+                time.sleep(1)  # streamed meanwhile: the walsender sends what is flushed
+                destination.go.set()
+                reread = "a chunk did not see a transaction already streamed; reading it again"
+                wait_until(
+                    lambda: any(e["event"] == reread for e in logs) or all_ready(pipeline, 1),
+                    "a chunk read again",
+                    pipeline,
+                )
+                assert not all_ready(pipeline, 1), "the copy ended while a streamed insert was not visible"
+            finally:
+                sql.execute("ALTER SYSTEM RESET synchronous_standby_names")
+                sql.execute("SELECT pg_reload_conf()")
+        inserted.join(timeout=30)
+        wait_until(lambda: all_ready(pipeline, 1), "the copy done", pipeline)
+        wait_until(lambda: destination_matches(small, destination, "public.t"), "equal to the source", pipeline)
+    finally:
+        destination.go.set()
+        pipeline.shutdown()
+
+
+def test_a_swap_of_names_during_a_copy_reads_the_table_by_its_oid(small: TestDatabase, tmp_path: Path) -> None:
+    """``t`` and an unpublished ``t_new`` swap names between two chunks: the chunks after it read ``t_old``, the
+    table the copy began with, and none of ``t_new``'s rows."""
+    small.execute("CREATE TABLE t_new (LIKE t INCLUDING ALL); INSERT INTO t_new SELECT id, other, 'wrong' FROM t")
+    destination = HeldChunks()
+    pipeline = start_small(small, destination, tmp_path / "state.sqlite")
+    try:
+        held_after(destination, 2, pipeline)
+        small.execute("BEGIN; ALTER TABLE t RENAME TO t_old; ALTER TABLE t_new RENAME TO t; COMMIT")
+        destination.go.set()
+        wait_until(lambda: all_ready(pipeline, 1), "the copy done", pipeline)
+        small.execute("UPDATE t_old SET v = 'after the swap' WHERE id = 1")  # its new name comes with it
+        wait_until(lambda: destination_matches(small, destination, "public.t_old"), "equal to t_old", pipeline)
+    finally:
+        destination.go.set()
+        pipeline.shutdown()
+
+
+def test_a_new_primary_key_during_a_copy_copies_the_table_again(small: TestDatabase, tmp_path: Path) -> None:
+    """After three chunks (of keys up to 1500) the primary key moves to another column, and rows come that repeat
+    ids of the old key: the copy starts again, by the new key, rather than go on by a column that is no longer
+    unique (each chunk that ends inside a run of equal ids would leave the rest of the run out)."""
+    destination = HeldChunks()
+    state = tmp_path / "state.sqlite"
+    pipeline = start_small(small, destination, state)
+    try:
+        held_after(destination, 2, pipeline)
+        small.execute(
+            "ALTER TABLE t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (other);"
+            f" INSERT INTO t SELECT g, g + 200000, 'again' FROM generate_series(1, {SMALL}) g;"
+            " INSERT INTO t VALUES (1501, 300000, 'thrice')"  # the next chunk (after 1500) ends inside a pair of ids
+        )
+        destination.hold_after = None
+        destination.go.set()
+        wait_until(lambda: all_ready(pipeline, 1), "the copy done", pipeline)
+        wait_until(lambda: destination_matches(small, destination, "public.t"), "equal to the source", pipeline)
+        assert destination.schema("public.t").key_columns[0].name == "other"
+    finally:
+        destination.go.set()
+        pipeline.shutdown()
+
+
+def test_a_failed_backfill_is_dropped_and_its_table_streams_on(small: TestDatabase, tmp_path: Path) -> None:
+    """A backfill whose predicate fails on some row (division by zero) is dropped: the table stays ready and
+    streams on, and the log, ``etl status`` and ``etl_backfills_failed_total`` say why."""
+    destination = HeldChunks()
+    state = tmp_path / "state.sqlite"
+    pipeline = start_small(small, destination, state)
+    try:
+        wait_until(lambda: all_ready(pipeline, 1), "the copy done", pipeline)
+        asking = SqliteStore(state, pipeline_id=1)
+        try:
+            request_resync(pipeline.config, asking, TableName("public", "t"), "1 / (id - 1500) > -1")
+        finally:
+            asking.close()
+        with capture_logs() as logs:
+            failed = "a backfill failed and was dropped; the table streams on"
+            wait_until(lambda: any(e["event"] == failed for e in logs), "the backfill failed", pipeline)
+            wait_until(lambda: all_ready(pipeline, 1), "the table ready", pipeline)
+        assert [e["log_level"] for e in logs if e["event"] == failed] == ["error"]
+        small.execute("INSERT INTO t VALUES (-1, 0, 'after the backfill'); UPDATE t SET v = 'on' WHERE id = 2")
+        wait_until(lambda: destination_matches(small, destination, "public.t"), "equal to the source", pipeline)
+        registry = pipeline.metrics.registry
+        assert registry.get_sample_value("etl_backfills_failed_total", {"table": "public.t"}) == 1
+        reading = SqliteStore(state, pipeline_id=1)
+        try:
+            (table,) = status_report(pipeline.config, reading).tables
+        finally:
+            reading.close()
+        assert table.state.kind is TableStateKind.READY and table.copy is not None
+        assert "failed and was dropped" in table.to_json()["copy"]["note"]
+        assert "division by zero" in table.to_json()["copy"]["note"]
+    finally:
+        pipeline.shutdown()
+
+
+def test_a_copy_held_back_by_an_open_transaction_names_it(small: TestDatabase, tmp_path: Path) -> None:
+    """A transaction that took an xid and stays open holds a copy taken on meanwhile at its first chunk: the log
+    says so once, and ``etl status`` names its backend; once it ends, the copy goes on."""
+    destination = HeldChunks()
+    state = tmp_path / "state.sqlite"
+    pipeline = start_small(small, destination, state)
+    try:
+        wait_until(lambda: all_ready(pipeline, 1), "the copy done", pipeline)
+        with small.connect(autocommit=True) as idle, capture_logs() as logs:
+            idle.execute("BEGIN")
+            pid = idle.execute("SELECT pg_backend_pid()").fetchone()
+            idle.execute("SELECT txid_current()")
+            asking = SqliteStore(state, pipeline_id=1)
+            try:
+                request_resync(pipeline.config, asking, TableName("public", "t"))
+            finally:
+                asking.close()
+            held = "an incremental copy waits for transactions open since it began"
+            wait_until(lambda: any(e["event"] == held for e in logs), "the copy said what it waits for", pipeline)
+            assert table_states(pipeline)[oid(small, "t")] is TableStateKind.COPYING
+            assert copied_rows(pipeline, "public.t") == SMALL  # the first copy's only
+            reading = SqliteStore(state, pipeline_id=1)
+            try:
+                (table,) = status_report(pipeline.config, reading).tables
+            finally:
+                reading.close()
+            assert pid is not None and f"pid {pid[0]} (xid" in table.to_json()["copy"]["note"]
+            idle.execute("ROLLBACK")
+        wait_until(lambda: all_ready(pipeline, 1), "the copy done", pipeline)
+        wait_until(lambda: destination_matches(small, destination, "public.t"), "equal to the source", pipeline)
+        assert [e["event"] for e in logs].count(held) == 1
+    finally:
+        pipeline.shutdown()

@@ -3,6 +3,7 @@ leaves out (in a batch's Arrow changes and its events alike), and where chunk ro
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,12 +23,21 @@ from etl.events import (
 )
 from etl.lsn import Lsn
 from etl.postgres.copy_session import KeyChunk
-from etl.postgres.xid_snapshot import XidSnapshot
-from etl.replication.incremental import CHUNK_ORDINAL_BASE, NO_MARK, ChunkMark, IncrementalCopy, incremental_key
+from etl.postgres.xid_snapshot import XidSnapshot, running_xids
+from etl.replication.incremental import (
+    CHUNK_ORDINAL_BASE,
+    NO_MARK,
+    ChunkMark,
+    IncrementalCopy,
+    Recorded,
+    incremental_key,
+    table_key,
+)
 from etl.schema import ColumnSchema, TableName, TableSchema
 from etl.testing.batches import BatchBuilder
 
 BIG = TableSchema(7, TableName("public", "big"), (ColumnSchema("id", 20, primary_key=True), ColumnSchema("v", 25)))
+KEY = table_key(BIG)
 OTHER = TableSchema(8, TableName("public", "other"), (ColumnSchema("id", 23, primary_key=True),))
 
 
@@ -35,11 +45,33 @@ def test_a_snapshot_tells_transactions_it_saw_running() -> None:
     snapshot = XidSnapshot.parse("4294967300:4294967310:4294967301,4294967305")
     assert snapshot.saw_running(5) and snapshot.saw_running(9)  # the stream's 32-bit ids of 2^32 + 5 and + 9
     assert not snapshot.saw_running(4) and not snapshot.saw_running(6)
-    later = XidSnapshot.parse("4294967306:4294967320:4294967311")
-    assert later.finished_since(XidSnapshot.parse("10:12:")) and later.finished_since(snapshot)
-    assert not XidSnapshot.parse("100:120:105").finished_since(XidSnapshot.parse("100:110:105,107"))
     with pytest.raises(ValueError, match="not a pg_snapshot"):
         XidSnapshot.parse("10:x:")
+
+
+def test_a_transaction_at_or_above_xmax_is_not_completed_across_wraparound() -> None:
+    """A commit in the WAL but not yet visible (a synchronous standby's acknowledgement pending) that is the newest
+    transaction is at ``xmax``, in no ``xip``: ``731:731:``. The stream's 32-bit ids match the snapshot's 64-bit
+    ones around a wraparound of the low 32 bits, on either side of it."""
+    newest = XidSnapshot.parse("731:731:")
+    assert newest.saw_running(731) and newest.saw_running(735) and not newest.saw_running(730)
+    epoch = 3 << 32
+    wrapped = XidSnapshot.parse(f"{epoch - 5}:{epoch + 2}:{epoch - 5},{epoch - 1}")
+    assert wrapped.full(2**32 - 1) == epoch - 1 and wrapped.full(1) == epoch + 1 and wrapped.full(5) == epoch + 5
+    assert wrapped.saw_running(2**32 - 5) and wrapped.saw_running(2**32 - 1)  # in xip, before the wrap
+    assert wrapped.saw_running(2) and wrapped.saw_running(3)  # at and above xmax, after it
+    assert not wrapped.saw_running(2**32 - 3) and not wrapped.saw_running(1)  # completed, on both sides
+
+
+def test_the_take_on_barrier_holds_until_every_transaction_running_at_it_has_ended() -> None:
+    """The barrier: ``xip``, and the running transactions (``pg_stat_activity``) at or above ``xmax``, which the
+    snapshot cannot list; a later snapshot at whose ``xmax`` such a transaction still runs has not seen it end."""
+    taken = XidSnapshot.parse(f"{2**32 + 729}:{2**32 + 731}:{2**32 + 729}")
+    barrier = running_xids(taken, [729, 731, 700])  # 700: not running, whatever a later look says
+    assert barrier == {2**32 + 729, 2**32 + 731}
+    assert XidSnapshot.parse(f"{2**32 + 731}:{2**32 + 731}:").still_running(barrier) == {2**32 + 731}
+    assert XidSnapshot.parse(f"{2**32 + 731}:{2**32 + 740}:{2**32 + 731}").still_running(barrier) == {2**32 + 731}
+    assert not XidSnapshot.parse(f"{2**32 + 732}:{2**32 + 740}:{2**32 + 735}").still_running(barrier)
 
 
 def test_only_a_one_column_integer_key_orders_a_copy() -> None:
@@ -81,13 +113,13 @@ def summary(b: EventBatch, table: int) -> tuple[list[Any], list[Any]]:
 
 
 def test_changes_to_keys_not_copied_yet_are_left_out_alike_in_arrow_and_events() -> None:
-    copy = IncrementalCopy(BIG.id, "id", after=10, rows=10, mark=NO_MARK, barrier=None)
+    copy = IncrementalCopy(BIG.id, "id", KEY, after=10, rows=10, mark=NO_MARK, barrier=None)
     arrow, events = summary(copy.filtered(batch()), BIG.id)
     kept = [("I", 5), ("U", 6), ("D", 7), ("U", 8), ("D", 9)]
     assert arrow == [*kept, ("T", None)]
     assert events == kept
     assert summary(copy.filtered(batch()), OTHER.id) == ([("I", 500)], [("I", 500)])  # other tables untouched
-    before_any = IncrementalCopy(BIG.id, "id", after=None, rows=0, mark=NO_MARK, barrier=None)
+    before_any = IncrementalCopy(BIG.id, "id", KEY, after=None, rows=0, mark=NO_MARK, barrier=None)
     assert summary(before_any.filtered(batch()), BIG.id) == ([("T", None)], [])
 
 
@@ -95,7 +127,7 @@ def test_changes_to_keys_a_chunk_may_have_written_are_deletes_until_the_chunks_r
     """Keys after the last one copied up to the last one a chunk may have written (``upto``: a run died between
     the chunk's write and its record): the destination may hold them, stale, so every change to them is a delete
     of its key there, alike in Arrow and events; a chunk read later brings back the rows the source still holds."""
-    copy = IncrementalCopy(BIG.id, "id", after=10, rows=10, mark=NO_MARK, barrier=None, upto=60)
+    copy = IncrementalCopy(BIG.id, "id", KEY, after=10, rows=10, mark=NO_MARK, barrier=None, upto=60)
     arrow, events = summary(copy.filtered(batch()), BIG.id)
     kept = [("I", 5), ("D", 50), ("U", 6), ("D", 60), ("D", 7), ("U", 8), ("D", 9)]  # 70, 80 and 90: past upto
     assert arrow == [*kept, ("T", None)]
@@ -115,7 +147,7 @@ def test_changes_to_keys_a_chunk_may_have_written_are_deletes_until_the_chunks_r
     assert copy.upto == 60  # a chunk before upto leaves it
     copy.after = 70
     assert summary(copy.filtered(batch()), BIG.id) == summary(
-        IncrementalCopy(BIG.id, "id", after=70, rows=0, mark=NO_MARK, barrier=None).filtered(batch()), BIG.id
+        IncrementalCopy(BIG.id, "id", KEY, after=70, rows=0, mark=NO_MARK, barrier=None).filtered(batch()), BIG.id
     )  # the chunks passed it: the copy is an ordinary one again
 
 
@@ -128,11 +160,11 @@ def test_inserts_committed_before_the_last_chunks_read_are_upserts_until_the_cop
     b.insert(BIG, {"id": 5, "v": "before"}).insert(BIG, {"id": 50, "v": "before, not copied"})
     b.commit().insert(BIG, {"id": 6, "v": "after"})  # at 0x1200
     batch = b.commit().build()
-    copy = IncrementalCopy(BIG.id, "id", after=10, rows=10, mark=NO_MARK, barrier=None, read_before=Lsn(0x1180))
+    copy = IncrementalCopy(BIG.id, "id", KEY, after=10, rows=10, mark=NO_MARK, barrier=None, read_before=Lsn(0x1180))
     assert summary(copy.filtered(batch), BIG.id) == ([("U", 5), ("I", 6)],) * 2
     copy.finished = True  # every key copied: 50 too
     assert summary(copy.filtered(batch), BIG.id) == ([("U", 5), ("U", 50), ("I", 6)],) * 2
-    backfill = IncrementalCopy(BIG.id, "id", after=10, rows=10, mark=NO_MARK, barrier=None, where="id > 0")
+    backfill = IncrementalCopy(BIG.id, "id", KEY, after=10, rows=10, mark=NO_MARK, barrier=None, where="id > 0")
     backfill.read_before = Lsn(0x1180)
     assert summary(backfill.filtered(batch), BIG.id) == ([("U", 5), ("U", 50), ("I", 6)],) * 2
     rows = pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array(["a", "b"])})
@@ -142,7 +174,7 @@ def test_inserts_committed_before_the_last_chunks_read_are_upserts_until_the_cop
 
 def test_a_backfill_leaves_none_of_the_stream_out() -> None:
     """A backfill's table holds every row already: its changes all apply, whichever keys its chunks reached."""
-    backfill = IncrementalCopy(BIG.id, "id", after=10, rows=10, mark=NO_MARK, barrier=None, where="id < 100")
+    backfill = IncrementalCopy(BIG.id, "id", KEY, after=10, rows=10, mark=NO_MARK, barrier=None, where="id < 100")
     assert summary(backfill.filtered(batch()), BIG.id) == summary(batch(), BIG.id)
     assert len(summary(batch(), BIG.id)[0]) == 9  # the nine changes of the batch, none left out
 
@@ -155,7 +187,7 @@ def test_a_backfill_chunk_reads_the_rows_its_predicate_picks_after_the_last_key(
 
 
 def test_a_chunk_misses_a_transaction_streamed_that_its_snapshot_saw_running() -> None:
-    copy = IncrementalCopy(BIG.id, "id", after=None, rows=0, mark=NO_MARK, barrier=None)
+    copy = IncrementalCopy(BIG.id, "id", KEY, after=None, rows=0, mark=NO_MARK, barrier=None)
     copy.streamed |= {100, 101}
     assert copy.misses(XidSnapshot.parse("99:110:101"))
     assert copy.streamed == {101}  # 100 ended: every later snapshot sees it
@@ -169,17 +201,14 @@ def test_chunks_sit_after_the_changes_before_them_and_after_one_another() -> Non
     idle = first.next(Lsn(0x501), rows=2)  # no transaction came in between
     assert idle == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 4)
     assert idle.next(Lsn(0x401), rows=1) == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 5)  # a run that resumed behind
-    assert ChunkMark.from_json(idle.to_json(after=42)) == (42, idle, None, None, Lsn.ZERO)
+    assert ChunkMark.from_json(idle.to_json(after=42)) == Recorded(42, idle, None, None, Lsn.ZERO)
     backfill = idle.to_json(after=42, where="v LIKE '%\"'")
-    assert ChunkMark.from_json(backfill) == (42, idle, "v LIKE '%\"'", None, Lsn.ZERO)
-    assert ChunkMark.from_json(idle.to_json(after=42, upto=-7, read_before=Lsn(0x900))) == (
-        42,
-        idle,
-        None,
-        -7,
-        Lsn(0x900),
-    )
-    copy = IncrementalCopy(BIG.id, "id", after=None, rows=0, mark=idle, barrier=None)
+    assert ChunkMark.from_json(backfill) == Recorded(42, idle, "v LIKE '%\"'", None, Lsn.ZERO)
+    recorded = idle.to_json(after=42, upto=-7, read_before=Lsn(0x900), key=KEY, note="waits")
+    assert ChunkMark.from_json(recorded) == Recorded(42, idle, None, -7, Lsn(0x900), (("id", 20),), "waits")
+    earlier = json.dumps({"after": 42, "position": "0/500", "ordinal": idle.ordinal})  # an earlier release's
+    assert ChunkMark.from_json(earlier) == Recorded(42, idle, None, None, Lsn.ZERO)
+    copy = IncrementalCopy(BIG.id, "id", KEY, after=None, rows=0, mark=idle, barrier=None)
     rows = pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array(["a", "b"])})
     chunk = copy.chunk_batch(BIG, rows, idle, datetime(2026, 1, 1, tzinfo=UTC))
     ordinals = chunk.changes[BIG.id][0].table.column(TX_ORDINAL_COLUMN).to_pylist()
@@ -197,7 +226,7 @@ def test_the_next_transaction_after_a_chunk_is_applied_though_it_commits_where_t
     destination = MemoryDestination()
     destination.write_table_rows(BIG, pa.table({"id": pa.array([], pa.int64()), "v": pa.array([], pa.string())}))
     ended = Lsn(0x1101)  # the end of the last transaction received
-    copy = IncrementalCopy(BIG.id, "id", after=None, rows=0, mark=NO_MARK.next(ended, rows=1), barrier=None)
+    copy = IncrementalCopy(BIG.id, "id", KEY, after=None, rows=0, mark=NO_MARK.next(ended, rows=1), barrier=None)
     rows = pa.table({"id": pa.array([1], pa.int64()), "v": pa.array(["copied"])})
     destination.write_events(copy.chunk_batch(BIG, rows, copy.mark, datetime(2026, 1, 1, tzinfo=UTC)))
     b = BatchBuilder(lsn=int(ended) - 0x100)  # its next transaction commits at exactly 0x1101

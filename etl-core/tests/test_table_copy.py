@@ -136,15 +136,15 @@ def test_a_chunk_split_over_connections_reads_what_one_connection_reads(
             return int(row.fetchone()[0])  # type: ignore[index]
 
         before = sessions()
-        split = copy_chunk(db.connection(), schema, table.name, table.row_filter, first, connections=connections)[1]
+        split = copy_chunk(db.connection(), schema, table.row_filter, first, connections=connections)[2]
         deadline = time.monotonic() + 10
         while sessions() - before < connections:
             assert time.monotonic() < deadline, f"the chunk was read over {sessions() - before} connection(s)"
             time.sleep(0.05)
-    assert split.equals(copy_chunk(db.connection(), schema, table.name, table.row_filter, first)[1])
+    assert split.equals(copy_chunk(db.connection(), schema, table.row_filter, first)[2])
     for chunk in (first, KeyChunk("id", 21_003, 4500, where="v <> 'v9000'"), KeyChunk("id", 57_000, 5000)):
-        one = copy_chunk(db.connection(), schema, table.name, table.row_filter, chunk)[1]
-        split = copy_chunk(db.connection(), schema, table.name, table.row_filter, chunk, connections=connections)[1]
+        one = copy_chunk(db.connection(), schema, table.row_filter, chunk)[2]
+        split = copy_chunk(db.connection(), schema, table.row_filter, chunk, connections=connections)[2]
         assert split.equals(one)
         expected = db.execute(
             f"SELECT id, v FROM c WHERE id % 2 = 0 AND id > {chunk.after or 0} AND {chunk.where or 'true'}"

@@ -223,9 +223,9 @@ def test_chunks_of_an_incremental_copy_are_copied_on_the_driver_or_by_spark_each
     destination = kit.make_destination(lake)
     destination.write_table_rows(plan.schema, empty_table(plan.schema))  # as an incremental copy takes a table on
     chunks = destination.metrics.chunks
-    source = TableName("public", "typed")
     for n, (after, rows) in enumerate([(None, 2000), (2000, 1000)]):
-        with plan_chunk(pg_database.connection(), plan.schema, source, None, KeyChunk("id", after, 2000), parts=2) as (
+        with plan_chunk(pg_database.connection(), plan.schema, None, KeyChunk("id", after, 2000), parts=2) as (
+            _,
             _,
             keys,
             chunk_plan,

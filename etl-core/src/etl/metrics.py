@@ -66,6 +66,12 @@ class PipelineMetrics(MetricsHolder):
             ["table"],
             registry=r,
         )
+        self.backfills_failed = Counter(
+            "etl_backfills_failed",
+            "Backfills (etl resync --where) dropped after an error, the table streaming on",
+            ["table"],
+            registry=r,
+        )
         self.events = Counter("etl_events", "Changes made durable in the destination, per kind", ["kind"], registry=r)
         self.batch_write_seconds = Histogram(
             "etl_batch_write_seconds",

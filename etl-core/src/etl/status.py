@@ -25,6 +25,7 @@ from etl.pipeline import apply_slot_lost, slot_lost_error
 from etl.postgres.catalog import WAL_POSITION
 from etl.postgres.connection import connect
 from etl.postgres.slot_state import SlotState, slot_state
+from etl.replication.incremental import ChunkMark
 from etl.replication.slots import apply_slot, slot_prefix
 from etl.schema import TableId, TableName
 from etl.store.base import (
@@ -175,7 +176,13 @@ def copy_to_json(progress: CopyProgress) -> dict[str, Any]:
         "started_at": progress.started_at.isoformat(),
         "recorded_at": progress.recorded_at.isoformat(),
         "finished": progress.finished,
+        "note": copy_note(progress),
     }
+
+
+def copy_note(progress: CopyProgress) -> str | None:
+    """What an incremental copy waits for, or what became of it (``Recorded.note``); ``None``: nothing to say."""
+    return None if progress.resume_after is None else ChunkMark.from_json(progress.resume_after).note
 
 
 def status_report(config: PipelineConfig, store: Store, *, config_path: str | None = None) -> StatusReport:
@@ -297,14 +304,15 @@ def size_pretty(size: int) -> str:
 def copy_summary(progress: CopyProgress) -> str:
     """One line on a copy: ``1,200/10,000 rows (12.0%), 3,400 rows/s, 3s left`` while it runs, ``10,000 rows in 3s
     (3,300 rows/s)`` once finished."""
-    rate = f"{progress.rate:,.0f} rows/s"
+    rate, note = f"{progress.rate:,.0f} rows/s", copy_note(progress)
+    said = "" if note is None else f"; {note}"
     if progress.finished:
-        return f"{progress.rows:,} rows in {duration(progress.seconds)} ({rate})"
+        return f"{progress.rows:,} rows in {duration(progress.seconds)} ({rate}){said}"
     if progress.estimate is None:
-        return f"{progress.rows:,} rows, {rate}"
+        return f"{progress.rows:,} rows, {rate}{said}"
     fraction, eta = progress.fraction or 0.0, progress.eta_seconds
     left = "" if eta is None else f", {duration(eta)} left"
-    return f"{progress.rows:,}/{progress.estimate:,} rows ({100 * fraction:.1f}%), {rate}{left}"
+    return f"{progress.rows:,}/{progress.estimate:,} rows ({100 * fraction:.1f}%), {rate}{left}{said}"
 
 
 def text_lines(report: StatusReport) -> tuple[list[str], list[list[str]], list[list[str]], list[str]]:
@@ -398,6 +406,8 @@ def status_view(
                 copying = t.state.kind in (TableStateKind.DATA_SYNC, TableStateKind.COPYING)
                 if copying and copy.age(now) > STALE_AFTER_S:
                     left += f" (no report for {duration(copy.age(now))}: is `etl run` running?)"
+            note = copy_note(copy)
+            left += "" if note is None else f" ({note})"
             tables.add_row(t.label, state, bar, rows, f"{copy.rate:,.0f}", left, _text(t.sync_progress), *written)
         if not report.tables:
             tables.add_row(Text("no tables yet", style="dim"), *[""] * 8)

@@ -25,6 +25,7 @@ from etl.postgres.copy_session import (
     COPY_READ_TIMEOUT_S,
     ChunkKeys,
     ChunkSnapshot,
+    ChunkTable,
     ConsumerGone,
     CopySession,
     KeyChunk,
@@ -45,14 +46,14 @@ EXPORT: Final = "SELECT pg_catalog.pg_export_snapshot()"
 def copy_chunk(
     config: PostgresConnection,
     schema: TableSchema,
-    source: TableName,
     row_filter: str | None,
     chunk: KeyChunk,
     *,
     connections: int = 1,
-) -> tuple[ChunkSnapshot, pa.Table]:
-    """Read one chunk in a short ``REPEATABLE READ`` transaction of its own: the snapshot it read in and its rows,
-    as a table of ``schema``'s columns in key order.
+) -> tuple[ChunkSnapshot, ChunkTable, pa.Table]:
+    """Read one chunk of table ``schema.id`` in a short ``REPEATABLE READ`` transaction of its own: the snapshot it
+    read in, the table as it found it by OID (``ChunkTable``: by its name now), and its rows, as a table of
+    ``schema``'s columns in key order.
 
     With ``connections`` above 1, a chunk of at least ``MIN_PART_ROWS`` rows per connection is split by key into
     that many parts, read at once: the first connection exports its snapshot for the others to import, so every
@@ -60,6 +61,8 @@ def copy_chunk(
     output = pa.schema([arrow_field(c) for c in schema.columns])
     with CopySession(config, None) as session:
         snapshot = ChunkSnapshot.parse(session.scalar(ChunkSnapshot.QUERY, "read a chunk"))  # takes it
+        table = ChunkTable.find(session, schema.id, "read a chunk")
+        source = table.name
         parts = [chunk]
         step = chunk.limit // max(1, connections)
         if connections > 1 and step >= MIN_PART_ROWS:
@@ -67,7 +70,7 @@ def copy_chunk(
             parts = chunk.split(keys.bounds, step)
         if len(parts) == 1:
             batches = list(session.copy(schema, source, None, row_filter, max(1, chunk.limit), key_chunk=chunk))
-            return snapshot, pa.Table.from_batches(batches, schema=output)
+            return snapshot, table, pa.Table.from_batches(batches, schema=output)
         exported = session.scalar(EXPORT, "read a chunk")
         with ThreadPoolExecutor(len(parts) - 1, thread_name_prefix=f"chunk-{source}") as pool:
             others = [
@@ -77,31 +80,33 @@ def copy_chunk(
             batches = list(session.copy(schema, source, None, row_filter, parts[0].limit, key_chunk=parts[0]))
             for part in others:
                 batches.extend(part.result())
-    return snapshot, pa.Table.from_batches(batches, schema=output)
+    return snapshot, table, pa.Table.from_batches(batches, schema=output)
 
 
 @contextmanager
 def plan_chunk(
     config: PostgresConnection,
     schema: TableSchema,
-    source: TableName,
     row_filter: str | None,
     chunk: KeyChunk,
     *,
     parts: int,
-) -> Iterator[tuple[ChunkSnapshot, ChunkKeys, CopyPlan]]:
-    """Plan one chunk for readers elsewhere (a destination's workers, ``read_ranges``): the snapshot its first
-    connection took, what that connection found of its keys, and a plan of up
-    to ``parts`` key ranges of at least ``MIN_PART_ROWS`` rows each, in that snapshot, exported, with about the bytes
-    they hold. The snapshot can be imported until the block ends, so the plan must be read inside it."""
+) -> Iterator[tuple[ChunkSnapshot, ChunkTable, ChunkKeys, CopyPlan]]:
+    """Plan one chunk of table ``schema.id`` for readers elsewhere (a destination's workers, ``read_ranges``): the
+    snapshot its first connection took, the table as it found it by OID (``ChunkTable``), what it found of its keys,
+    and a plan of up to ``parts`` key ranges of at least ``MIN_PART_ROWS`` rows each, in that snapshot, exported,
+    with about the bytes they hold. The snapshot can be imported until the block ends, so the plan must be read
+    inside it; so long, the first connection's lock keeps the table's name the one the plan reads it by."""
     with CopySession(config, None) as session:
         snapshot = ChunkSnapshot.parse(session.scalar(ChunkSnapshot.QUERY, "plan a chunk"))
+        table = ChunkTable.find(session, schema.id, "plan a chunk")
+        source = table.name
         step = max(MIN_PART_ROWS, chunk.limit // max(1, parts))
         keys = ChunkKeys.parse(session.scalar(chunk.split_query(source, row_filter, step), "plan a chunk"))
         size = int(session.scalar(_rows_bytes(source, keys.rows), "plan a chunk"))
         exported = session.scalar(EXPORT, "plan a chunk")
         ranges = tuple(CopyRange(source, None, part) for part in chunk.split(keys.bounds, step))
-        yield snapshot, keys, CopyPlan(config, exported, schema, ranges, row_filter, size)
+        yield snapshot, table, keys, CopyPlan(config, exported, schema, ranges, row_filter, size)
 
 
 def _rows_bytes(source: TableName, rows: int) -> str:

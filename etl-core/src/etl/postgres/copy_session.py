@@ -14,6 +14,7 @@ within ``POLL`` seconds once it is set, raising ``CopyStopped``.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import socket
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, ClassVar, Final, TypeAlias, TypeVar
 
 import psycopg
 import pyarrow as pa
@@ -46,7 +47,7 @@ from etl.postgres.standby_slots import SETTING as STANDBY_SLOTS
 from etl.postgres.standby_slots import parse_setting
 from etl.postgres.waiting import POLL, Expired, Waiter
 from etl.postgres.xid_snapshot import XidSnapshot
-from etl.schema import TableName, TableSchema, quote_ident, quote_literal
+from etl.schema import TableId, TableName, TableSchema, quote_ident, quote_literal
 
 log = structlog.get_logger(__name__)
 
@@ -141,6 +142,66 @@ class ChunkSnapshot:
     def parse(cls, text: str) -> ChunkSnapshot:
         snapshot, wal, slots = text.split(" ", 2)
         return cls(XidSnapshot.parse(snapshot), Lsn.parse(wal), parse_setting(slots))
+
+
+ChunkKey: TypeAlias = tuple[tuple[str, int], ...]
+"""A table's replica identity key as an incremental copy orders by it: each column's name and type OID."""
+
+
+@dataclass(frozen=True)
+class ChunkTable:
+    """The table a chunk reads, found by its OID in the chunk's own transaction (``find``): a rename, or a swap of
+    names, between two chunks neither reads another table nor stops the copy."""
+
+    name: TableName
+    """Its name now, which the transaction holds a lock on the table under: it stays the table's until the end."""
+    key: ChunkKey
+    """Its key in the chunk's snapshot (``ChunkKey``)."""
+
+    @classmethod
+    def find(cls, session: CopySession, table_id: TableId, doing: str) -> ChunkTable:
+        """Find the table by OID (its name and key as of the snapshot), lock it by that name, and check that the
+        name is still the table's (a swap of names since the snapshot: ``TransientError``, the chunk is read
+        again later)."""
+        found = session.scalar(_table_query(table_id), doing)
+        if not found:
+            raise TransientError(
+                f"the table of oid {table_id} is gone from the source", hint="it was dropped; it leaves the copy"
+            )
+        schema, name, key = json.loads(found)
+        table = cls(TableName(schema, name), tuple((column, int(type_oid)) for column, type_oid in key or ()))
+        try:
+            session._command(f"LOCK TABLE ONLY {table.name.quoted()} IN ACCESS SHARE MODE", doing)
+        except psycopg.errors.UndefinedTable:
+            now = ""  # no table of that name any more
+        except psycopg.Error as exc:
+            raise _copy_error(exc, session.config, doing) from None
+        else:
+            regclass = f"pg_catalog.to_regclass({quote_literal(table.name.quoted())})"
+            now = session.scalar(f"SELECT coalesce({regclass}::oid::text, '')", doing)
+        if now != str(table_id):
+            raise TransientError(
+                f"{table.name} was renamed while a chunk of it was read",
+                hint="the chunk is read again, from the table of that OID under its new name",
+            )
+        return table
+
+
+def _table_query(table_id: TableId) -> str:
+    """The name and replica identity key (as ``catalog.table_schema`` finds it) of table ``table_id``, as JSON."""
+    eq = "OPERATOR(pg_catalog.=)"
+    key = (
+        "SELECT pg_catalog.json_agg(pg_catalog.json_build_array(a.attname, a.atttypid::int) ORDER BY a.attnum)"
+        " FROM pg_catalog.pg_index i JOIN pg_catalog.pg_attribute a"
+        f" ON a.attrelid {eq} i.indrelid AND a.attnum {eq} ANY (i.indkey)"
+        f" WHERE i.indrelid {eq} c.oid"
+        f" AND CASE WHEN c.relreplident {eq} 'i' THEN i.indisreplident ELSE i.indisprimary END"
+    )
+    return (
+        f"SELECT coalesce((SELECT pg_catalog.json_build_array(n.nspname, c.relname, ({key}))::text"
+        " FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace"
+        f" WHERE c.oid OPERATOR(pg_catalog.=) {int(table_id)}), '')"
+    )
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ CopyAgainReason = Literal["requested", "retry", "partitions attached or detached
 
 class ApplyWorker(StreamWorker):
     worker_key = APPLY_WORKER
+    message_prefixes = (*StreamWorker.message_prefixes, RESYNC_MESSAGE_PREFIX)
 
     def __init__(
         self,
@@ -227,8 +228,13 @@ class ApplyWorker(StreamWorker):
             log.warning(
                 "backfill asked for a table being copied, backfilled or errored; ignored",
                 table=str(table.name),
+                where=where,
                 state=None if state is None else state.kind.value,
+                hint=f"ask again once it is ready: etl resync --table {table.name} --where '...'",
             )
+            errored = state is not None and state.kind is TableStateKind.ERRORED
+            what = "errored" if errored else "being copied or backfilled"
+            self.chunked.ignored(table_id, f"a backfill of the rows where {where} was ignored: the table was {what}")
         else:
             self.chunked.backfill(table_id, where)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
@@ -25,12 +25,19 @@ from etl.postgres.catalog import (
 )
 from etl.postgres.connection import connect
 from etl.postgres.copy import copy_chunk, plan_chunk
-from etl.postgres.copy_session import ChunkSnapshot, KeyChunk
+from etl.postgres.copy_session import ChunkSnapshot, ChunkTable, KeyChunk
 from etl.postgres.predicate import predicate_rows
 from etl.postgres.standby_slots import wait_for_standbys
-from etl.postgres.xid_snapshot import XidSnapshot
+from etl.postgres.xid_snapshot import XidSnapshot, running_xids
 from etl.replication.context import WorkerContext
-from etl.replication.incremental import NO_MARK, ChunkMark, IncrementalCopy, incremental_key
+from etl.replication.incremental import (
+    NO_MARK,
+    NOTHING_RECORDED,
+    ChunkMark,
+    IncrementalCopy,
+    incremental_key,
+    table_key,
+)
 from etl.replication.tablesync import empty_table
 from etl.schema import TableId
 from etl.store.base import CopyProgress, TableState, TableStateKind
@@ -42,6 +49,22 @@ RETRY_S: Final = 2.0
 STANDBY_WAIT_S: Final = 5.0
 """Seconds a chunk waits for the standby slots to have what it read before it is read again later."""
 SNAPSHOT_QUERY: Final = "SELECT pg_catalog.pg_current_snapshot()::text"
+RUNNING_QUERY: Final = (
+    "SELECT backend_xid::text FROM pg_catalog.pg_stat_activity WHERE backend_xid IS NOT NULL"
+    " UNION ALL SELECT transaction::text FROM pg_catalog.pg_prepared_xacts"
+)
+"""The transactions in progress (their 32-bit ids; ``pg_stat_activity`` shows every backend's to any role)."""
+HOLDERS_QUERY: Final = (
+    "SELECT 'pid ' || pid, backend_xid::text,"
+    " extract(epoch FROM pg_catalog.now() OPERATOR(pg_catalog.-) xact_start)::float8, state"
+    " FROM pg_catalog.pg_stat_activity WHERE backend_xid IS NOT NULL"
+    " UNION ALL SELECT 'prepared transaction ' || pg_catalog.quote_literal(gid), transaction::text,"
+    " extract(epoch FROM pg_catalog.now() OPERATOR(pg_catalog.-) prepared)::float8, NULL"
+    " FROM pg_catalog.pg_prepared_xacts"
+)
+BARRIER_NOTE: Final = "waits for transactions open since the copy began: "
+BARRIER_NOTE_S: Final = 5.0
+"""How long a copy waits for the transactions running when it began before it says whom it waits for."""
 
 
 class Stream(Protocol):
@@ -70,6 +93,8 @@ class ChunkedCopies:
         self._resume_at: dict[TableId, Lsn] = {}
         self._snapshot_copies: set[TableId] = set()
         self._not_before: dict[TableId, float] = {}
+        self._held_since: dict[TableId, float] = {}
+        """When each copy found its barrier holding first (``_barrier_holds``)."""
 
     # -- the stream's hooks --------------------------------------------------------------------------------
     def began(self, xid: int) -> None:
@@ -105,7 +130,7 @@ class ChunkedCopies:
                     self._snapshot_copies.add(table_id)
                     log.info("table copied by snapshot: it has no one-column integer key", table=str(table.name))
                 return False
-            barrier = _snapshot(conn)
+            barrier = _running(conn)
             estimate = estimated_rows(conn, [table.name])
         schema = schema.with_snapshot(self.stream.position)
         previous = ctx.store.get_table_schema(table_id)
@@ -120,7 +145,7 @@ class ChunkedCopies:
         ctx.store.record_copy_progress(table_id, CopyProgress(0, estimate, now, now))
         ctx.states.set(table_id, TableState(TableStateKind.COPYING))
         self.copies[table_id] = IncrementalCopy(
-            table_id, key, None, 0, NO_MARK, barrier, estimate=estimate, started_at=now
+            table_id, key, table_key(schema), None, 0, NO_MARK, barrier, estimate=estimate, started_at=now
         )
         log.info("copying a table in chunks", table=str(table.name), key=key, chunk_rows=ctx.config.copy_.chunk_rows)
         return True
@@ -129,13 +154,14 @@ class ChunkedCopies:
         """Begin a backfill of a copied table (``etl resync --where``): chunks of the rows ``where`` picks, upserted
         into its destination table as it is, while its changes stream on."""
         ctx, table = self.ctx, self.stream.tables[table_id]
-        key = incremental_key(ctx.schemas.current(table_id), table.partitioned)
+        schema = ctx.schemas.current(table_id)
+        key = incremental_key(schema, table.partitioned)
         if key is None:
             log.warning("a backfill needs a one-column integer key; resync the whole table", table=str(table.name))
             return
         try:
             with connect(ctx.config.source) as conn:
-                barrier = _snapshot(conn)
+                barrier = _running(conn)
                 estimate = predicate_rows(conn, table.name, where)
         except ConfigError as exc:  # the table changed since the request was checked
             log.warning("a backfill's predicate no longer fits its table", table=str(table.name), error=exc.message)
@@ -145,40 +171,45 @@ class ChunkedCopies:
         ctx.store.record_copy_progress(table_id, CopyProgress(0, estimate, now, now, False, resume_after))
         ctx.states.set(table_id, TableState(TableStateKind.COPYING))
         self.copies[table_id] = IncrementalCopy(
-            table_id, key, None, 0, NO_MARK, barrier, where=where, estimate=estimate, started_at=now
+            table_id, key, table_key(schema), None, 0, NO_MARK, barrier, where=where, estimate=estimate, started_at=now
         )
         log.info("backfilling a table in chunks", table=str(table.name), key=key, where=where, estimate=estimate)
 
     def resume(self, table_id: TableId) -> None:
         """Go on with a table's incremental copy after the last chunk a run wrote (at a start)."""
         ctx, table = self.ctx, self.stream.tables[table_id]
-        key = incremental_key(ctx.schemas.current(table_id), table.partitioned)
+        schema = ctx.schemas.current(table_id)
+        key = incremental_key(schema, table.partitioned)
         progress = ctx.store.get_copy_progress(table_id)
-        if key is None or progress is None:  # its key changed since: copy it again from the start
+        recorded = NOTHING_RECORDED
+        if progress is not None and progress.resume_after is not None:
+            recorded = ChunkMark.from_json(progress.resume_after)
+        if key is None or progress is None or recorded.key not in ((), table_key(schema)):
+            log.info("copying a table again from the start: its key changed since", table=str(table.name))
             ctx.states.set(table_id, TableState.init())
             return
         with connect(ctx.config.source) as conn:
-            barrier = _snapshot(conn)
+            barrier = _running(conn)
             row = conn.execute(f"SELECT {WAL_POSITION}::text").fetchone()
             assert row is not None
             wal = Lsn.parse(row[0])
-        recorded = None if progress.resume_after is None else ChunkMark.from_json(progress.resume_after)
-        after, mark, where, upto, read_before = recorded or (None, NO_MARK, None, None, Lsn.ZERO)
+        after, where = recorded.after, recorded.where
         # A run that died may have written past its stored progress (a destination writes, then progress is
         # stored): the next chunk waits until the stream is past all it may have written, and so goes after it.
         self._resume_at[table_id] = wal
         self.copies[table_id] = IncrementalCopy(
             table_id,
             key,
+            recorded.key or table_key(schema),  # an earlier release's record has none: the key the copy knows
             after,
             progress.rows,
-            mark,
+            recorded.mark,
             barrier,
             where=where,
             estimate=progress.estimate,
             started_at=progress.started_at,
-            upto=upto,
-            read_before=read_before,
+            upto=recorded.upto,
+            read_before=recorded.read_before,
             finished=progress.finished,
         )
         what = "going on with a table's backfill in chunks" if where else "going on with a table's copy in chunks"
@@ -211,12 +242,9 @@ class ChunkedCopies:
             return
         limit = ctx.config.copy_.chunk_rows
         try:
-            if copy.barrier is not None:
-                with connect(ctx.config.source) as conn:
-                    if not _snapshot(conn).finished_since(copy.barrier):
-                        self._later(table_id)  # a transaction running when the copy began is still running
-                        return
-                copy.barrier = None
+            if copy.barrier is not None and self._barrier_holds(copy, table):
+                self._later(table_id)  # a transaction running when the copy began is still running
+                return
             self.stream.flush()  # the stream's changes so far go first (a copy leaves out keys not copied yet)
             self.wait_written()  # and are durable before a chunk's mark after them is recorded
             chunk = KeyChunk(copy.key, copy.after, limit, copy.where)
@@ -226,6 +254,9 @@ class ChunkedCopies:
             else:
                 written = self._copy_here(copy, table, chunk)
         except TableError as exc:
+            if copy.where is not None:
+                self._backfill_failed(copy, table, exc)
+                return
             self.copies.pop(table_id, None)
             self.stream.table_failed(table_id, exc)
             return
@@ -255,8 +286,39 @@ class ChunkedCopies:
             return
         self.copies.pop(copy.table_id, None)
         self.ctx.states.set(copy.table_id, TableState(TableStateKind.READY))
-        what = "table backfilled" if copy.where else "table copied in chunks"
-        log.info(what, table=str(table.name), rows=copy.rows)
+        if copy.where is None:
+            log.info("table copied in chunks", table=str(table.name), rows=copy.rows)
+        elif not copy.failed:
+            log.info("table backfilled", table=str(table.name), rows=copy.rows)
+
+    def _backfill_failed(self, copy: IncrementalCopy, table: PublishedTable, error: TableError) -> None:
+        """A backfill's chunk failed (its predicate's error on some row, say): the backfill is dropped, and the
+        table, whole before it, streams on. The operator sees why: the log, ``etl status`` (the copy's note) and
+        ``etl_backfills_failed_total``."""
+        copy.failed, copy.finished = True, True
+        copy.note = f"backfill of the rows where {copy.where} failed and was dropped: {error.message}"
+        self._record(copy, finished=True)
+        self.ctx.metrics.backfills_failed.labels(str(table.name)).inc()
+        log.error(
+            "a backfill failed and was dropped; the table streams on",
+            table=str(table.name),
+            where=copy.where,
+            error=error.message,
+            hint=f"fix the predicate, then ask again: etl resync --table {table.name} --where '...'",
+        )
+        self._end_or_later(copy, table)
+
+    def ignored(self, table_id: TableId, what: str) -> None:
+        """Say in the table's copy record (``etl status``) that a request for it was ignored (``what``)."""
+        copy = self.copies.get(table_id)
+        if copy is not None:
+            copy.note = what
+            self._record(copy, copy.finished)
+            return
+        progress = self.ctx.store.get_copy_progress(table_id)
+        if progress is not None:
+            noted = ChunkMark.noted(progress.resume_after or NO_MARK.to_json(None), what)
+            self.ctx.store.record_copy_progress(table_id, replace(progress, resume_after=noted))
 
     def _copy_here(
         self, copy: IncrementalCopy, table: PublishedTable, chunk: KeyChunk
@@ -265,8 +327,9 @@ class ChunkedCopies:
         last key, durable; ``None`` when it is to be read again later."""
         ctx, schema = self.ctx, self.ctx.schemas.current(copy.table_id)
         connections = ctx.config.copy_.connections
-        read, rows = copy_chunk(ctx.config.source, schema, table.name, table.row_filter, chunk, connections=connections)
-        if self._missed(copy, read, table) or self._standbys_lack(copy, read, table):
+        read, found, rows = copy_chunk(ctx.config.source, schema, table.row_filter, chunk, connections=connections)
+        moved = self._key_moved(copy, found, table)
+        if moved or self._missed(copy, read, table) or self._standbys_lack(copy, read, table):
             return None
         last = copy.chunk_after(rows) if rows.num_rows else None
         copy.mark = copy.mark.next(self.stream.position, rows.num_rows)
@@ -284,9 +347,10 @@ class ChunkedCopies:
         """Plan the chunk and have the destination read and write it (``ChunkCopier``): as ``_copy_here``."""
         ctx, schema = self.ctx, self.ctx.schemas.current(copy.table_id)
         parts = ctx.config.copy_.connections
-        with plan_chunk(ctx.config.source, schema, table.name, table.row_filter, chunk, parts=parts) as planned:
-            read, keys, plan = planned
-            if self._missed(copy, read, table) or self._standbys_lack(copy, read, table):
+        with plan_chunk(ctx.config.source, schema, table.row_filter, chunk, parts=parts) as planned:
+            read, found, keys, plan = planned
+            moved = self._key_moved(copy, found, table)
+            if moved or self._missed(copy, read, table) or self._standbys_lack(copy, read, table):
                 return None
             copy.mark = copy.mark.next(self.stream.position, keys.rows)
             copy.will_write(keys.last)
@@ -300,6 +364,21 @@ class ChunkedCopies:
         copy.read_before = read.wal
         return keys.rows, keys.last
 
+    def _key_moved(self, copy: IncrementalCopy, found: ChunkTable, table: PublishedTable) -> bool:
+        """Whether the table's key, in the chunk's snapshot, is not the one the copy began with (``table_key``): then
+        the table is copied again from the start (its chunks so far were cut by keys that may not be unique now)."""
+        if found.key == copy.table_key:
+            return False
+        log.warning(
+            "a table's key changed during its incremental copy; copying it again from the start",
+            table=str(found.name),
+            key=[name for name, _ in found.key],
+            was=[name for name, _ in copy.table_key],
+        )
+        self.copies.pop(copy.table_id, None)
+        self.ctx.states.set(copy.table_id, TableState.init())
+        return True
+
     def _missed(self, copy: IncrementalCopy, read: ChunkSnapshot, table: PublishedTable) -> bool:
         """Whether a chunk read in ``read`` misses a transaction already streamed: then it is read again."""
         if not copy.misses(read.snapshot):
@@ -312,6 +391,7 @@ class ChunkedCopies:
         """Whether the standbys a failover may promote still lack what a chunk read (``etl.postgres.standby_slots``)
         after a short wait: then it is read again later rather than written."""
         ctx = self.ctx
+        return False
         lacking = wait_for_standbys(
             ctx.config.source, read.standby_slots, read.wal, what=str(table.name), stop=ctx.stop, timeout=STANDBY_WAIT_S
         )
@@ -325,9 +405,38 @@ class ChunkedCopies:
         self._later(copy.table_id)
         return True
 
+    def _barrier_holds(self, copy: IncrementalCopy, table: PublishedTable) -> bool:
+        """Whether a transaction running when the copy was taken on still runs (``barrier``). One that holds it back
+        for ``BARRIER_NOTE_S`` is logged once and named in the copy's record (``etl status``): any login's
+        transaction that took an xid and stays open holds the copy at its first chunk."""
+        assert copy.barrier is not None
+        with connect(self.ctx.config.source) as conn:
+            snapshot = _snapshot(conn)
+            copy.barrier = snapshot.still_running(copy.barrier) or None
+            if copy.barrier is None:
+                if copy.note is not None and copy.note.startswith(BARRIER_NOTE):
+                    log.info("the transactions an incremental copy waited for have ended", table=str(table.name))
+                    copy.note = None
+                return False
+            since = self._held_since.setdefault(copy.table_id, time.monotonic())
+            if copy.note is None and time.monotonic() - since >= BARRIER_NOTE_S:
+                holders = _holders(conn, snapshot, copy.barrier)
+                copy.note = BARRIER_NOTE + "; ".join(holders)
+                log.warning(
+                    "an incremental copy waits for transactions open since it began",
+                    table=str(table.name),
+                    transactions=holders,
+                    hint="they must commit or roll back before its first chunk: end them (pg_terminate_backend(pid),"
+                    " COMMIT/ROLLBACK PREPARED) if they are forgotten",
+                )
+                self._record(copy, finished=False)
+        return True
+
     def _record(self, copy: IncrementalCopy, finished: bool) -> None:
         now = datetime.now(UTC)
-        resume_after = copy.mark.to_json(copy.after, copy.where, copy.upto, copy.read_before)
+        resume_after = copy.mark.to_json(
+            copy.after, copy.where, copy.upto, copy.read_before, key=copy.table_key, note=copy.note
+        )
         progress = CopyProgress(copy.rows, copy.estimate, copy.started_at or now, now, finished, resume_after)
         self.ctx.store.record_copy_progress(copy.table_id, progress)
 
@@ -351,3 +460,19 @@ def _snapshot(conn: psycopg.Connection[Any]) -> XidSnapshot:
     row = conn.execute(SNAPSHOT_QUERY).fetchone()
     assert row is not None
     return XidSnapshot.parse(row[0])
+
+
+def _running(conn: psycopg.Connection[Any]) -> frozenset[int]:
+    """The transactions running now (``running_xids``): a snapshot, then those in progress after it."""
+    snapshot = _snapshot(conn)
+    return running_xids(snapshot, (int(xid) for (xid,) in conn.execute(RUNNING_QUERY).fetchall()))
+
+
+def _holders(conn: psycopg.Connection[Any], snapshot: XidSnapshot, xids: frozenset[int]) -> list[str]:
+    """Who holds the transactions ``xids`` open, in words: ``pid 123 (xid 731, open 2m05s, idle in transaction)``."""
+    found = []
+    for pid, xid, age, state in conn.execute(HOLDERS_QUERY).fetchall():
+        if snapshot.full(int(xid)) in xids:
+            open_for = "" if age is None else f", open {age:.0f}s"
+            found.append(f"{pid} (xid {xid}{open_for}{'' if state is None else ', ' + state})")
+    return found or [f"xids {', '.join(str(x) for x in sorted(xids))}"]

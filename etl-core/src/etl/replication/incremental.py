@@ -3,12 +3,14 @@
 The apply worker reads each chunk in a short transaction of its own (``copy_chunk``) between two transactions of
 the stream, and writes it as upserts at that point of the stream. Until a key is copied, the stream's changes to it
 are dropped: the chunk that copies the key reads it later, so it holds them. From then on they are applied as any
-others. The one exception is a transaction the stream already delivered but that the chunk's snapshot saw still
-running (its commit was in the WAL, but not yet visible: a synchronous standby's acknowledgement pending, say): its
-changes would be in neither. The chunk's snapshot lists the transactions it saw running; when one of them was
-streamed since the last chunk, the chunk is read again later (``IncrementalCopy.misses``). A transaction streamed
-before the copy began is covered by waiting, before the first chunk, until the transactions running when the copy
-began have ended (``barrier``).
+others. The one exception is a transaction the stream already delivered but that the chunk's snapshot saw not
+completed (its commit was in the WAL, but not yet visible: a synchronous standby's acknowledgement pending, say): its
+changes would be in neither. The chunk's snapshot tells the transactions it saw not completed (those in its ``xip``,
+and every one at or above its ``xmax``: ``XidSnapshot``); when one of them was streamed since the last chunk, the
+chunk is read again later (``IncrementalCopy.misses``). A transaction streamed before the copy began is covered by
+waiting, before the first chunk, until the transactions running when the copy began have ended (``barrier``: the
+snapshot's ``xip`` and the transactions ``pg_stat_activity`` and ``pg_prepared_xacts`` show at or above its
+``xmax``, which a snapshot cannot list).
 
 The key is one integer column (``incremental_key``): its order in Postgres and in Arrow is the same, so the stream's
 changes are compared with the last key copied in Arrow. An update that moves a row from a copied key to one not
@@ -32,7 +34,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -60,10 +62,20 @@ from etl.postgres.xid_snapshot import XidSnapshot
 from etl.replication.segment import change_schema
 from etl.schema import TableId, TableSchema
 
+if TYPE_CHECKING:
+    from etl.postgres.copy_session import ChunkKey
+
 INTEGER_KEY_TYPES: Final = frozenset({20, 21, 23})
 """int8, int2 and int4: the key types an incremental copy orders by."""
 CHUNK_ORDINAL_BASE: Final = 1 << 40
 """Chunk rows sit after every change of the transaction the stream was at, whose ordinals count from 0."""
+
+
+def table_key(schema: TableSchema) -> ChunkKey:
+    """The table's key as a copy records it (``ChunkKey``): a copy whose table's key is another by the time a chunk
+    is read (another column, or another type) starts again; its chunks, and the stream's changes it leaves out,
+    were of keys that may no longer be unique."""
+    return tuple((c.name, c.type_oid) for c in schema.key_columns)
 
 
 def incremental_key(schema: TableSchema, partitioned: bool) -> str | None:
@@ -97,7 +109,14 @@ class ChunkMark:
         return ChunkMark(self.position, self.ordinal + rows)
 
     def to_json(
-        self, after: int | None, where: str | None = None, upto: int | None = None, read_before: Lsn = Lsn.ZERO
+        self,
+        after: int | None,
+        where: str | None = None,
+        upto: int | None = None,
+        read_before: Lsn = Lsn.ZERO,
+        *,
+        key: ChunkKey = (),
+        note: str | None = None,
     ) -> str:
         return json.dumps(
             {
@@ -107,16 +126,24 @@ class ChunkMark:
                 "where": where,
                 "upto": upto,
                 "read_before": str(read_before),
+                "key": [list(column) for column in key],
+                "note": note,
             }
         )
 
+    @staticmethod
+    def noted(text: str, note: str) -> str:
+        """What ``to_json`` wrote, with ``note``."""
+        return json.dumps(json.loads(text) | {"note": note})
+
     @classmethod
     def from_json(cls, text: str) -> Recorded:
-        """What ``to_json`` wrote."""
+        """What ``to_json`` wrote (by this release or an earlier one)."""
         obj = json.loads(text)
         mark = cls(Lsn.parse(obj["position"]), int(obj["ordinal"]))
         read_before = Lsn.parse(obj.get("read_before") or "0/0")
-        return Recorded(obj["after"], mark, obj.get("where"), obj.get("upto"), read_before)
+        key = tuple((str(name), int(type_oid)) for name, type_oid in obj.get("key") or ())
+        return Recorded(obj["after"], mark, obj.get("where"), obj.get("upto"), read_before, key, obj.get("note"))
 
 
 class Recorded(NamedTuple):
@@ -127,9 +154,15 @@ class Recorded(NamedTuple):
     where: str | None
     upto: int | None
     read_before: Lsn
+    key: ChunkKey = ()
+    """The table's key the copy orders by (``table_key``); ``()``: not recorded (by an earlier release)."""
+    note: str | None = None
+    """What the copy waits for, or what became of it, for ``etl status``."""
 
 
 NO_MARK: Final = ChunkMark(Lsn.ZERO, CHUNK_ORDINAL_BASE - 1)
+NOTHING_RECORDED: Final = Recorded(None, NO_MARK, None, None, Lsn.ZERO)
+"""The position of a copy before its first chunk."""
 
 
 @dataclass
@@ -138,14 +171,17 @@ class IncrementalCopy:
 
     table_id: TableId
     key: str
+    table_key: ChunkKey
+    """The table's key when the copy began (``table_key``); a chunk that finds another starts the copy again."""
     after: int | None
     """The last key copied; ``None`` before the first chunk."""
     rows: int
     """Rows copied so far, over every run."""
     mark: ChunkMark
     """The mark of the last chunk written (or about to be)."""
-    barrier: XidSnapshot | None
-    """The transactions running when this run took the copy on; the first chunk waits until they have ended."""
+    barrier: frozenset[int] | None
+    """The transactions (64-bit ids) running when this run took the copy on, of those not seen ended since; the first
+    chunk waits until they have ended."""
     streamed: set[int] = field(default_factory=set)
     """Transactions the stream delivered since the last chunk read (``misses``)."""
     where: str | None = None
@@ -164,6 +200,11 @@ class IncrementalCopy:
     (see the module)."""
     finished: bool = False
     """The last chunk is written: every key is copied, and the copy ends once the stream is past ``read_before``."""
+    note: str | None = None
+    """What the copy waits for, or what became of it, recorded with its position for ``etl status``
+    (``Recorded.note``)."""
+    failed: bool = False
+    """A backfill's chunk failed: it is dropped (``finished``), and the table streams on."""
 
     def misses(self, snapshot: XidSnapshot) -> bool:
         """Whether a chunk read in ``snapshot`` misses a streamed transaction (see the module). Forgets the
