@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
+from etl.destination.base import WriteResult
 from etl.destination.memory import MemoryDestination
+from etl.events import EventBatch
 from etl.pipeline import Pipeline
 from etl.schema import TableName
 from etl.store.base import TableStateKind
@@ -199,3 +202,40 @@ def test_stored_generated_columns_arrive_where_the_server_publishes_them(
             return False
 
     wait_until(equal, "the published columns copied and streamed", pipeline)
+
+
+class SlowWrites(MemoryDestination):
+    """The memory destination, each of whose streamed writes takes ``seconds`` (a destination slower than the
+    server's ``wal_sender_timeout``)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def write_events(self, batch: EventBatch) -> WriteResult:
+        time.sleep(self.seconds)
+        return super().write_events(batch)
+
+
+def test_a_write_longer_than_wal_sender_timeout_keeps_the_replication_connection(pg_database: TestDatabase) -> None:
+    """The walsender ends a connection that sends no status update for ``wal_sender_timeout``: updates keep flowing
+    while a destination write runs, however long it takes."""
+    db = pg_database
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t")
+    db.execute(f"ALTER DATABASE \"{db.name}\" SET wal_sender_timeout = '1s'")  # the walsender reads it at connect
+    pipeline = Pipeline(pipeline_config(db), MemoryStore(pipeline_id=1), destination := SlowWrites(3.5))
+    pipeline.start()
+    try:
+        wait_until(lambda: all_ready(pipeline, 1), "the copy", pipeline)
+        query = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'etl_apply_1'"
+        walsender = db.execute(query)[0][0]
+        with db.connect() as fresh:  # a session started after the ALTER, as the walsender's was
+            assert fresh.execute("SHOW wal_sender_timeout").fetchone() == ("1s",)
+        for i in range(3):
+            db.execute("INSERT INTO t VALUES (%s, 'during a slow write')", (i,))
+            time.sleep(0.5)
+        wait_until(lambda: destination_matches(db, destination, "public.t"), "the rows, after slow writes", pipeline)
+        assert db.execute(query) == [(walsender,)], "the replication connection was ended and made again"
+        assert pipeline.metrics.registry.get_sample_value("etl_reconnects_total") in (None, 0.0)
+    finally:
+        pipeline.shutdown()
