@@ -168,29 +168,87 @@ def test_empty_table_is_created(lake: Any, kit: Any) -> None:
     assert lake.query("SELECT count(*) FROM lake.public.all_types") == [(0,)]
 
 
-def test_infinite_dates_and_timestamps_read_back_infinite(lake: Any, kit: Any) -> None:
-    """Postgres's ``infinity`` and ``-infinity``, decoded as copies and streams decode them, are DuckDB's."""
-    schema = TableSchema(
-        16401,
-        TableName("public", "events"),
-        (ColumnSchema("id", 23, primary_key=True), ColumnSchema("tz", 1184), ColumnSchema("ts", 1114),
-         ColumnSchema("d", 1082)),
-    )  # fmt: skip
-    texts = pa.array(["infinity", "-infinity", None])
-    ids = pa.array([1, 2, 3], pa.int32())
-    columns = {c.name: decode_text_column(c, texts) for c in schema.columns[1:]}
-    kit.make_destination(lake).write_table_rows(schema, pa.table({"id": ids, **columns}))
-    assert lake.query(
-        "SELECT id, isinf(tz), isinf(ts), isinf(d), tz > TIMESTAMPTZ '3000-01-01 00:00:00+00', ts::varchar, d::varchar"
-        " FROM lake.public.events ORDER BY id"
-    ) == [
-        (1, True, True, True, True, "infinity", "infinity"),
-        (2, True, True, True, False, "-infinity", "-infinity"),
-        (3, None, None, None, None, None, None),
-    ]
-    assert lake.query("SELECT id FROM lake.public.events WHERE tz = '-infinity'::TIMESTAMPTZ") == [(2,)]
-    assert lake.query("SELECT id FROM lake.public.events WHERE d = '-infinity'::DATE") == [(2,)]
-    assert lake.query("SELECT count(*) FROM lake.public.events WHERE ts < TIMESTAMP '0001-01-01'") == [(1,)]
+NUMERIC_38_10 = ((38 << 16) | 10) + 4
+EXTREMES = (
+    ColumnSchema("id", 23, primary_key=True),
+    ColumnSchema("tz", 1184),
+    ColumnSchema("ts", 1114),
+    ColumnSchema("d", 1082),
+    ColumnSchema("f8", 701),
+    ColumnSchema("f4", 700),
+    ColumnSchema("n38", 1700, NUMERIC_38_10),
+    ColumnSchema("num", 1700),
+)
+# Each column's extremes as Postgres prints them (ids 1-6, the last all NULL). DuckDB prints a timestamptz near its
+# maximum through ICU, which loses the microseconds: that one has none.
+EXTREME_TEXTS = {
+    "tz": ["infinity", "-infinity", "4714-11-24 00:00:00+00 BC", "294246-12-31 23:59:59+00",
+           "0044-03-15 01:02:03.456789+00 BC"],
+    "ts": ["infinity", "-infinity", "4714-11-24 00:00:00 BC", "294246-12-31 23:59:59.999999",
+           "0044-03-15 01:02:03.456789 BC"],
+    "d": ["infinity", "-infinity", "4714-11-24 BC", "5874897-12-31", "0044-03-15 BC"],
+    "f8": ["NaN", "-Infinity", "5e-324", "1.7976931348623157e+308", "-0"],
+    "f4": ["Infinity", "-Infinity", "1e-45", "3.4028235e+38", "-0"],
+    "n38": ["9999999999999999999999999999.9999999999", "-9999999999999999999999999999.9999999999",
+            "-0.0000000001", "0.0000000000", "0.0000000001"],
+    "num": ["NaN", "-Infinity", "0.00000000000000000001", "123456789012345678901234567890.123456789", "Infinity"],
+}  # fmt: skip
+# What DuckDB reads of them, as text.
+EXTREME_READS = [
+    (1, "infinity", "infinity", "infinity", "nan", "inf",
+     "9999999999999999999999999999.9999999999", "NaN"),
+    (2, "-infinity", "-infinity", "-infinity", "-inf", "-inf",
+     "-9999999999999999999999999999.9999999999", "-Infinity"),
+    (3, "4714-11-24 (BC) 00:00:00+00", "4714-11-24 (BC) 00:00:00", "4714-11-24 (BC)", "5e-324", "1e-45",
+     "-0.0000000001", "0.00000000000000000001"),
+    (4, "294246-12-31 23:59:59+00", "294246-12-31 23:59:59.999999", "5874897-12-31",
+     "1.7976931348623157e+308", "3.4028235e+38", "0.0000000000", "123456789012345678901234567890.123456789"),
+    (5, "0044-03-15 (BC) 01:02:03.456789+00", "0044-03-15 (BC) 01:02:03.456789", "0044-03-15 (BC)", "-0.0",
+     "-0.0", "0.0000000001", "Infinity"),
+    (6, None, None, None, None, None, None, None),
+]  # fmt: skip
+
+
+def extreme_rows() -> list[dict[str, Any]]:
+    """The rows of ``EXTREME_TEXTS`` decoded as copies and streams decode them; dates and timestamps as their
+    storage integers, which Python's types cannot hold."""
+    columns: dict[str, list[Any]] = {"id": list(range(1, 7))}
+    for column in EXTREMES[1:]:
+        decoded = decode_text_column(column, pa.array([*EXTREME_TEXTS[column.name], None]))
+        storage = (
+            {pa.date32(): pa.int32()}.get(decoded.type, pa.int64()) if column.type_oid in (1082, 1114, 1184) else None
+        )
+        columns[column.name] = (decoded.cast(storage) if storage is not None else decoded).to_pylist()
+    return [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+
+
+def test_extreme_values_read_the_same_from_files_and_inlined_rows(lake: Any, kit: Any) -> None:
+    """Infinities, BC and far dates, the widest numerics, NaN and infinite floats: copied (a data file), streamed
+    (inlined into the catalog, one row updated with unchanged TOAST values read back from the catalog) and
+    flushed, DuckDB reads each as the source holds it."""
+    copied = TableSchema(16401, TableName("public", "copied"), EXTREMES)
+    streamed = TableSchema(16404, TableName("public", "streamed"), EXTREMES)
+    rows = extreme_rows()
+    destination = kit.make_destination(lake)
+    destination.write_table_rows(copied, kit.rows_table(copied, rows))
+    b = kit.BatchBuilder().commit()
+    for row in rows:
+        b.insert(streamed, row)
+    destination.write_events(b.build())
+    destination.write_events(
+        kit.BatchBuilder(lsn=0x2000).commit().update(streamed, rows[2], missing=("tz", "d")).build()
+    )
+    quoted = ", ".join(["id", *(f"{c.name}::varchar" for c in EXTREMES[1:])])
+
+    def read(table: str) -> Any:
+        return lake.query(f"SELECT {quoted} FROM lake.public.{table} ORDER BY id")
+
+    assert lake.query("SELECT count(*) FROM ducklake_list_files('lake', 'streamed', schema => 'public')") == [(0,)]
+    assert read("copied") == read("streamed") == EXTREME_READS
+    assert lake.query("SELECT id FROM lake.public.streamed WHERE tz = '-infinity'::TIMESTAMPTZ AND isinf(d)") == [(2,)]
+    destination.flush_inlined(destination.catalog.handle(streamed.id).table)
+    assert lake.query("SELECT count(*) FROM ducklake_list_files('lake', 'streamed', schema => 'public')") == [(1,)]
+    assert read("streamed") == EXTREME_READS
 
 
 def test_each_handed_over_batch_is_durable_when_written(lake: Any, kit: Any) -> None:

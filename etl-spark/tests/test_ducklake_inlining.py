@@ -19,15 +19,21 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
 
 from etl.destination.memory import MemoryDestination, sort_rows
+from etl.postgres.codecs import decode_text_column
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl_spark.ducklake import inline_flush
 from etl_spark.ducklake.catalog import inlined
+from etl_spark.ducklake.catalog.model import LakeColumn
 from etl_spark.ducklake.plan import inline_limits
+from etl_spark.ducklake.reader import connect_duckdb
 from etl_spark.ducklake.storage import LakeStorage
+from etl_spark.ducklake.types import Form
 
 NUMERIC_12_3 = ((12 << 16) | 3) + 4
 KINDS = TableSchema(
@@ -495,3 +501,43 @@ def test_names_with_quotes_and_percent_signs_are_inlined(lake: Any, kit: Any) ->
     destination.write_events(kit.BatchBuilder().commit().insert(odd, {"id": 1, "share %s": "50%"}).build())
     assert lake.query('SELECT id, "share %s" FROM lake.public."odd ""100%"""') == [(1, "50%")]
     assert inlined_rows(lake) == 1
+
+
+def test_dates_and_timestamps_duckdb_inlined_read_back_exactly(tmp_path: Path) -> None:
+    """This writer reads DuckDB's own text of inlined extremes (infinities, BC and far years; timestamptz from a
+    session in another time zone) as the values Postgres's text of them decodes to, and writes the same text."""
+    columns = [LakeColumn(1, "d", "date", True), LakeColumn(2, "ts", "timestamp", True),
+               LakeColumn(3, "tz", "timestamptz", True)]  # fmt: skip
+    duckdb_texts = [  # what DuckDB is given, and what Postgres prints of the same values
+        (("infinity", "infinity", "infinity"), ("infinity", "infinity", "infinity")),
+        (("-infinity", "-infinity", "-infinity"), ("-infinity", "-infinity", "-infinity")),
+        (("4714-11-24 (BC)", "4714-11-24 (BC) 00:00:00", "4714-11-24 (BC) 00:00:00"),
+         ("4714-11-24 BC", "4714-11-24 00:00:00 BC", "4714-11-24 00:00:00+00 BC")),
+        (("0044-03-15 (BC)", "0044-03-15 (BC) 01:02:03.456789", "0044-03-15 (BC) 01:02:03.456789"),
+         ("0044-03-15 BC", "0044-03-15 01:02:03.456789 BC", "0044-03-15 01:02:03.456789+00 BC")),
+        (("5874897-12-31", "294246-12-31 23:59:59.999999", "294246-12-31 23:59:59"),
+         ("5874897-12-31", "294246-12-31 23:59:59.999999", "294246-12-31 23:59:59+00")),
+        (("2024-02-29", "2024-02-29 12:34:56.5", "2024-02-29 12:34:56.5"),
+         ("2024-02-29", "2024-02-29 12:34:56.5", "2024-02-29 12:34:56.5+00")),
+        ((None, None, None), (None, None, None)),
+    ]  # fmt: skip
+    con = connect_duckdb("sqlite")
+    con.execute(f"ATTACH 'ducklake:sqlite:{tmp_path}/c.sqlite' AS lake (DATA_PATH '{tmp_path}/data/')")
+    con.execute("CREATE TABLE lake.t (d date, ts timestamp, tz timestamptz)")
+    con.execute("SET TimeZone = 'Asia/Kolkata'")
+    rows = ", ".join("(?, ?, ?::timestamp AT TIME ZONE 'UTC')" for _ in duckdb_texts)
+    con.execute(f"INSERT INTO lake.t VALUES {rows}", [v for given, _ in duckdb_texts for v in given])  # inlined
+    con.close()
+    engine = sa.create_engine(f"sqlite:///{tmp_path}/c.sqlite")
+    with engine.begin() as conn:
+        (name,) = conn.execute(sa.text("SELECT table_name FROM ducklake_inlined_data_tables")).one()
+        stored = inlined.read(conn, name, columns, Form.FILE, live=True)
+        theirs = conn.execute(sa.text(f"SELECT d, ts, tz FROM {name} ORDER BY row_id")).all()
+        inlined.create(conn, 1, 99, columns)
+        inlined.insert(conn, inlined.table_name(1, 99), columns, stored, row_id_start=0, snapshot=1)
+        ours = conn.execute(sa.text("SELECT d, ts, tz FROM ducklake_inlined_data_1_99 ORDER BY row_id")).all()
+    engine.dispose()
+    assert ours == theirs
+    for i, (column, oid) in enumerate(zip(columns, (1082, 1114, 1184), strict=True)):
+        postgres = pa.array([printed[i] for _, printed in duckdb_texts], pa.string())
+        assert stored[column.name].combine_chunks() == decode_text_column(ColumnSchema("c", oid), postgres)

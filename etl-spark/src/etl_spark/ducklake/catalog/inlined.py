@@ -5,7 +5,8 @@ DuckLake 1.0 ("Data Inlining"): the rows of table T inlined at its schema versio
 by name), listed in ``ducklake_inlined_data_tables``. A row is visible from its begin snapshot until its
 end snapshot, as a file is. Values are stored as DuckDB 1.5 stores them: in SQLite integers and booleans
 as BIGINT, blobs as BLOB, all else as text; in Postgres in their own type where there is one, text as
-bytea, dates and timestamps as text.
+bytea, dates and timestamps as text. That text is DuckDB's (``inlined_text``): infinities, BC and far years
+included, so DuckDB reads a value inlined as it reads it from a data file.
 
 A table is inlined only when every column has a stored form this writer writes and reads back exactly:
 not lists, not intervals (``inlinable``). Values go in from, and come back out in, the Arrow forms of
@@ -24,10 +25,11 @@ import pyarrow.compute as pc
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from etl_spark.ducklake.catalog import inlined_text
 from etl_spark.ducklake.catalog.ddl import quote
 from etl_spark.ducklake.catalog.engine import one_of
 from etl_spark.ducklake.catalog.model import LakeColumn
-from etl_spark.ducklake.types import LIST, Form, convert
+from etl_spark.ducklake.types import LIST, Form, arrow_of, convert
 
 REGISTRY: Final = "ducklake_inlined_data_tables"
 
@@ -59,6 +61,8 @@ _SLOTS: Final[dict[str, _Slot]] = {
 }
 _NATIVE_TEXT: Final = ("varchar", "bytea")
 """Postgres types a text value goes into without a cast."""
+_TEMPORAL: Final = ("date", "timestamp", "timestamptz")
+"""Lake types stored as DuckDB's text of them (``inlined_text``)."""
 
 
 def _slot(column: LakeColumn) -> _Slot | None:
@@ -155,8 +159,8 @@ def _encode(values: pa.ChunkedArray | pa.Array, slot: _Slot, postgres: bool) -> 
         return list(values.to_pylist())
     if slot.passed == "utf8" and postgres:
         return list(pc.cast(values, pa.binary()).to_pylist())
-    if pa.types.is_timestamp(values.type) and values.type.tz is not None:
-        return list(pc.strftime(values, format="%Y-%m-%d %H:%M:%S+00").to_pylist())
+    if pa.types.is_timestamp(values.type) or pa.types.is_date32(values.type):
+        return list(inlined_text.to_text(values).to_pylist())
     return list(pc.cast(values, pa.string()).to_pylist())
 
 
@@ -258,8 +262,8 @@ def _decode(values: list[Any], column: LakeColumn, slot: _Slot, form: Form) -> p
         stored = pa.array([None if v is None else bytes(v) for v in values], pa.binary())
     else:
         stored = pa.array(values, pa.string())
-        if column.type == "timestamptz":  # DuckDB writes +00, Arrow reads +00:00
-            stored = pc.replace_substring_regex(stored, r"([+-]\d\d)$", r"\1:00")
+        if column.type in _TEMPORAL:
+            stored = inlined_text.from_text(stored, arrow_of(column, form))
     return convert(stored, column, form)
 
 
