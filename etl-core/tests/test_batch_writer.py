@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from etl.config import PipelineSection
 from etl.destination.base import WriteResult
 from etl.destination.memory import MemoryDestination
-from etl.errors import DestinationError, EtlError, TableError, TableErrors, TypeChangeError
+from etl.errors import DestinationError, EtlError, TableError, TableErrors, TypeChangeError, naming_table
 from etl.events import EventBatch
 from etl.replication.retries import TableRetries
 from etl.replication.writer import BatchWriter
@@ -96,6 +98,27 @@ def test_tables_that_fail_together_are_errored_in_one_go(store: MemoryStore) -> 
     writer.close()
     assert {t: e.message for t, e in errored.items()} == {101: "bad a", 102: "bad b"}
     assert destination.calls == [{101, 102, 103}, {103}]  # one more write, with the table that did not fail
+    assert [r["v"] for r in destination.rows("public.c")] == ["c"]
+
+
+class NoKernelDestination(FailingDestination):
+    """Stand-in for a destination whose per-table work meets a pyarrow kernel missing for table 102's types."""
+
+    def write_events(self, batch: EventBatch) -> WriteResult:
+        if 102 in batch.changes:
+            self.calls.append(set(batch.changes))
+            with naming_table(102):
+                pc.equal(pa.array([[1]]), pa.array([[1]]))  # no kernel compares lists
+        return super().write_events(batch)
+
+
+def test_a_kernel_pyarrow_lacks_for_a_tables_types_errors_that_table_alone(store: MemoryStore) -> None:
+    destination = NoKernelDestination([])
+    writer, errored = write(destination, store)
+    writer.wait()
+    writer.close()
+    assert list(errored) == [102] and "no kernel" in errored[102].message
+    assert destination.calls == [{101, 102, 103}, {101, 103}]
     assert [r["v"] for r in destination.rows("public.c")] == ["c"]
 
 

@@ -365,3 +365,51 @@ def test_a_schema_version_with_no_change_of_its_own_reaches_the_lake(lake: Any, 
     # The DDL's transaction goes on in the next batch: its changes are not taken for replays.
     destination.write_events(b.insert(altered, {"id": 3, "note": "o", "qty": 3, "amount": None, "extra": "e"}).build())
     assert lake.query("SELECT id, extra FROM lake.public.orders2 ORDER BY id") == [(1, None), (2, None), (3, "e")]
+
+
+TAGGED = TableSchema(
+    16510,
+    TableName("public", "tagged"),
+    (
+        ColumnSchema("path", 1007, nullable=False, primary_key=True, attnum=1, type_name="integer[]"),
+        ColumnSchema("kind", 25, nullable=False, primary_key=True, attnum=2),
+        ColumnSchema("note", 25, attnum=3),
+    ),
+)
+
+
+def test_array_keys_are_compared_as_lists(lake: Any, kit: Any) -> None:
+    """A key holding an array (with a text column beside it): inserts, updates (of the key too), deletes and unchanged
+    TOAST values reach the lake as the memory destination holds them, and the other table of the batches too."""
+    destination = kit.make_destination(lake)
+    reference = MemoryDestination()
+    copied = [
+        {"path": [1, 2], "kind": "a", "note": "one"},
+        {"path": [1], "kind": "a", "note": "two"},
+        {"path": [], "kind": "a", "note": "empty"},
+        {"path": [1, None], "kind": "a", "note": "null element"},
+    ]
+    for target in (destination, reference):
+        target.write_table_rows(TAGGED, kit.rows_table(TAGGED, copied))
+    b = kit.BatchBuilder()
+    batches = [
+        b.commit()
+        .insert(TAGGED, {"path": [2, 1], "kind": "a", "note": "three"})
+        .update(TAGGED, {"path": [1, 2], "kind": "a", "note": "one again"})
+        .update(TAGGED, {"path": [1, 3], "kind": "b", "note": "moved"}, old={"path": [1], "kind": "a"})
+        .delete(TAGGED, {"path": [], "kind": "a"})
+        .insert(ORDERS, {"id": 1, "note": "beside", "qty": 1, "amount": None})
+        .build(),
+        b.commit()
+        .update(TAGGED, {"path": [1, None], "kind": "a", "note": None}, missing=("note",))
+        .delete(TAGGED, {"path": [2, 1], "kind": "a"})
+        .insert(TAGGED, {"path": [2, 1], "kind": "b", "note": "four"})
+        .update(ORDERS, {"id": 1, "note": "beside again", "qty": 2, "amount": None})
+        .build(),
+    ]
+    for batch in batches:
+        for target in (destination, reference):
+            target.write_events(batch)
+        assert lake_rows(lake, TAGGED) == reference.rows("public.tagged")
+        assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+    assert {r["note"] for r in reference.rows("public.tagged")} == {"one again", "moved", "null element", "four"}

@@ -98,10 +98,17 @@ class TableErrors(EtlError):
 @contextmanager
 def naming_table(table_id: int) -> Iterator[None]:
     """Name ``table_id`` in a ``TableError`` raised inside that names no table, so the engine errors that table
-    only (a destination's ``write_events`` around the work of one table, say)."""
+    only (a destination's ``write_events`` around the work of one table, say). A ``NotImplementedError`` there
+    (pyarrow's ``ArrowNotImplementedError``: no kernel for a type of this table's) is that table's error too."""
     try:
         yield
     except TableError as exc:
         if exc.table_id is None:
             exc.table_id = table_id
         raise
+    except NotImplementedError as exc:
+        raise TableError(
+            f"the destination cannot handle this table: {exc}",
+            hint="report it with the table's column types; leave the table out of the publication meanwhile",
+            table_id=table_id,
+        ) from exc

@@ -100,7 +100,7 @@ def last_change_per_key_arrow(changes: pa.Table, columns: Sequence[str], key: Se
     images = changes.select(list(columns)).append_column(ACTION, action).append_column("_etl_order", order)
     old = changes[OLD_COLUMN].combine_chunks()
     old_key = {k: old.field(k) for k in key}
-    differs = reduce(pc.or_, [pc.invert(_equal_null_safe(old_key[k], changes[k])) for k in key])
+    differs = reduce(pc.or_, [pc.invert(_equal_null_safe(comparable(old_key[k]), comparable(changes[k]))) for k in key])
     moves = pc.and_(pc.and_(pc.equal(op, "U"), old.is_valid()), differs)
     count = int(pc.sum(moves).as_py() or 0)
     moved = pa.table(
@@ -111,9 +111,44 @@ def last_change_per_key_arrow(changes: pa.Table, columns: Sequence[str], key: Se
     moved = moved.append_column("_etl_order", order.filter(moves))
     touches = pa.concat_tables([images, moved]).sort_by("_etl_order")
     position = pa.array(np.arange(touches.num_rows, dtype=np.int64))
-    last = touches.select(list(key)).append_column("_etl_position", position)
+    last = pa.table([comparable(touches[k]) for k in key], names=list(key)).append_column("_etl_position", position)
     winners = last.group_by(list(key), use_threads=False).aggregate([("_etl_position", "max")])
     return touches.take(winners["_etl_position_max"]).drop_columns(["_etl_order"])
+
+
+def comparable(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Key values as pyarrow's ``equal``, ``group_by`` and joins take them: a list (an array key) as a canonical
+    binary encoding, equal exactly when the lists are (each element length-prefixed, so none runs into the next);
+    any other type as it is."""
+    if isinstance(values, pa.ChunkedArray):
+        return pa.chunked_array([comparable(chunk) for chunk in values.chunks], _encoded_type(values.type))
+    if not (pa.types.is_list(values.type) or pa.types.is_large_list(values.type)):
+        return values
+    flat = values.flatten()
+    elements = comparable(flat) if _encoded_type(flat.type) == pa.binary() else _element_bytes(flat)
+    length = pc.cast(pc.cast(pc.binary_length(elements), pa.string()), pa.binary())
+    framed = pc.binary_join_element_wise(_BYTES[b"v"], length, _BYTES[b":"], elements, _BYTES[b""])
+    tagged = pc.fill_null(framed, _BYTES[b"n"])  # a null element: "n"
+    offsets = pc.subtract(values.offsets, values.offsets[0])
+    lists = pa.ListArray.from_arrays(offsets, tagged, mask=values.is_null() if values.null_count else None)
+    return pc.binary_join(lists, _BYTES[b""])
+
+
+_BYTES: Final = {b: pa.scalar(b, pa.binary()) for b in (b"v", b":", b"n", b"")}
+
+
+def _encoded_type(kind: pa.DataType) -> pa.DataType:
+    return pa.binary() if pa.types.is_list(kind) or pa.types.is_large_list(kind) else kind
+
+
+def _element_bytes(values: pa.Array) -> pa.Array:
+    kind = values.type.storage_type if isinstance(values.type, pa.BaseExtensionType) else values.type
+    storage = values.storage if isinstance(values, pa.ExtensionArray) else values
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
+        return pc.cast(storage, pa.binary())
+    if pa.types.is_date32(kind) or pa.types.is_timestamp(kind) or pa.types.is_time(kind):
+        storage = storage.cast(pa.int32() if pa.types.is_date32(kind) or kind == pa.time32("s") else pa.int64())
+    return pc.cast(pc.cast(storage, pa.string()), pa.binary())
 
 
 def _equal_null_safe(left: pa.Array | pa.ChunkedArray, right: pa.Array | pa.ChunkedArray) -> pa.Array:

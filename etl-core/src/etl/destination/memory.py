@@ -62,6 +62,11 @@ def _is_nan(value: Any) -> bool:
     return value.is_nan() if isinstance(value, Decimal) else isinstance(value, float) and math.isnan(value)
 
 
+def _hashable(value: Any) -> Any:
+    """A key value as a dict key: an array (a list) as the tuple of its elements."""
+    return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
+
+
 class _Table:
     """Rows of one table: keyed by replica identity key, or a multiset of whole rows."""
 
@@ -78,7 +83,7 @@ class _Table:
         positions = self.key_positions()
         if not positions:
             return None
-        return tuple(row[i] for i in positions)
+        return tuple(_hashable(row[i]) for i in positions)
 
     def insert(self, row: Row) -> None:
         key = self.key_of(row)
