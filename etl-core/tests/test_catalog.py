@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 import structlog
+import structlog.testing
 
 from etl.errors import SourceError, TableError
 from etl.postgres.catalog import (
@@ -18,6 +19,7 @@ from etl.postgres.catalog import (
     table_schema,
 )
 from etl.postgres.connection import connect
+from etl.postgres.ddl import install_ddl_trigger
 from etl.schema import ReplicaIdentity, TableName
 from etl.testing.pytest_plugin import TestDatabase
 
@@ -66,17 +68,29 @@ def test_publication_for_listed_tables(pg_database: TestDatabase) -> None:
 
 
 def test_publication_for_all_tables_and_schemas(pg_database: TestDatabase) -> None:
+    """Schemas and FOR ALL TABLES are expanded, without the pipeline's own tables (the trigger's record, a store's):
+    they are left out, and said so once."""
     pg_database.execute("CREATE SCHEMA s")
     pg_database.execute('CREATE TABLE s."Mixed Case" (id int)')
     pg_database.execute("CREATE TABLE public.t (id int)")
+    with connect(pg_database.connection()) as conn:
+        assert install_ddl_trigger(conn)
+    pg_database.execute("CREATE TABLE etl.etl_progress (id int)")  # as the Postgres store makes in the source
     pg_database.execute("CREATE PUBLICATION everything FOR ALL TABLES")
     pg_database.execute("CREATE PUBLICATION one_schema FOR TABLES IN SCHEMA s")
-    with connect(pg_database.connection()) as conn:
+    pg_database.execute("CREATE PUBLICATION own FOR TABLES IN SCHEMA etl")
+    with connect(pg_database.connection()) as conn, structlog.testing.capture_logs() as logs:
         everything = publication_tables(conn, "everything")
+        assert publication_tables(conn, "everything") == everything
         one_schema = publication_tables(conn, "one_schema")
+        assert publication_tables(conn, "own") == []
         assert publication_options(conn, "everything").all_tables
     assert [t.name for t in everything] == [TableName("public", "t"), TableName("s", "Mixed Case")]
     assert [t.name for t in one_schema] == [TableName("s", "Mixed Case")]
+    left_out = [e for e in logs if e["event"] == "the pipeline's own tables are left out of the publication's tables"]
+    assert [(e["publication"], e["tables"]) for e in left_out] == [
+        (pub, ["etl.etl_progress", "etl.schema_change_messages"]) for pub in ("everything", "own")
+    ]
 
 
 def test_partitioned_table_via_root(pg_database: TestDatabase) -> None:

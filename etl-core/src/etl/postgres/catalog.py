@@ -105,8 +105,16 @@ def publication_options(conn: psycopg.Connection[Any], publication: str) -> Publ
     )
 
 
+OWN_SCHEMA: Final = "etl"
+"""The schema of the project's own tables on the source (the DDL trigger's record, the Postgres store's by default):
+never a table the pipeline copies or streams, though a publication may publish them."""
+_own_tables_logged: set[tuple[str, ...]] = set()
+"""(publication, tables...) already logged as left out: once per process, not on every refresh."""
+
+
 def publication_tables(conn: psycopg.Connection[Any], publication: str) -> list[PublishedTable]:
-    """The tables ``publication`` publishes, ordered by name (``FOR ALL TABLES`` and schemas expanded).
+    """The tables ``publication`` publishes, ordered by name (``FOR ALL TABLES`` and schemas expanded), but for the
+    pipeline's own ones (``OWN_SCHEMA``).
 
     With ``publish_via_partition_root`` a partitioned table is one entry (rows copied from its
     leaves); without it each leaf partition is published, and listed, on its own.
@@ -132,7 +140,19 @@ def publication_tables(conn: psycopg.Connection[Any], publication: str) -> list[
         (publication,),
     ).fetchall()
     tables = []
+    own = sorted(str(TableName(schema, name)) for _, schema, name, *_ in rows if schema == OWN_SCHEMA)
+    if own and (publication, *own) not in _own_tables_logged:
+        _own_tables_logged.add((publication, *own))
+        log.info(
+            "the pipeline's own tables are left out of the publication's tables",
+            publication=publication,
+            tables=own,
+            hint=f"a publication FOR ALL TABLES or TABLES IN SCHEMA {OWN_SCHEMA} publishes them; they are not copied"
+            " or streamed",
+        )
     for oid, schema, name, partitioned, row_filter, attnames, has_column_list in rows:
+        if schema == OWN_SCHEMA:
+            continue
         tables.append(
             PublishedTable(
                 id=oid,
