@@ -8,6 +8,7 @@ source row for row afterwards.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -380,6 +381,69 @@ def test_forged_control_messages_from_a_login_role_change_nothing(table_t: TestD
     wait_until(lambda: destination_matches(db, destination, "public.t"), "the genuine schema change", p)
     added = destination.schema("public.t").columns[-1]
     assert (added.name, added.default) == ("n", "7"), "a default is known from the trigger only"
+
+
+HOSTILE_DDL = [
+    "[" * 100_000,  # RecursionError in a JSON parser
+    '{"v":1,"oid":1e999,"schema":"public","name":"t","replica_identity":"d","server_version_num":150000,'
+    '"columns":[],"publications":{}}',  # OverflowError
+    '{"v":1,"columns":' + "[" * 5000 + "]" * 5000 + "}",  # deep nesting in valid JSON
+    '{"v":1,"oid":' + "9" * 5000 + "}",  # a number of more digits than Python parses
+    '{"v":1,"oid":"t","schema":1,"name":[],"replica_identity":0,"server_version_num":{},"columns":"x",'
+    '"publications":[]}',  # every field of the wrong type
+]
+
+
+def test_hostile_logical_messages_never_stop_the_pipeline(
+    table_t: TestDatabase, run: Run, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Messages a LOGIN-only role emits with the engine's prefixes (content no parser survives, 50 MB of it) and of
+    another prefix inside a large streamed transaction: the pipeline streams on, and on after a restart."""
+    db = table_t
+    role = f"hostile_{os.getpid()}"  # roles are the cluster's: one per test process
+    db.execute(f"CREATE ROLE {role} LOGIN")
+    request.addfinalizer(lambda: db.execute(f"DROP ROLE {role}"))
+    db.execute(f"ALTER DATABASE {db.name} SET logical_decoding_work_mem = '64kB'")  # large transactions stream
+
+    def forge(large: list[tuple[str, int]]) -> None:
+        with connect(db.connection(user=role)) as hostile:
+            for content in HOSTILE_DDL:
+                hostile.execute("SELECT pg_logical_emit_message(true, %s, %s)", (MESSAGE_PREFIX, content))
+            hostile.execute("SELECT pg_logical_emit_message(true, %s, '\\xfffe7b'::bytea)", (MESSAGE_PREFIX,))
+            for prefix, size in large:
+                hostile.execute("SELECT pg_logical_emit_message(true, %s, repeat('x', %s))", (prefix, size))
+
+    destination = CopyCounting()
+    store = SqliteStore(tmp_path / "state.sqlite", 1)
+    p = run(destination, store)
+    wait_until(lambda: all_ready(p, 1), "ready", p)
+    with capture_logs() as logs:
+        forge([(MESSAGE_PREFIX, 50 << 20), (RESYNC_MESSAGE_PREFIX, 5 << 20)])
+        # 50 MB of another application's message in a transaction the server streams before its commit.
+        db.execute(
+            "BEGIN; INSERT INTO t SELECT g, 'streamed' FROM generate_series(100, 2099) g;"
+            " SELECT pg_logical_emit_message(true, 'other.app', repeat('y', 50 << 20));"
+            " INSERT INTO t SELECT g, 'streamed' FROM generate_series(3000, 3999) g; COMMIT"
+        )
+        db.execute("INSERT INTO t VALUES (21, 'after the forgeries')")
+        wait_until(lambda: destination_matches(db, destination, "public.t"), "the rows after the forgeries", p)
+    too_large = [e for e in logs if e["event"] == "logical message ignored: larger than any the engine sends"]
+    assert sorted(e["prefix"] for e in too_large) == [MESSAGE_PREFIX, RESYNC_MESSAGE_PREFIX]
+    forged = [e for e in logs if e["event"].startswith("schema change message ignored: the DDL trigger did not")]
+    assert len(forged) == len(HOSTILE_DDL) + 1, "each forgery is checked against the record, none parsed"
+
+    # The owner's ALTER TABLE still acts; a restart reads forgeries emitted while it was down, and goes on.
+    db.execute("ALTER TABLE t ADD COLUMN n int; ALTER TABLE t ALTER COLUMN n SET DEFAULT 7")
+    db.execute("INSERT INTO t VALUES (22, 'new', 8)")
+    wait_until(lambda: destination_matches(db, destination, "public.t"), "the genuine schema change", p)
+    p.shutdown()
+    forge([(MESSAGE_PREFIX, 5 << 20)])
+    db.execute("INSERT INTO t VALUES (23, 'after a restart', 9)")
+    again = run(destination, SqliteStore(tmp_path / "state.sqlite", 1))
+    wait_until(lambda: destination_matches(db, destination, "public.t"), "the row after a restart", again)
+    added = destination.schema("public.t").columns[-1]
+    assert (added.name, added.default) == ("n", "7"), "a default is known from the trigger only"
+    assert destination.drops == 0 and table_states(again) == {oid(db, "t"): TableStateKind.READY}
 
 
 # -- 3. every errored table errors alone --------------------------------------------------------------------

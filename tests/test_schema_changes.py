@@ -20,10 +20,10 @@ from etl.destination.memory import MemoryDestination
 from etl.events import EventBatch, RelationEvent
 from etl.pipeline import Pipeline
 from etl.postgres.ddl import ddl_trigger_installed
-from etl.schema import ColumnSchema, TableSchema
+from etl.schema import ColumnSchema, TableName, TableSchema
 from etl.store.memory import MemoryStore
 from etl.testing.compare import source_rows
-from etl.testing.pipelines import all_ready, pipeline_config, wait_until
+from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 
 TABLE = "public.items"
@@ -217,5 +217,28 @@ def test_without_permission_the_pipeline_warns_and_follows_relation_messages(
         db.execute("ALTER TABLE items ADD COLUMN extra int")
         db.execute("INSERT INTO items VALUES (1, 'one', 11)")
         wait_until(lambda: destination.rows(TABLE) == [{"id": 1, "name": "one", "extra": 11}], "row", pipeline)
+    finally:
+        pipeline.shutdown()
+
+
+def test_a_renamed_schema_renames_its_published_tables(pg_database: TestDatabase) -> None:
+    """``ALTER SCHEMA ... RENAME TO`` moves the schema's tables to their new names in the destination: before
+    Postgres 18 pgoutput sends no RELATION message for it, so the trigger reports each published table."""
+    db = pg_database
+    db.execute("CREATE SCHEMA sch1; CREATE TABLE sch1.t1 (id int PRIMARY KEY, v text)")
+    db.execute("INSERT INTO sch1.t1 SELECT g, 'before' FROM generate_series(1, 5) g")
+    db.execute("CREATE PUBLICATION pub FOR TABLE sch1.t1")
+    destination = RecordingDestination()
+    pipeline = Pipeline(pipeline_config(db), MemoryStore(pipeline_id=1), destination)
+    pipeline.start()
+    try:
+        wait_until(lambda: all_ready(pipeline, 1), "table ready", pipeline)
+        db.execute("INSERT INTO sch1.t1 VALUES (6, 'streamed')")  # the stream sent the table's RELATION already
+        wait_until(lambda: destination_matches(db, destination, "sch1.t1"), "the streamed row", pipeline)
+        db.execute("ALTER SCHEMA sch1 RENAME TO sch2")
+        db.execute("INSERT INTO sch2.t1 VALUES (7, 'after'), (8, 'after')")
+        wait_until(lambda: destination_matches(db, destination, "sch2.t1"), "sch2.t1 as in the source", pipeline)
+        assert destination.table_names() == [TableName("sch2", "t1")]
+        assert destination.relations[-1].name == TableName("sch2", "t1")
     finally:
         pipeline.shutdown()

@@ -5,7 +5,9 @@ defaults or attribute numbers (so a rename looks like a drop plus an add). The e
 fills that gap: at ``ddl_command_end`` of ``ALTER TABLE`` it emits, for each changed table that
 a publication publishes, a *transactional* logical message (``pg_logical_emit_message``) whose
 content is the table's full column list as JSON. Being transactional, the message is decoded in
-its transaction at the position of the DDL, before the table's following rows.
+its transaction at the position of the DDL, before the table's following rows. ``ALTER SCHEMA``
+fires it too, for each published table of the schema: a renamed schema renames its tables, and
+pgoutput before Postgres 18 sends no RELATION message for that.
 
 The trigger emits every live column and the published column names of each publication; the
 engine keeps what its own publication publishes (``SchemaChange.table_schema``). Creating an event
@@ -32,6 +34,7 @@ import structlog
 
 from etl.errors import SourceError
 from etl.lsn import Lsn
+from etl.postgres.catalog import OWN_SCHEMA
 from etl.schema import ColumnSchema, ReplicaIdentity, TableId, TableName, TableSchema
 
 log = structlog.get_logger(__name__)
@@ -40,13 +43,24 @@ MESSAGE_PREFIX: Final = "etl.ddl"
 """Prefix of the logical messages the trigger emits."""
 FORMAT_VERSION: Final = 1
 """Version of the message content (``"v"``); bumped when its shape changes incompatibly."""
-TRIGGER_SCHEMA: Final = "etl"
+TRIGGER_SCHEMA: Final = OWN_SCHEMA
 FUNCTION_NAME: Final = f"{TRIGGER_SCHEMA}.emit_schema_change"
 TRIGGER_NAME: Final = "etl_schema_change"
 MESSAGES_TABLE: Final = f"{TRIGGER_SCHEMA}.schema_change_messages"
 """Where the trigger records the LSN of every message it emits (see the module docstring)."""
 MIN_SERVER_VERSION: Final = 140000
 """Logical messages reach a pgoutput client from Postgres 14 on (the ``messages`` option)."""
+MAX_MESSAGE_BYTES: Final = 4 << 20
+"""The most a message of the engine's prefixes may have; the stream drops larger ones unread.
+
+A trigger message of a table with the most columns Postgres allows (1600) is a few hundred KB, and
+about 100 KB more per publication that lists its columns. Any role may emit messages of up to 1 GB.
+"""
+
+TRIGGER_TAGS: Final = ("ALTER SCHEMA", "ALTER TABLE")
+"""The commands that fire the trigger: ``ALTER SCHEMA`` for its renames (every published table of the schema
+gets a new name, and pgoutput before 18 sends no RELATION for it)."""
+_TAGS_SQL: Final = "(" + ", ".join(f"'{tag}'" for tag in TRIGGER_TAGS) + ")"
 
 # The function body. It runs as its owner (SECURITY DEFINER) so that it may record the message's
 # LSN in MESSAGES_TABLE, which no other role may write. The message is emitted in the
@@ -64,6 +78,9 @@ BEGIN
         WITH RECURSIVE changed(relid) AS (
             SELECT c.objid FROM pg_event_trigger_ddl_commands() c
             WHERE c.classid = 'pg_catalog.pg_class'::regclass
+          UNION
+            SELECT t.oid FROM pg_event_trigger_ddl_commands() c JOIN pg_class t ON t.relnamespace = c.objid
+            WHERE c.classid = 'pg_catalog.pg_namespace'::regclass
           UNION
             SELECT i.inhrelid FROM pg_inherits i JOIN changed ON i.inhparent = changed.relid
         )
@@ -142,7 +159,7 @@ AS $etl$
 {_FUNCTION_BODY.strip()}
 $etl$;
 DROP EVENT TRIGGER IF EXISTS {TRIGGER_NAME};
-CREATE EVENT TRIGGER {TRIGGER_NAME} ON ddl_command_end WHEN TAG IN ('ALTER TABLE')
+CREATE EVENT TRIGGER {TRIGGER_NAME} ON ddl_command_end WHEN TAG IN {_TAGS_SQL}
     EXECUTE FUNCTION {FUNCTION_NAME}();
 """
 
@@ -185,9 +202,12 @@ def install_ddl_trigger(conn: psycopg.Connection[Any]) -> InstallResult:
     if standby or not superuser:
         if ddl_trigger_installed(conn):  # a standby has what was installed on its primary
             return InstallResult(True, "installed on the primary" if standby else "already installed by a superuser")
+        earlier = "an earlier version of the trigger is installed; " if ddl_trigger_outdated(conn) else ""
         if standby:
-            return InstallResult(False, "the source is a standby; install the trigger on the primary")
-        return InstallResult(False, f"role {conn.info.user!r} is not a superuser (CREATE EVENT TRIGGER needs one)")
+            return InstallResult(False, f"{earlier}the source is a standby; install the trigger on the primary")
+        return InstallResult(
+            False, f"{earlier}role {conn.info.user!r} is not a superuser (CREATE EVENT TRIGGER needs one)"
+        )
     try:
         with conn.transaction():
             conn.execute(install_sql())
@@ -207,12 +227,19 @@ def uninstall_ddl_trigger(conn: psycopg.Connection[Any]) -> None:
 def ddl_trigger_installed(conn: psycopg.Connection[Any]) -> bool:
     """True when the trigger exists, is enabled and calls the current version of the function."""
     row = conn.execute(
-        """SELECT p.prosrc
+        """SELECT p.prosrc, e.evttags
            FROM pg_catalog.pg_event_trigger e JOIN pg_catalog.pg_proc p ON p.oid = e.evtfoid
            WHERE e.evtname = %s AND e.evtenabled <> 'D' AND e.evtevent = 'ddl_command_end'""",
         (TRIGGER_NAME,),
     ).fetchone()
-    return row is not None and str(row[0]).strip() == _FUNCTION_BODY.strip()
+    return row is not None and str(row[0]).strip() == _FUNCTION_BODY.strip() and sorted(row[1]) == list(TRIGGER_TAGS)
+
+
+def ddl_trigger_outdated(conn: psycopg.Connection[Any]) -> bool:
+    """True when the trigger exists but is not the current version (installed by an earlier release): it may miss
+    what this version reports (``ALTER SCHEMA`` renames, the record of its messages); install it again."""
+    row = conn.execute("SELECT EXISTS (SELECT FROM pg_catalog.pg_event_trigger WHERE evtname = %s)", (TRIGGER_NAME,))
+    return bool(row.fetchone() == (True,)) and not ddl_trigger_installed(conn)
 
 
 def schema_change_recorded(conn: psycopg.Connection[Any], lsn: Lsn) -> bool:
@@ -271,49 +298,100 @@ class SchemaChange:
 
 
 def parse_schema_change(content: bytes) -> SchemaChange:
-    """Parse a trigger message; ``SourceError`` when it is not one this version understands."""
+    """Parse a trigger message; ``SourceError`` when it is not one this version understands.
+
+    Whatever the content (it reaches the parser only once the trigger's record vouches for it, but a
+    trigger of another version, or a server whose encoding is not UTF-8, may still send what this version
+    cannot read), the only exception raised is ``SourceError``: no nesting, number or encoding gets past it.
+    """
+    if len(content) > MAX_MESSAGE_BYTES:
+        raise SourceError(
+            f"schema change message of {len(content)} bytes, more than the {MAX_MESSAGE_BYTES} a trigger message"
+            " may have",
+            hint="the DDL trigger on the source is not the one this version of etl installs; reinstall it",
+        )
     try:
-        doc = json.loads(content)
-        if not isinstance(doc, dict):
-            raise TypeError("not a JSON object")
+        doc = _object(json.loads(content.decode("utf-8")))
         version = doc.get("v")
         if version != FORMAT_VERSION:
             raise SourceError(
                 f"schema change message of format {version!r}; this version of etl reads format {FORMAT_VERSION}",
                 hint="reinstall the DDL trigger with this version of etl (or run its install SQL again)",
             )
-        columns = tuple(
-            TriggerColumn(
-                ColumnSchema(
-                    name=str(c["name"]),
-                    type_oid=int(c["type_oid"]),
-                    type_modifier=int(c["type_modifier"]),
-                    nullable=not c["not_null"],
-                    primary_key=bool(c["key"]),
-                    type_name=str(c["type_name"]),
-                    attnum=int(c["attnum"]),
-                    default=None if c["default"] is None else str(c["default"]),
-                ),
-                str(c["generated"]),
-            )
-            for c in doc["columns"] or ()
-        )
+        columns = tuple(_column(_object(c)) for c in _list(doc["columns"]))
         publications = {
-            str(pub): None if names is None else tuple(map(str, names))
-            for pub, names in (doc["publications"] or {}).items()
+            _text(pub): None if names is None else tuple(map(_text, _list(names)))
+            for pub, names in _object(doc["publications"]).items()
         }
         return SchemaChange(
-            table_id=int(doc["oid"]),
-            name=TableName(str(doc["schema"]), str(doc["name"])),
-            replica_identity=ReplicaIdentity(doc["replica_identity"]),
+            table_id=_int(doc["oid"], 1, _MAX_OID),
+            name=TableName(_text(doc["schema"]), _text(doc["name"])),
+            replica_identity=ReplicaIdentity(_text(doc["replica_identity"])),
             columns=columns,
             publications=publications,
-            server_version=int(doc["server_version_num"]),
+            server_version=_int(doc["server_version_num"], 0, _MAX_INT32),
         )
     except SourceError:
         raise
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+    except Exception as exc:  # any content: deep nesting (RecursionError), 1e999 (OverflowError), bad UTF-8, ...
         raise SourceError(
-            f"malformed schema change message ({type(exc).__name__}: {exc})",
+            f"malformed schema change message ({type(exc).__name__}: {str(exc)[:200]})",
             hint="the DDL trigger on the source is not the one this version of etl installs; reinstall it",
         ) from None
+
+
+_MAX_OID: Final = 2**32 - 1
+_MAX_INT32: Final = 2**31 - 1
+_GENERATED: Final = frozenset({"", "s", "v"})
+
+
+def _column(c: dict[str, Any]) -> TriggerColumn:
+    generated = _text(c["generated"])
+    if generated not in _GENERATED:
+        raise ValueError(f"unknown attgenerated {generated!r}")
+    return TriggerColumn(
+        ColumnSchema(
+            name=_text(c["name"]),
+            type_oid=_int(c["type_oid"], 1, _MAX_OID),
+            type_modifier=_int(c["type_modifier"], -1, _MAX_INT32),
+            nullable=not _bool(c["not_null"]),
+            primary_key=_bool(c["key"]),
+            type_name=_text(c["type_name"]),
+            attnum=_int(c["attnum"], 1, 2**15 - 1),
+            default=None if c["default"] is None else _text(c["default"]),
+        ),
+        generated,
+    )
+
+
+def _object(value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _list(value: object) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a JSON array, got {type(value).__name__}")
+    return value
+
+
+def _text(value: object) -> str:
+    if type(value) is not str:
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    value.encode()  # a lone surrogate (JSON "\ud800") is valid JSON but no text a store or destination can hold
+    return value
+
+
+def _int(value: object, low: int, high: int) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise ValueError(f"integer out of range [{low}, {high}]")
+    return value
+
+
+def _bool(value: object) -> bool:
+    if type(value) is not bool:
+        raise TypeError(f"expected true or false, got {type(value).__name__}")
+    return value

@@ -18,18 +18,19 @@ _KEEPALIVE: Final = struct.Struct(">Qq?")  # after the b"k" tag: wal end, server
 _STATUS: Final = struct.Struct(">cQQQq?")  # Standby Status Update
 _XLOG_TAG: Final = ord("w")
 _KEEPALIVE_TAG: Final = ord("k")
+_MESSAGE_TAG: Final = ord("M")
 _new_tuple: Final = tuple.__new__
 """``tuple.__new__(XLogData, fields)``: a named tuple without the cost of its ``__new__`` (argument binding)."""
 
 
 class XLogData(NamedTuple):
-    """One WAL data message; ``payload`` is a pgoutput message."""
+    """One WAL data message; ``payload`` is a pgoutput message (``bytes``; a ``memoryview`` for a logical message)."""
 
     wal_start: Lsn
     wal_end: Lsn
     server_time: int
     """Microseconds since 2000-01-01 UTC (see ``server_datetime``)."""
-    payload: bytes
+    payload: bytes | memoryview
 
     @property
     def server_datetime(self) -> datetime:
@@ -55,7 +56,10 @@ def parse_frame(data: bytes | memoryview) -> XLogData | Keepalive | None:
     if tag == _XLOG_TAG:  # every change comes this way: built with as few calls as possible
         start, end, sent = _XLOG_HEADER.unpack_from(data, 1)
         wal_end = Lsn(end)  # a logical walsender sends a record's LSN as both start and end
-        return _new_tuple(XLogData, (wal_end if start == end else Lsn(start), wal_end, sent, bytes(data[25:])))
+        # A logical message stays a view of the CopyData message, uncopied: most are dropped unread (any role can
+        # emit them, of up to 1 GB); the stream copies those of its own prefixes that it reads (``StreamWorker``).
+        payload = memoryview(data)[25:] if len(data) > 25 and data[25] == _MESSAGE_TAG else bytes(data[25:])
+        return _new_tuple(XLogData, (wal_end if start == end else Lsn(start), wal_end, sent, payload))
     if tag == _KEEPALIVE_TAG:
         end, sent, reply = _KEEPALIVE.unpack_from(data, 1)
         return Keepalive(Lsn(end), sent, reply)

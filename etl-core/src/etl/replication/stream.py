@@ -57,6 +57,8 @@ class StreamWorker:
     """Consumes one replication stream. Subclasses decide which tables apply and when to stop."""
 
     worker_key: str
+    message_prefixes: tuple[str, ...] = (ddl.MESSAGE_PREFIX,)
+    """The prefixes of the logical messages that ``on_message`` gets; the stream drops others unread."""
 
     def __init__(self, settings: StreamSettings, conn: ReplicationConnection, writer: BatchWriter) -> None:
         self.conn = conn
@@ -105,7 +107,7 @@ class StreamWorker:
         """Called after each transaction's commit, and when idle at a keepalive position."""
 
     def on_message(self, message: pg.LogicalMessage) -> None:
-        """A logical decoding message (``pg_logical_emit_message``) inside the stream.
+        """A logical decoding message (``pg_logical_emit_message``) inside the stream, of one of ``message_prefixes``.
 
         Handles the DDL trigger's schema change messages; subclasses that handle more call this first.
         """
@@ -113,22 +115,31 @@ class StreamWorker:
             self._schema_change(message)
 
     def _schema_change(self, message: pg.LogicalMessage) -> None:
-        """A new schema version from the DDL trigger: a Relation event before the table's next row."""
-        try:
-            change = ddl.parse_schema_change(message.content)
-        except SourceError as exc:
-            log.warning("schema change message ignored", lsn=str(message.lsn), error=exc.message, hint=exc.hint)
-            return
-        if not self.applies(change.table_id, self.final_lsn):
-            return
+        """A new schema version from the DDL trigger: a Relation event before the table's next row.
+
+        The record is looked up before the content is read: what any role may emit is never parsed. A recorded
+        message that cannot be read (a trigger of another version) changes nothing either: the change is then
+        seen from the RELATION message before the table's next row, as without the trigger.
+        """
         if not self.schema_change_recorded(message.lsn):
             log.warning(
                 "schema change message ignored: the DDL trigger did not record it, so another role forged it",
                 lsn=str(message.lsn),
-                table_id=change.table_id,
                 hint="revoke EXECUTE on pg_logical_emit_message from roles that need not call it"
                 " (docs/schema-changes.md); if the trigger predates this version, reinstall it",
             )
+            return
+        try:
+            change = ddl.parse_schema_change(message.content)
+        except SourceError as exc:
+            log.warning(
+                "schema change message of the DDL trigger unreadable; the change is taken from RELATION messages",
+                lsn=str(message.lsn),
+                error=exc.message,
+                hint=exc.hint,
+            )
+            return
+        if not self.applies(change.table_id, self.final_lsn):
             return
         schema = self.schemas.observe_ddl(change, self.final_lsn)
         if schema is not None:
@@ -244,7 +255,12 @@ class StreamWorker:
     def nothing_pending(self) -> bool:
         return not self.in_transaction and self.builder.is_empty and not self.writer.busy and not self.streamed
 
-    def _handle_payload(self, payload: bytes) -> None:
+    def _handle_payload(self, payload: bytes | memoryview) -> None:
+        if type(payload) is not bytes:  # a logical message, not copied yet (``parse_frame``)
+            kept = self._kept_message(payload)
+            if kept is None:
+                return
+            payload = kept
         if self._stream_xid is not None and payload[:1] in pg.STREAMABLE:
             self.streamed.append(self._stream_xid, pg.stream_xid(payload), payload)
             return
@@ -254,6 +270,29 @@ class StreamWorker:
         elif self.applies(table_id, self.final_lsn):  # most changes: no message object on the way
             self._mark_batch()
             self.builder.insert_tuple(table_id, payload, pg.INSERT_TUPLE_START, self.final_lsn)
+
+    def _kept_message(self, payload: bytes | memoryview) -> bytes | None:
+        """A logical message copied to be read, or ``None``: dropped unread.
+
+        Any role can emit logical messages of up to 1 GB, and they reach every slot. Those of other prefixes
+        are other applications' (never copied, decoded or buffered in a streamed transaction); those of
+        ``message_prefixes`` larger than ``ddl.MAX_MESSAGE_BYTES`` are no message the engine sends.
+        """
+        in_stream = self._stream_xid is not None
+        prefix = pg.message_prefix(payload, in_stream, self.message_prefixes)
+        if prefix is None:
+            return None
+        if len(payload) > ddl.MAX_MESSAGE_BYTES:
+            log.warning(
+                "logical message ignored: larger than any the engine sends",
+                prefix=prefix,
+                lsn=str(Lsn(pg.message_lsn(payload, in_stream))),
+                size=len(payload),
+                limit=ddl.MAX_MESSAGE_BYTES,
+                hint="another role emitted it with pg_logical_emit_message; see docs/schema-changes.md",
+            )
+            return None
+        return bytes(payload)
 
     def _handle(self, msg: pg.Message) -> None:
         handler = self._handlers.get(type(msg))

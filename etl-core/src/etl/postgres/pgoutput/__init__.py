@@ -40,9 +40,12 @@ from etl.postgres.pgoutput.messages import (
 )
 from etl.postgres.pgoutput.peek import (
     INSERT_TUPLE_START,
+    MESSAGE,
     STREAMABLE,
     STREAMED_INSERT_TUPLE_START,
     insert_relation,
+    message_lsn,
+    message_prefix,
     stream_xid,
     streamed_insert_runs,
 )
@@ -50,6 +53,7 @@ from etl.postgres.pgoutput.tuples import UNCHANGED_TOAST, PgOutputError, TupleDa
 
 __all__ = [
     "INSERT_TUPLE_START",
+    "MESSAGE",
     "STREAMABLE",
     "STREAMED_INSERT_TUPLE_START",
     "UNCHANGED_TOAST",
@@ -77,6 +81,8 @@ __all__ = [
     "Update",
     "Value",
     "insert_relation",
+    "message_lsn",
+    "message_prefix",
     "stream_xid",
     "streamed_insert_runs",
     "tuple_columns",

@@ -10,6 +10,7 @@ from typing import Final
 from etl.postgres.pgoutput.tuples import PgOutputError
 
 _U32: Final = struct.Struct("!I")
+_U64: Final = struct.Struct("!Q")
 _INSERT: Final = ord("I")
 _NEW: Final = ord("N")
 
@@ -57,6 +58,30 @@ def streamed_insert_runs(payloads: Iterable[bytes], longest: int) -> Iterator[tu
         yield None, [payload]
     if run:
         yield _U32.unpack(oid)[0], run
+
+
+MESSAGE: Final = ord("M")
+"""First byte of a logical message (``pg_logical_emit_message``)."""
+
+
+def message_prefix(payload: bytes | memoryview, in_stream: bool, prefixes: Iterable[str]) -> str | None:
+    """Which of ``prefixes`` the logical message ``payload`` has (``None``: another), read without copying it.
+
+    ``in_stream``: the message was received inside a stream (its xid comes first). Only as many bytes
+    as a prefix has are compared, however long the message's own prefix or content.
+    """
+    start = 14 if in_stream else 10  # after "M", the xid inside a stream, the flags and the LSN
+    for prefix in prefixes:
+        wanted = prefix.encode() + b"\0"
+        if payload[start : start + len(wanted)] == wanted:
+            return prefix
+    return None
+
+
+def message_lsn(payload: bytes | memoryview, in_stream: bool) -> int:
+    """The LSN of the logical message ``payload``, read without decoding it."""
+    lsn: int = _U64.unpack_from(payload, 6 if in_stream else 2)[0]
+    return lsn
 
 
 def stream_xid(payload: bytes | memoryview) -> int:
