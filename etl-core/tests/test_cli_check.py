@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from etl.checks import run_checks
+from etl.postgres.ddl import install_ddl_trigger
+from etl.schema import quote_literal
 from etl.testing import TemporaryCluster, find_install
+from etl.testing.pipelines import pipeline_config
 from etl.testing.pytest_plugin import TestDatabase
 
 
@@ -88,3 +92,27 @@ def test_check_reports_unreachable_source(tmp_path: Path) -> None:
     result = etl_check(pipeline_file(tmp_path, free_port(), "postgres"))
     assert result.returncode == 1
     assert result.stdout.startswith("FAIL  source reachable")
+
+
+def test_check_says_when_an_earlier_trigger_is_installed_that_the_role_may_not_update(
+    pg_database: TestDatabase,
+) -> None:
+    db = pg_database
+    db.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t; CREATE ROLE reader LOGIN")
+    with db.connect() as conn:
+        install_ddl_trigger(conn)
+        # An earlier release's function: another body (and the trigger on ALTER TABLE alone, as it was).
+        body = conn.execute("SELECT prosrc FROM pg_proc WHERE oid = 'etl.emit_schema_change'::regproc").fetchone()
+        assert body is not None
+        conn.execute(
+            "CREATE OR REPLACE FUNCTION etl.emit_schema_change() RETURNS event_trigger LANGUAGE plpgsql"
+            f" AS {quote_literal(body[0] + '-- an earlier version')}"
+        )
+    try:
+        config = pipeline_config(db, source={"user": "reader"})
+        check = next(c for c in run_checks(config) if c.name == "schema change trigger")
+    finally:
+        db.execute("DROP ROLE reader")
+    assert not check.ok and check.advisory
+    assert "an earlier version is installed" in check.detail
+    assert "etl ddl-trigger --print-sql" in (check.fix or "")

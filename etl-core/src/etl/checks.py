@@ -13,7 +13,7 @@ from etl.factory import build_store, validate_plugin
 from etl.pipeline import apply_slot_lost, copy_names_error, slot_lost_error
 from etl.plugins import Registry, load_registry
 from etl.postgres.connection import connect
-from etl.postgres.ddl import ddl_trigger_installed
+from etl.postgres.ddl import ddl_trigger_installed, ddl_trigger_outdated
 from etl.postgres.slot_state import slot_state
 from etl.preflight import Check, DeepPreflighted, Preflighted
 from etl.replication.slots import apply_slot
@@ -215,6 +215,7 @@ def _checks(conn: psycopg.Connection[Any], config: PipelineConfig) -> Iterator[C
 
     if config.pipeline.install_ddl_trigger:
         installed = ddl_trigger_installed(conn)
+        outdated = not installed and ddl_trigger_outdated(conn)
         may_install = bool(
             _one(conn, "SELECT rolsuper AND NOT pg_is_in_recovery() FROM pg_roles WHERE rolname = current_user")
         )
@@ -223,8 +224,11 @@ def _checks(conn: psycopg.Connection[Any], config: PipelineConfig) -> Iterator[C
             installed or may_install,
             "installed"
             if installed
-            else "will be installed when the pipeline starts"
+            else f"will be {'updated' if outdated else 'installed'} when the pipeline starts"
             if may_install
+            else "an earlier version is installed, and the pipeline may not update it (a standby, or a role that is"
+            " not a superuser): it may miss what this version reports (ALTER SCHEMA renames)"
+            if outdated
             else "not installed, and the pipeline may not install it (a standby, or a role that is not a superuser):"
             " nullability, defaults and renames of columns are not seen",
             "have a superuser run what `etl ddl-trigger --print-sql` prints on the primary (pipe it into psql), or"
