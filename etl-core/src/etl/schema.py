@@ -153,6 +153,10 @@ class ColumnSchema:
     """Postgres attribute number: a column's identity across renames, when known (not sent by pgoutput)."""
     default: str | None = None
     """The column default as SQL text, when known (from the catalog or the DDL trigger; not sent by pgoutput)."""
+    missing_value: str | None = None
+    """The value, in Postgres's text form, that rows older than the column hold: set when ``ADD COLUMN`` had a
+    non-volatile default, which Postgres keeps once (``pg_attribute.attmissingval``) instead of rewriting the rows.
+    ``None`` otherwise (no default, a volatile one, or not known: pgoutput does not send it)."""
 
 
 @dataclass(frozen=True)

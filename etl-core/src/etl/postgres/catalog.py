@@ -250,7 +250,8 @@ def table_schema(
                   a.attnotnull, a.attgenerated,
                   EXISTS (SELECT 1 FROM pg_catalog.pg_index i
                           WHERE i.indrelid = a.attrelid AND {key_index} AND a.attnum = ANY (i.indkey)),
-                  a.attnum, CASE WHEN a.attgenerated = '' THEN pg_catalog.pg_get_expr(d.adbin, d.adrelid) END
+                  a.attnum, CASE WHEN a.attgenerated = '' THEN pg_catalog.pg_get_expr(d.adbin, d.adrelid) END,
+                  CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END
            FROM pg_catalog.pg_attribute a
            LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
            WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
@@ -268,7 +269,7 @@ def table_schema(
             )
     kept: list[ColumnSchema] = []
     skipped_generated: list[str] = []
-    for attname, type_oid, typmod, type_name, not_null, generated, in_key, attnum, default in columns:
+    for attname, type_oid, typmod, type_name, not_null, generated, in_key, attnum, default, missing in columns:
         if wanted is not None and attname not in wanted:
             continue
         # Only stored ones are ever published ("s"; virtual ones, "v", never are), named by a column list or
@@ -276,7 +277,7 @@ def table_schema(
         if generated and not (generated == "s" and (wanted is not None or include_generated)):
             skipped_generated.append(attname)
             continue
-        kept.append(ColumnSchema(attname, type_oid, typmod, not not_null, in_key, type_name, attnum, default))
+        kept.append(ColumnSchema(attname, type_oid, typmod, not not_null, in_key, type_name, attnum, default, missing))
     if skipped_generated:
         log.warning("generated columns are not replicated", table=str(name), columns=skipped_generated)
     return TableSchema(table_id, name, tuple(kept), identity)

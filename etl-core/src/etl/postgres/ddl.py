@@ -115,6 +115,7 @@ BEGIN
                                           || repeat('[]', greatest(a.attndims - 1, 0)),
                              'not_null', a.attnotnull,
                              'default', CASE WHEN a.attgenerated = '' THEN pg_get_expr(d.adbin, d.adrelid) END,
+                             'missing', CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END,
                              'generated', a.attgenerated,
                              'key', EXISTS (
                                  SELECT 1 FROM pg_index i
@@ -155,6 +156,11 @@ CREATE OR REPLACE FUNCTION {FUNCTION_NAME}() RETURNS event_trigger
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET DateStyle = 'ISO, MDY'
+SET IntervalStyle = 'postgres'
+SET TimeZone = 'UTC'
+SET extra_float_digits = 3
+SET bytea_output = 'hex'
 AS $etl$
 {_FUNCTION_BODY.strip()}
 $etl$;
@@ -359,6 +365,7 @@ def _column(c: dict[str, Any]) -> TriggerColumn:
             type_name=_text(c["type_name"]),
             attnum=_int(c["attnum"], 1, 2**15 - 1),
             default=None if c["default"] is None else _text(c["default"]),
+            missing_value=None if c.get("missing") is None else _text(c["missing"]),  # absent from earlier triggers
         ),
         generated,
     )

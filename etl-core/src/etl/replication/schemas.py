@@ -6,7 +6,7 @@ Two sources describe a table's shape:
   ``ALTER TABLE`` (attribute numbers, nullability, defaults), at the position of the DDL.
 - pgoutput RELATION messages, sent before a table's first change in every session and after
   DDL: names, types, type modifiers, key flags and the replica identity only. Nullability, type
-  names, defaults and attribute numbers are carried over from the previous version for columns
+  names, defaults (and the values older rows hold) and attribute numbers are carried over from the previous version for columns
   that kept their name, so a RELATION that follows a trigger message matches it and adds no version.
 
 A new version is stored only when the description differs from the current version. Versions
@@ -87,6 +87,7 @@ def schema_from_relation(msg: pg.Relation, previous: TableSchema | None, lsn: Ls
                 type_name=before.type_name if before is not None and same_type else "",
                 attnum=before.attnum if before is not None else None,
                 default=before.default if before is not None and same_type else None,
+                missing_value=before.missing_value if before is not None and same_type else None,
             )
         )
     return TableSchema(msg.oid, TableName(msg.namespace, msg.name), tuple(columns), msg.replica_identity, lsn)

@@ -53,6 +53,7 @@ def schema_to_obj(schema: TableSchema) -> dict[str, Any]:
                 "type_name": c.type_name,
                 "attnum": c.attnum,
                 "default": c.default,
+                "missing_value": c.missing_value,
             }
             for c in schema.columns
         ],
@@ -81,6 +82,7 @@ def schema_from_obj(data: Any) -> TableSchema:
                     type_name=c["type_name"],
                     attnum=c.get("attnum"),  # absent in versions stored before these keys existed
                     default=c.get("default"),
+                    missing_value=c.get("missing_value"),
                 )
                 for c in data["columns"]
             ),
