@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from etl.errors import SourceError
+from etl.lsn import Lsn
 from etl.postgres.ddl import MAX_MESSAGE_BYTES, parse_schema_change
 
 COLUMN: dict[str, Any] = {
@@ -39,6 +40,37 @@ def column(**overrides: Any) -> bytes:
 def test_a_genuine_message_parses() -> None:
     change = parse_schema_change(message())
     assert (change.table_id, str(change.name), [c.column.name for c in change.columns]) == (16384, "public.t", ["id"])
+
+
+GENERATED: dict[str, Any] = {**COLUMN, "attnum": 3, "name": "gen", "not_null": False, "generated": "s", "key": False}
+
+
+def test_parse_keeps_stored_generated_columns_a_postgres_18_publication_lists() -> None:
+    columns, publications = [COLUMN, GENERATED], {"p": ["id", "gen"], "q": None}
+    change = parse_schema_change(message(server_version_num=180000, columns=columns, publications=publications))
+    listed = change.table_schema("p", Lsn.ZERO)
+    all_plain = change.table_schema("q", Lsn.ZERO)  # before Postgres 15: no column names, all plain columns
+    assert listed is not None and listed.column_names == ["id", "gen"]
+    assert all_plain is not None and all_plain.column_names == ["id"]
+    older = parse_schema_change(message(server_version_num=170000, columns=columns, publications=publications))
+    assert (older_schema := older.table_schema("p", Lsn.ZERO)) is not None and older_schema.column_names == ["id"]
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (message(v=2), "format 2"),
+        (b"not json", "malformed"),
+        (b"[1, 2]", "malformed"),
+        (message(columns=[{"name": "x"}]), "malformed"),
+        (message(replica_identity="z"), "malformed"),
+    ],
+)
+def test_parse_says_what_it_cannot_read(content: bytes, expected: str) -> None:
+    with pytest.raises(SourceError) as caught:
+        parse_schema_change(content)
+    assert expected in caught.value.message
+    assert caught.value.hint is not None and "reinstall" in caught.value.hint
 
 
 @pytest.mark.parametrize(

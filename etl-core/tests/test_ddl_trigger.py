@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
-from etl.errors import SourceError
 from etl.lsn import Lsn
 from etl.postgres import pgoutput as pg
 from etl.postgres.connection import connect
@@ -266,53 +263,6 @@ def test_the_cli_prints_the_sql_that_installs_and_removes_the_trigger(pg_databas
             conn.execute(printed("--print-uninstall-sql"))
         assert not ddl_trigger_installed(conn)
         assert conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'etl'").fetchone() is None
-
-
-def _message(**overrides: Any) -> bytes:
-    doc: dict[str, Any] = {
-        "v": 1,
-        "server_version_num": 180000,
-        "oid": 7,
-        "schema": "s",
-        "name": "n",
-        "replica_identity": "d",
-        "publications": {"p": ["id", "gen"], "q": None},
-        "columns": [
-            {"attnum": 1, "name": "id", "type_oid": 23, "type_modifier": -1, "type_name": "integer",
-             "not_null": True, "default": None, "generated": "", "key": True},
-            {"attnum": 3, "name": "gen", "type_oid": 23, "type_modifier": -1, "type_name": "integer",
-             "not_null": False, "default": None, "generated": "s", "key": False},
-        ],
-    }  # fmt: skip
-    doc.update(overrides)
-    return json.dumps(doc).encode()
-
-
-def test_parse_keeps_stored_generated_columns_a_postgres_18_publication_lists() -> None:
-    change = parse_schema_change(_message())
-    listed = change.table_schema("p", Lsn.ZERO)
-    all_plain = change.table_schema("q", Lsn.ZERO)  # before Postgres 15: no column names, all plain columns
-    assert listed is not None and listed.column_names == ["id", "gen"]
-    assert all_plain is not None and all_plain.column_names == ["id"]
-    older = parse_schema_change(_message(server_version_num=170000)).table_schema("p", Lsn.ZERO)
-    assert older is not None and older.column_names == ["id"]
-
-
-@pytest.mark.parametrize(
-    ("content", "expected"),
-    [
-        (_message(v=2), "format 2"),
-        (b"not json", "malformed"),
-        (b"[1, 2]", "malformed"),
-        (_message(columns=[{"name": "x"}]), "malformed"),
-        (_message(replica_identity="z"), "malformed"),
-    ],
-)
-def test_parse_rejects_what_it_cannot_read(content: bytes, expected: str) -> None:
-    with pytest.raises(SourceError) as caught:
-        parse_schema_change(content)
-    assert expected in caught.value.message
-    assert caught.value.hint is not None and "reinstall" in caught.value.hint
 
 
 def test_a_failing_catalog_read_never_fails_the_users_ddl(db: TestDatabase, role: str, slot: str) -> None:
