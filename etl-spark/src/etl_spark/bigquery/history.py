@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from functools import reduce
 from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.api import COMMIT_LSN_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN, TableSchema
+from etl_spark.collapse import comparable
 
 COMMIT_TS: Final = "_etl_commit_ts"
 COLUMNS: Final = (
@@ -67,9 +69,11 @@ def with_key_change_deletes(changes: pa.Table, schema: TableSchema) -> pa.Table:
     old = changes[OLD_COLUMN].combine_chunks()
     if not key or old.null_count == len(old):
         return changes
-    moved = pc.and_(pc.equal(changes[OP_COLUMN], "U"), old.is_valid())
-    for name in key:
-        moved = pc.and_(moved, pc.fill_null(pc.not_equal(changes[name], old.field(name)), True))
+    # Changed if any key column differs (an array one compared in its canonical encoding: no kernel compares lists).
+    changed = reduce(
+        pc.or_, (pc.fill_null(pc.not_equal(comparable(changes[n]), comparable(old.field(n))), True) for n in key)
+    )
+    moved = pc.and_(pc.and_(pc.equal(changes[OP_COLUMN], "U"), old.is_valid()), changed)
     if isinstance(moved, pa.ChunkedArray):
         moved = moved.combine_chunks()
     deletes = changes.filter(moved)

@@ -8,11 +8,11 @@ types on the way (``converted``).
 
 from __future__ import annotations
 
-from etl.api import TableSchema
+from etl.api import ColumnSchema, TableSchema
 from etl_spark.bigquery import history
 from etl_spark.bigquery.names import column_name
 from etl_spark.bigquery.staging import MISSING_TEXT
-from etl_spark.bigquery.types import bq_type
+from etl_spark.bigquery.types import bq_type, is_array
 from etl_spark.collapse import ACTION, NET, UPSERT
 
 CHANGES = "_etl_changes"
@@ -36,7 +36,7 @@ def upsert(
     source = f"SELECT {converted(schema)}, S.{ACTION} FROM {staging} AS S"
     if toast:
         # Unchanged TOAST values still missing come from the stored row of the prior key.
-        prior = " AND ".join(f"P.{k} = S.`_etl_prior_{k.strip('`')}`" for k in key)
+        prior = same_key(schema, "P.{q}", "S.`_etl_prior_{n}`")
         fills = {column_name(t): t for t in toast}
         values = [
             f"IF(STRPOS(S.{MISSING_TEXT}, ',{fills[n]},') > 0, P.{n}, {conversion(schema, n)}) AS {n}"
@@ -45,7 +45,7 @@ def upsert(
             for n in names
         ]
         source = f"SELECT {', '.join(values)}, S.{ACTION} FROM {staging} AS S LEFT JOIN {target} AS P ON {prior}"
-    touched = " AND ".join(f"U.{k} = T.{k}" for k in key)
+    touched = same_key(schema, "U.{q}", "T.{q}")
     # A constant range of the first key column lets BigQuery skip the blocks of a table clustered by it.
     bounded = f"T.{key[0]} BETWEEN {key_range[0]} AND {key_range[1]} AND " if key_range else ""
     return [
@@ -62,6 +62,18 @@ def append_history(schema: TableSchema, target: str, staged: str) -> str:
     names = [column_name(c.name) for c in schema.columns] + [name for name, _ in history.COLUMNS]
     extra = ", ".join(f"S.{name}" for name, _ in history.COLUMNS)
     return f"INSERT INTO {target} ({', '.join(names)}) SELECT {converted(schema)}, {extra} FROM {staged} AS S"
+
+
+def same_key(schema: TableSchema, left: str, right: str) -> str:
+    """The condition that two rows have the same key, their columns named by the patterns ``left`` and ``right``
+    (``{q}``: a key column's quoted name, ``{n}``: its name). BigQuery has no ``=`` for arrays: an array column
+    is compared as its JSON text (``TO_JSON_STRING``: the elements in order, ``[]`` and NULL elements told apart)."""
+
+    def equal(column: ColumnSchema) -> str:
+        a, b = (side.format(q=column_name(column.name), n=column.name) for side in (left, right))
+        return f"TO_JSON_STRING({a}) = TO_JSON_STRING({b})" if is_array(column) else f"{a} = {b}"
+
+    return " AND ".join(equal(c) for c in schema.key_columns)
 
 
 def add_and_remove(schema: TableSchema, target: str, staging: str, removes: bool) -> list[str]:

@@ -137,14 +137,26 @@ def check_columns(schema: TableSchema) -> None:
         )
 
 
+def is_array(column: ColumnSchema) -> bool:
+    """Whether ``column`` is a BigQuery ARRAY: no ``=``, no primary key, no clustering on it."""
+    return bq_type(column).ddl.startswith("ARRAY<")
+
+
+_PRIMARY_KEY_TYPES: Final = frozenset(
+    {"BIGNUMERIC", "BOOL", "DATE", "DATETIME", "INT64", "NUMERIC", "STRING", "TIMESTAMP"}
+)
+"""The types BigQuery allows in a primary key (not ARRAY, BYTES, FLOAT64, JSON, TIME)."""
+
+
 def table_ddl(schema: TableSchema, *, primary_key: bool = True) -> str:
     """Column definitions and (with ``primary_key``) the primary key of the target table (all columns
-    nullable, see the guide)."""
+    nullable, see the guide). A key with a column of a type BigQuery refuses in a primary key (an array)
+    is not declared at all: its other columns alone are not unique, and BigQuery trusts what is declared."""
     check_columns(schema)
     columns = [f"{column_name(c.name)} {bq_type(c).ddl}" for c in schema.columns]
-    key = [column_name(c.name) for c in schema.key_columns]
-    if key and primary_key:
-        columns.append(f"PRIMARY KEY ({', '.join(key)}) NOT ENFORCED")
+    key = schema.key_columns
+    if key and primary_key and all(bq_type(c).ddl in _PRIMARY_KEY_TYPES for c in key):
+        columns.append(f"PRIMARY KEY ({', '.join(column_name(c.name) for c in key)}) NOT ENFORCED")
     return ", ".join(columns)
 
 
@@ -154,8 +166,8 @@ CLUSTER_COLUMNS: Final = 4
 
 def table_options(schema: TableSchema, partition_by: str | None) -> str:
     """``PARTITION BY`` and ``CLUSTER BY`` of a new target table: clustered by its key (its first four
-    columns), so a batch's DELETE of touched keys reads only their blocks; partitioned by day on
-    ``partition_by`` (a date or timestamp column) when given."""
+    columns but arrays, which BigQuery cannot cluster by), so a batch's DELETE of touched keys reads only
+    their blocks; partitioned by day on ``partition_by`` (a date or timestamp column) when given."""
     options = []
     if partition_by is not None:
         column = next((c for c in schema.columns if c.name == partition_by), None)
@@ -168,7 +180,7 @@ def table_options(schema: TableSchema, partition_by: str | None) -> str:
             )
         name = column_name(partition_by)
         options.append(f"PARTITION BY {name if kind == 'DATE' else f'DATE({name})'}")
-    key = [column_name(c.name) for c in schema.key_columns][:CLUSTER_COLUMNS]
+    key = [column_name(c.name) for c in schema.key_columns if not is_array(c)][:CLUSTER_COLUMNS]
     if key:
         options.append(f"CLUSTER BY {', '.join(key)}")
     return " ".join(options)
