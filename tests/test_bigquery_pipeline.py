@@ -133,7 +133,7 @@ def dataset_for(db: TestDatabase, test: str) -> str:
 
 # -- copy and a mixed workload ----------------------------------------------------------------------------
 
-TABLES = ("public.accounts", "public.ledger", "public.keyless")
+TABLES = ("public.accounts", "public.ledger", "public.keyless", "public.tagged")
 
 
 @pytest.mark.slow
@@ -163,7 +163,13 @@ def test_copy_and_mixed_workload_equal_source(
         ALTER TABLE keyless REPLICA IDENTITY FULL;
         INSERT INTO keyless SELECT g % 6, CASE WHEN g % 4 = 0 THEN NULL ELSE 'dup' END, ARRAY[g % 2]
             FROM generate_series(1, 30) g;
-        CREATE PUBLICATION pub FOR TABLE accounts, ledger, keyless;
+        CREATE TABLE tagged (k int[], s text, v int, doc text, PRIMARY KEY (k, s));
+        ALTER TABLE tagged ALTER COLUMN doc SET STORAGE EXTERNAL;
+        INSERT INTO tagged VALUES ('{}', 'a', 0, NULL), ('{1,2}', 'a', 1, NULL), ('{2,1}', 'a', 2, NULL),
+                                  ('{1,2}', 'b', 3, NULL), ('{1}', 'a', 4, NULL),
+                                  ('{7}', 'big', 5,
+                                   (SELECT string_agg(md5(g::text), '') FROM generate_series(1, 300) g));
+        CREATE PUBLICATION pub FOR TABLE accounts, ledger, keyless, tagged;
         """
     )
     dataset = dataset_for(db, "mixed")
@@ -175,7 +181,7 @@ def test_copy_and_mixed_workload_equal_source(
     )
     pipeline = start_pipeline(config)
     try:
-        wait_until(lambda: all_ready(pipeline, 3), "tables ready", pipeline, timeout=240)
+        wait_until(lambda: all_ready(pipeline, 4), "tables ready", pipeline, timeout=240)
         wait_equal(db, emulator, dataset, TABLES, pipeline)
 
         # One transaction over both tables: inserts, updates (also of the key), deletes.
@@ -193,6 +199,11 @@ def test_copy_and_mixed_workload_equal_source(
             DELETE FROM accounts WHERE id BETWEEN 40 AND 50;
             INSERT INTO ledger (account, delta, note) SELECT g, 1, 'late' FROM generate_series(1, 30) g;
             UPDATE ledger SET note = 'in tx' WHERE id % 7 = 0;
+            INSERT INTO tagged VALUES ('{3,3}', 'a', 6, 'new'), ('{}', 'b', 7, NULL);
+            UPDATE tagged SET v = v + 10 WHERE k = '{1,2}';
+            UPDATE tagged SET k = '{2,1,0}' WHERE k = '{2,1}' AND s = 'a';
+            UPDATE tagged SET s = 'moved' WHERE k = '{1}';
+            DELETE FROM tagged WHERE k = '{}' AND s = 'a';
             COMMIT;
             """
         )
@@ -202,6 +213,10 @@ def test_copy_and_mixed_workload_equal_source(
         db.execute("UPDATE accounts SET id = 777777, exact = 123456789012345678901234567890.5 WHERE id = 77")
         db.execute("UPDATE accounts SET name = 'after move' WHERE id = 777777")
         db.execute("DELETE FROM accounts WHERE id = 1000")
+        # An array key (no = in BigQuery): a key changed back, a key-only delete, an unchanged TOAST value.
+        db.execute("UPDATE tagged SET k = '{1}' WHERE s = 'moved'")
+        db.execute("DELETE FROM tagged WHERE k = '{1,2}' AND s = 'b'")
+        db.execute("UPDATE tagged SET v = 50 WHERE s = 'big'")
         # A table without a key: identical rows keep their multiplicity.
         db.execute("DELETE FROM keyless WHERE ctid IN (SELECT ctid FROM keyless WHERE a = 1 LIMIT 1)")
         db.execute("UPDATE keyless SET b = 'changed' WHERE a = 2")
