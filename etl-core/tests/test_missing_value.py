@@ -29,7 +29,9 @@ ADDED = {  # column definition -> the text form existing rows hold (None: Postgr
 
 
 def test_the_trigger_and_the_catalog_give_the_value_older_rows_hold(pg_database: TestDatabase) -> None:
-    pg_database.execute("CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1); CREATE PUBLICATION pub FOR TABLE t")
+    pg_database.execute(
+        "CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1); CREATE PUBLICATION pub FOR TABLE t"
+    )
     with pg_database.connect() as conn:
         assert install_ddl_trigger(conn)
     pg_database.execute("SELECT pg_create_logical_replication_slot('missing', 'pgoutput')")

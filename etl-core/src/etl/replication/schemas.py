@@ -6,8 +6,9 @@ Two sources describe a table's shape:
   ``ALTER TABLE`` (attribute numbers, nullability, defaults), at the position of the DDL.
 - pgoutput RELATION messages, sent before a table's first change in every session and after
   DDL: names, types, type modifiers, key flags and the replica identity only. Nullability, type
-  names, defaults (and the values older rows hold) and attribute numbers are carried over from the previous version for columns
-  that kept their name, so a RELATION that follows a trigger message matches it and adds no version.
+  names, defaults (and the values older rows hold) and attribute numbers are carried over from the
+  previous version for columns that kept their name, so a RELATION that follows a trigger message
+  matches it and adds no version.
 
 A new version is stored only when the description differs from the current version. Versions
 are keyed by the final (commit) LSN of the transaction that made them, whatever the source, so
