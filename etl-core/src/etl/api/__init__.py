@@ -81,6 +81,7 @@ if TYPE_CHECKING:
         NUMERIC_OID,
         arrow_field,
         arrow_type,
+        decode_text_column,
         python_values,
     )
     from etl.postgres.connection import connect
@@ -183,6 +184,7 @@ _HOMES: dict[str, str] = {
     "NUMERIC_OID": "etl.postgres.codecs",
     "arrow_field": "etl.postgres.codecs",
     "arrow_type": "etl.postgres.codecs",
+    "decode_text_column": "etl.postgres.codecs",
     "python_values": "etl.postgres.codecs",
     "connect": "etl.postgres.connection",
     "read_ranges": "etl.postgres.copy",
@@ -301,6 +303,7 @@ __all__ = [
     "arrow_field",
     "arrow_type",
     "connect",
+    "decode_text_column",
     "file_to_create",
     "hookimpl",
     "lsn_from_text",
