@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 import structlog
 
 from etl_spark.ducklake.catalog import CommitConflict, Composed, DataFile, LakeTable, NewFile, Placed, Transaction
+from etl_spark.ducklake.initial_default import default_values
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.parquet_files import (
     ONE_FILE,
@@ -48,7 +49,7 @@ from etl_spark.ducklake.parquet_files import (
     own_stats,
 )
 from etl_spark.ducklake.storage import NATIVE_TYPES
-from etl_spark.ducklake.types import FIELD_ID
+from etl_spark.ducklake.types import FIELD_ID, Form
 
 log = structlog.get_logger(__name__)
 
@@ -178,6 +179,8 @@ def read_source(fs: pafs.FileSystem, local: Callable[[str], str], source: Source
             columns[column.name] = pa.array(np.arange(source.row_id_start, source.row_id_start + rows, dtype=np.int64))
         elif column == SNAPSHOT:
             columns[column.name] = pa.array(np.full(rows, source.begin_snapshot, dtype=np.int64))
+        elif column.initial_default is not None:  # a column added after the file: what DuckDB reads there
+            columns[column.name] = default_values(column, column.initial_default, rows, Form.FILE)
         else:  # a column the file does not hold (or, were it to lack them, its row ids): NULL
             columns[column.name] = pa.nulls(rows, field.type)
     table = pa.table(columns)

@@ -218,8 +218,9 @@ def _target_columns(schema: TableSchema, state: TableState) -> tuple[SchemaDiff,
         if old.column_id not in dropped:
             name = renamed.get(old.column_id, old.name)
             by_name[name] = replace(old, type=retyped.get(old.column_id, old.type))
-    for column, ids in zip(change.adds, added, strict=True):
-        by_name[column.name] = _element(column.type, ids, column.name, column.nullable)
+    for column, ids in zip(change.adds, added, strict=True):  # older files read its initial default, as DuckDB
+        new = _element(column.type, ids, column.name, column.nullable)
+        by_name[column.name] = replace(new, initial_default=column.initial_default)
     columns = [
         replace(by_name[c.name], name=c.name, attnum=c.attnum, source_type=(c.type_oid, c.type_modifier))
         for c in schema.columns

@@ -13,9 +13,12 @@ import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from etl_spark.ducklake.catalog import LakeColumn
+from etl_spark.ducklake.initial_default import default_values
 from etl_spark.ducklake.storage import LakeStorage
-from etl_spark.ducklake.types import LIST
+from etl_spark.ducklake.types import LIST, Form
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -69,17 +72,23 @@ def read_rows(
 ) -> DataFrame:
     """Every row of data files (deleted ones too), with ``_etl_file`` (file name) and ``_etl_pos`` (row position).
 
-    Files are read in groups that hold the same columns natively (see the module docstring).
+    Files are read in groups that hold the same columns natively (see the module docstring) and lack the same
+    columns that have an initial default, which their rows read as that value (as DuckDB reads them).
     """
-    groups: dict[frozenset[int], list[str]] = {}
+    groups: dict[tuple[frozenset[int], frozenset[int]], list[str]] = {}
     for path in data_paths:
-        groups.setdefault(storage.native_columns(path, columns), []).append(path)
-    frames = [_read_files(spark, columns, paths, native) for native, paths in groups.items()]
+        key = storage.native_columns(path, columns), storage.defaulted_columns(path, columns)
+        groups.setdefault(key, []).append(path)
+    frames = [_read_files(spark, columns, paths, *key) for key, paths in groups.items()]
     return functools.reduce(lambda a, b: a.unionByName(b), frames)
 
 
 def _read_files(
-    spark: SparkSession, columns: Sequence[LakeColumn], data_paths: Sequence[str], native: frozenset[int]
+    spark: SparkSession,
+    columns: Sequence[LakeColumn],
+    data_paths: Sequence[str],
+    native: frozenset[int],
+    defaulted: frozenset[int],
 ) -> DataFrame:
     from pyspark.sql import functions as sf
 
@@ -87,11 +96,29 @@ def _read_files(
         spark.read.schema(spark_schema(columns, native))
         .parquet(*data_paths)
         .select(
-            *[_spark_form(sf.col(c.name), c, native).alias(c.name) for c in columns],
+            *[
+                (_default(c) if c.column_id in defaulted else _spark_form(sf.col(c.name), c, native)).alias(c.name)
+                for c in columns
+            ],
             _file_name(sf.col("_metadata.file_path")).alias("_etl_file"),
             sf.col("_metadata.row_index").alias("_etl_pos"),
         )
     )
+
+
+def _default(column: LakeColumn) -> Column:
+    """The column's initial default as a Spark value of its Spark form."""
+    from pyspark.sql import functions as sf
+
+    assert column.initial_default is not None
+    value = default_values(column, column.initial_default, 1, Form.SPARK)
+    # Dates and timestamps as days and microseconds: Python's stop at years 1 and 9999, DuckDB's do not.
+    if column.type == "date":
+        return sf.date_from_unix_date(sf.lit(value.view(pa.int32())[0].as_py()))
+    if column.type in ("timestamp", "timestamptz"):
+        instant = sf.timestamp_micros(sf.lit(value.view(pa.int64())[0].as_py()))
+        return instant.cast(spark_type(column))  # to timestamp_ntz in the session's time zone, UTC
+    return sf.lit(value[0].as_py()).cast(spark_type(column))
 
 
 def _spark_form(value: Column, column: LakeColumn, native: frozenset[int]) -> Column:

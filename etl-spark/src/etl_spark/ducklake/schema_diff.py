@@ -6,8 +6,8 @@ one by the engine's own rules (attribute number, which a rename keeps; else name
 place), so the lake does not guess renames by rules of its own. A lake column whose
 source is unknown (DuckDB added it) is matched by name only: an unknown type is never taken for
 renamed in place. Everything else is a drop or an add;
-an add gets a new column id, never a reused one. An array column that an earlier version of this
-writer made ``json`` stays ``json``.
+an add gets a new column id, never a reused one, and the value the rows already stored hold
+(``initial_default``). An array column that an earlier version of this writer made ``json`` stays ``json``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from etl.api import ColumnSchema, TableSchema, TypeChangeError, match_columns
 from etl_spark.ducklake.catalog import UNKNOWN_SOURCE_TYPE, LakeColumn, NewColumn
+from etl_spark.ducklake.initial_default import initial_default
 from etl_spark.ducklake.types import LIST, lake_type
 
 # Type changes DuckDB reads without rewriting files (a new column row with the same id).
@@ -43,7 +44,8 @@ def diff(current: tuple[LakeColumn, ...], target: TableSchema) -> SchemaDiff:
     used: set[int] = set()
     for index, column in match_columns(applied, target):
         if index is None:
-            result.adds.append(NewColumn(column.name, lake_type(column), column.nullable))
+            added = lake_type(column)
+            result.adds.append(NewColumn(column.name, added, column.nullable, initial_default(column, added)))
             continue
         existing = current[index]
         used.add(index)

@@ -246,6 +246,14 @@ class LakeStorage:
         types = self._field_types(path)
         return frozenset(i for i in ids if i in types and not pa.types.is_string(types[i]))
 
+    def defaulted_columns(self, path: str, columns: Sequence[LakeColumn]) -> frozenset[int]:
+        """Ids of the columns with an initial default that a data file does not hold (written before them)."""
+        with_default = [c.column_id for c in columns if c.initial_default is not None]
+        if not with_default:
+            return frozenset()
+        types = self._field_types(path)
+        return frozenset(i for i in with_default if i not in types)
+
     def _read_field_types(self, path: str) -> dict[int, pa.DataType]:
         """A data file's column and list element types by field id (data files never change: cached)."""
         found: dict[int, pa.DataType] = {}

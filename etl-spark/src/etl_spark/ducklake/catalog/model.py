@@ -28,6 +28,8 @@ class LakeColumn:
     """Type OID and modifier of the source column it holds, when this writer recorded them."""
     element: LakeColumn | None = None
     """The element of a ``list`` column (named ``element``, with its own id; itself a list for a nested one)."""
+    initial_default: str | None = None
+    """What DuckDB reads for it from files written before it existed (DuckDB's text; ``initial_default``)."""
 
     def with_elements(self) -> Iterator[LakeColumn]:
         """The column, then its element, the element's element, ... (ids in that order)."""
@@ -125,6 +127,8 @@ class NewColumn:
     type: LakeType
     """A ``list`` type carries its element's type (``LakeType.element``)."""
     nullable: bool
+    initial_default: str | None = None
+    """What the rows older than the column hold (``initial_default``, DuckDB's text); ``None``: NULL."""
 
 
 @dataclass(frozen=True)

@@ -219,6 +219,7 @@ class Catalog(InlinedReads):
             columns = c.execute(
                 sa.text(
                     "SELECT c.table_id, c.column_id, c.column_name, c.column_type, c.nulls_allowed, c.parent_column,"
+                    " c.initial_default,"
                     f" a.attnum, a.type_oid, a.type_modifier FROM ducklake_column c LEFT JOIN {COLUMNS_TABLE} a"
                     " ON a.table_id = c.table_id AND a.column_id = c.column_id"
                     f" WHERE {member} AND c.end_snapshot IS NULL ORDER BY c.table_id, c.column_order"
@@ -243,6 +244,7 @@ class Catalog(InlinedReads):
                 None if c.attnum is None else int(c.attnum),
                 None if c.type_oid is None else (int(c.type_oid), int(c.type_modifier)),
                 None if element is None else column(element),
+                c.initial_default,
             )
 
         relative = (row.spath + row.path) if row.srel and row.path_is_relative else None

@@ -158,7 +158,7 @@ class SnapshotCommit:
 
     def _insert_stats_rows(self, table_id: int, column_ids: list[int], *, contains_null: bool) -> None:
         """Table statistics of new columns: no bounds yet; ``contains_null`` known (a new table holds no rows; a
-        column added to one that does holds only nulls)."""
+        column added to one that does holds only nulls; one with an initial default gets no row, unknown)."""
         if column_ids:
             self._insert(
                 "ducklake_table_column_stats",

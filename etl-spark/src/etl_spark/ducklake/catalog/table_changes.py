@@ -199,8 +199,9 @@ class TableChanges(SnapshotCommit):
         return self.catalog.max_column_id(table_id, self.conn)
 
     def add_column(self, table: LakeTable, column: NewColumn, column_id: int) -> None:
-        """Add a column under ``column_id`` (above every id the table ever used), with no default. A list's
-        elements take the ids after it, as ``assign_column_ids(..., start=column_id)`` gives them."""
+        """Add a column under ``column_id`` (above every id the table ever used), with the column's initial
+        default (what the rows already stored read). A list's elements take the ids after it, as
+        ``assign_column_ids(..., start=column_id)`` gives them."""
         if column_id <= self.max_column_id(table.table_id):
             raise CommitConflict(f"column id {column_id} of table {table.table_id} is taken")
         order = 1 + int(
@@ -210,9 +211,17 @@ class TableChanges(SnapshotCommit):
         )
         (ids,) = assign_column_ids([column], column_id)
         self._insert_new_column(
-            table.table_id, column.name, column.type, column.nullable, ids, order_offset=order - column_id
+            table.table_id,
+            column.name,
+            column.type,
+            column.nullable,
+            ids,
+            order_offset=order - column_id,
+            initial_default=column.initial_default,
         )
-        self._insert_stats_rows(table.table_id, list(ids), contains_null=self._record_count(table.table_id) > 0)
+        held = self._record_count(table.table_id) > 0
+        if not (held and column.initial_default is not None):  # else unknown bounds (no row): they hold the default
+            self._insert_stats_rows(table.table_id, list(ids), contains_null=held)
         self._altered(table.table_id)
 
     def drop_column(self, table: LakeTable, column_id: int) -> None:
@@ -274,6 +283,7 @@ class TableChanges(SnapshotCommit):
         *,
         order_offset: int,
         parent: int | None = None,
+        initial_default: str | None = None,
     ) -> None:
         """Insert a new column's row, then its element's (nullable, as DuckDB makes them), and so on down.
         Orders run with the ids, ``order_offset`` apart."""
@@ -286,6 +296,7 @@ class TableChanges(SnapshotCommit):
                 "column_order": ids.column_id + order_offset,
                 "column_name": name,
                 "column_type": lake_type.name,
+                "initial_default": initial_default,
                 "default_value": "NULL",
                 "nulls_allowed": nullable,
                 "parent_column": parent,
