@@ -109,7 +109,7 @@ OWN_SCHEMA: Final = "etl"
 """The schema of the project's own tables on the source (the DDL trigger's record, the Postgres store's by default):
 never a table the pipeline copies or streams, though a publication may publish them."""
 _own_tables_logged: set[tuple[str, ...]] = set()
-"""(publication, tables...) already logged as left out: once per process, not on every refresh."""
+"""(server, database, publication, tables...) already logged as left out: once per process, not on every refresh."""
 
 
 def publication_tables(conn: psycopg.Connection[Any], publication: str) -> list[PublishedTable]:
@@ -141,8 +141,9 @@ def publication_tables(conn: psycopg.Connection[Any], publication: str) -> list[
     ).fetchall()
     tables = []
     own = sorted(str(TableName(schema, name)) for _, schema, name, *_ in rows if schema == OWN_SCHEMA)
-    if own and (publication, *own) not in _own_tables_logged:
-        _own_tables_logged.add((publication, *own))
+    said = (conn.info.host, str(conn.info.port), conn.info.dbname, publication, *own)
+    if own and said not in _own_tables_logged:
+        _own_tables_logged.add(said)
         log.info(
             "the pipeline's own tables are left out of the publication's tables",
             publication=publication,
