@@ -166,12 +166,21 @@ class ChunkedCopies:
         except ConfigError as exc:  # the table changed since the request was checked
             log.warning("a backfill's predicate no longer fits its table", table=str(table.name), error=exc.message)
             return
+        # The chunks go after the last chunk written into the table (its copy's or an earlier backfill's): with no
+        # transaction streamed since, they sit at the same stream position, and a destination that skips what it
+        # applied before would skip them.
+        earlier = ctx.store.get_copy_progress(table_id)
+        mark = (
+            NO_MARK
+            if earlier is None or earlier.resume_after is None
+            else ChunkMark.from_json(earlier.resume_after).mark
+        )
         now = datetime.now(UTC)
-        resume_after = NO_MARK.to_json(None, where)  # durable before its first chunk: a restart goes on with it
+        resume_after = mark.to_json(None, where)  # durable before its first chunk: a restart goes on with it
         ctx.store.record_copy_progress(table_id, CopyProgress(0, estimate, now, now, False, resume_after))
         ctx.states.set(table_id, TableState(TableStateKind.COPYING))
         self.copies[table_id] = IncrementalCopy(
-            table_id, key, table_key(schema), None, 0, NO_MARK, barrier, where=where, estimate=estimate, started_at=now
+            table_id, key, table_key(schema), None, 0, mark, barrier, where=where, estimate=estimate, started_at=now
         )
         log.info("backfilling a table in chunks", table=str(table.name), key=key, where=where, estimate=estimate)
 
@@ -391,7 +400,6 @@ class ChunkedCopies:
         """Whether the standbys a failover may promote still lack what a chunk read (``etl.postgres.standby_slots``)
         after a short wait: then it is read again later rather than written."""
         ctx = self.ctx
-        return False
         lacking = wait_for_standbys(
             ctx.config.source, read.standby_slots, read.wal, what=str(table.name), stop=ctx.stop, timeout=STANDBY_WAIT_S
         )
