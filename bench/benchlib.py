@@ -27,6 +27,7 @@ import psycopg
 import pyarrow
 
 from etl.config import PostgresConnection
+from etl.demo_postgres import PERSON_SESSION
 from etl.log import configure_logging
 from etl.postgres.connection import connect
 from etl.testing import PostgresInstall, TemporaryCluster, find_install
@@ -107,7 +108,8 @@ class Source:
         return PostgresConnection(host="127.0.0.1", port=self.port, database=database, sslmode="disable")
 
     def connect(self, database: str = DATABASE) -> psycopg.Connection[Any]:
-        return connect(self.connection(database))
+        # the workload's session: the database's own search_path, as a person's (the engine's are pinned)
+        return connect(self.connection(database), settings=PERSON_SESSION)
 
     def execute(self, sql: str) -> None:
         with self.connect() as conn:
