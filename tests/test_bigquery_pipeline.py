@@ -227,7 +227,16 @@ def test_copy_and_mixed_workload_equal_source(
         db.execute("TRUNCATE ledger, keyless")
         db.execute("INSERT INTO ledger (account, delta, note) VALUES (1, 1, 'after truncate')")
         db.execute("INSERT INTO keyless VALUES (1, 'back', '{1}'), (1, 'back', '{1}')")
-        db.execute("ALTER TABLE accounts ADD COLUMN tier text")
+        # Older rows hold a column's constant default (Postgres's missing value, never streamed), of each kind.
+        db.execute(
+            """ALTER TABLE accounts ADD COLUMN tier text, ADD COLUMN level int NOT NULL DEFAULT 0,
+                   ADD COLUMN motto text DEFAULT 'x, "y'' \\ é',
+                   ADD COLUMN since timestamptz DEFAULT '2020-01-01 10:00+02',
+                   ADD COLUMN wall timestamp DEFAULT '1999-12-31 23:59:59.5', ADD COLUMN fee numeric(6,2) DEFAULT 1.5,
+                   ADD COLUMN flag boolean DEFAULT true, ADD COLUMN ratio float8 DEFAULT 0.1,
+                   ADD COLUMN day date DEFAULT '2024-02-29', ADD COLUMN raw bytea DEFAULT '\\x00ff',
+                   ADD COLUMN meta jsonb DEFAULT '{"a": [1, 2.50]}', ADD COLUMN marks int[] DEFAULT '{1}'"""
+        )
         db.execute("UPDATE accounts SET tier = 'gold' WHERE id < 30")
         wait_equal(db, emulator, dataset, TABLES, pipeline)
         ledger, _ = bigquery_rows(emulator, dataset, "public.ledger")

@@ -26,7 +26,7 @@ def table_of(schema: TableSchema) -> bigquery.Table:
 def test_swapped_names_pass_through_free_names() -> None:
     id_, a, b = APPLIED.columns
     swapped = replace(APPLIED, columns=(id_, replace(a, name="b"), replace(b, name="a")))
-    assert alter_statements(table_of(APPLIED), APPLIED, swapped) == [
+    assert alter_statements(table_of(APPLIED), APPLIED, swapped).actions == [
         "RENAME COLUMN `a` TO `_etl_rename_0`",
         "RENAME COLUMN `b` TO `_etl_rename_1`",
         "RENAME COLUMN `_etl_rename_0` TO `b`",
@@ -37,14 +37,17 @@ def test_swapped_names_pass_through_free_names() -> None:
 def test_a_name_dropped_and_added_again_is_a_new_column() -> None:
     id_, _a, b = APPLIED.columns
     again = replace(APPLIED, columns=(id_, b, ColumnSchema("a", 25, attnum=4)))
-    assert alter_statements(table_of(APPLIED), APPLIED, again) == ["DROP COLUMN `a`", "ADD COLUMN `a` STRING"]
+    assert alter_statements(table_of(APPLIED), APPLIED, again).actions == ["DROP COLUMN `a`", "ADD COLUMN `a` STRING"]
 
 
 def test_without_a_record_columns_match_by_name_only() -> None:
     id_, a, b = APPLIED.columns
     table = table_of(APPLIED)
     renamed = replace(APPLIED, columns=(id_, replace(a, name="c"), b))
-    assert alter_statements(table, unrecorded(table, APPLIED), renamed) == ["DROP COLUMN `a`", "ADD COLUMN `c` STRING"]
+    assert alter_statements(table, unrecorded(table, APPLIED), renamed).actions == [
+        "DROP COLUMN `a`",
+        "ADD COLUMN `c` STRING",
+    ]
 
 
 def test_a_changed_type_errors_the_table() -> None:
@@ -69,8 +72,29 @@ def test_a_history_table_keeps_dropped_columns_under_free_names() -> None:
     )
     own = frozenset({"_etl_dropped_2_a", "_etl_op"})
     fewer = replace(APPLIED, columns=(id_,))
-    assert alter_statements(table, APPLIED, fewer, own, keep_dropped=True) == [
+    assert alter_statements(table, APPLIED, fewer, own, keep_dropped=True).actions == [
         "RENAME COLUMN `a` TO `_etl_dropped_2_a_2`",
         "RENAME COLUMN `b` TO `_etl_dropped_3_b`",
     ]
-    assert alter_statements(table, APPLIED, fewer, own) == ["DROP COLUMN `a`", "DROP COLUMN `b`"]
+    assert alter_statements(table, APPLIED, fewer, own).actions == ["DROP COLUMN `a`", "DROP COLUMN `b`"]
+
+
+def test_added_columns_with_a_constant_default_fill_the_older_rows() -> None:
+    added = replace(
+        APPLIED,
+        columns=(
+            *APPLIED.columns,
+            ColumnSchema("n", 23, attnum=4, missing_value="0"),
+            ColumnSchema("s", 25, attnum=5, missing_value="it's \\ é"),
+            ColumnSchema("v", 25, attnum=6),
+            ColumnSchema("t", 1114, attnum=7, missing_value="2020-01-01 10:00:00.5"),
+            ColumnSchema("a", 1007, attnum=8, missing_value="{1}"),
+        ),
+    )
+    alteration = alter_statements(table_of(APPLIED), APPLIED, added)
+    assert [c.name for c in alteration.added] == ["n", "s", "v", "t", "a"]
+    assert alteration.fill(added, "`d.t`") == [
+        "UPDATE `d.t` SET `n` = 0, `s` = 'it\\'s \\\\ \\U000000e9',"
+        " `t` = DATETIME(TIMESTAMP '2020-01-01T10:00:00.500000+00:00', 'UTC'), `a` = ARRAY<INT64>[1] WHERE TRUE"
+    ]
+    assert alter_statements(table_of(APPLIED), APPLIED, APPLIED).fill(APPLIED, "`d.t`") == []

@@ -332,11 +332,17 @@ class BigQueryDestination:
             self.jobs.query(f"CREATE TABLE IF NOT EXISTS {target} ({columns}) {options}", schema)
         table = self.client.get_table(self.jobs.path(table_id(schema.name)))
         own = history.own_columns([f.name for f in table.schema]) if historic else frozenset()
-        actions = alter_statements(table, applied or unrecorded(table, schema, own), schema, own, keep_dropped=historic)
-        # BigQuery runs DDL outside transactions only: the record follows the ALTERs in the same script.
+        alteration = alter_statements(
+            table, applied or unrecorded(table, schema, own), schema, own, keep_dropped=historic
+        )
+        # BigQuery runs DDL outside transactions only: the record follows the ALTERs in the same script, and
+        # the added columns' fill (not in history mode: older changes did not carry them) commits with it.
+        fill = [] if historic else alteration.fill(schema, target)
         with self._metadata:
             self.jobs.query(
-                ";\n".join([*(f"ALTER TABLE {target} {a}" for a in actions), *self._record(schema)]) + ";", schema
+                ";\n".join([*(f"ALTER TABLE {target} {a}" for a in alteration.actions), *self._record(schema, fill)])
+                + ";",
+                schema,
             )
         self._applied[schema.id] = schema
         return target
@@ -361,7 +367,8 @@ class BigQueryDestination:
         columns = tuple(ColumnSchema(r[0], int(r[1]), int(r[2]), attnum=r[3]) for r in rows)
         return TableSchema(schema.id, schema.name, columns) if columns else None
 
-    def _record(self, schema: TableSchema) -> list[str]:
+    def _record(self, schema: TableSchema, also: list[str]) -> list[str]:
+        """A transaction recording ``schema`` as applied, running the statements ``also`` too."""
         values = ", ".join(
             f"('{table_id(schema.name)}', {i}, '{c.name}', {int(c.type_oid)}, {int(c.type_modifier)},"
             f" {'NULL' if c.attnum is None else int(c.attnum)})"
@@ -372,6 +379,7 @@ class BigQueryDestination:
             f"DELETE FROM {self.jobs.ref(COLUMNS)} WHERE {self._columns_row(schema)}",
             f"INSERT INTO {self.jobs.ref(COLUMNS)} (table_name, position, column_name, type_oid, type_modifier, attnum)"
             f" VALUES {values}",
+            *also,
             "COMMIT TRANSACTION",
         ]
 

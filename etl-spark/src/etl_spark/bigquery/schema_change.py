@@ -7,15 +7,21 @@ rename is found after a restart, and a column dropped and another added is never
 rename, whatever their types. Matched columns whose name changed are renamed, table columns left
 unmatched are dropped, unmatched source columns are added (nullable: BigQuery cannot add a REQUIRED
 column). A changed type cannot be altered in place.
+
+A column added at the source with a constant default holds that value in every older row (Postgres keeps it
+once, ``ColumnSchema.missing_value``, and logical decoding never sends it). BigQuery's ``ADD COLUMN`` leaves
+older rows NULL (a column default applies to later inserts only), so an added column is then filled with an
+``UPDATE``, in the transaction that records the new schema.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from etl.api import ColumnSchema, TableSchema, TypeChangeError, match_columns
 from etl_spark.bigquery.names import column_name
-from etl_spark.bigquery.types import bq_type, check_columns
+from etl_spark.bigquery.types import bq_type, check_columns, literal
 
 if TYPE_CHECKING:
     from google.cloud import bigquery
@@ -36,6 +42,24 @@ def unrecorded(table: bigquery.Table, schema: TableSchema, own: frozenset[str] =
     )
 
 
+@dataclass(frozen=True)
+class Alteration:
+    actions: list[str]
+    """``ALTER TABLE`` actions (without the ``ALTER TABLE name`` prefix): drops, renames, then adds."""
+    added: list[ColumnSchema]
+    """The source columns the adds are for."""
+
+    def fill(self, schema: TableSchema, target: str) -> list[str]:
+        """The ``UPDATE`` giving the rows already in ``target`` the values the source's older rows hold in the
+        added columns."""
+        sets = ", ".join(
+            f"{column_name(c.name)} = {literal(schema, c, c.missing_value)}"
+            for c in self.added
+            if c.missing_value is not None
+        )
+        return [f"UPDATE {target} SET {sets} WHERE TRUE"] if sets else []
+
+
 def alter_statements(
     table: bigquery.Table,
     applied: TableSchema,
@@ -43,8 +67,8 @@ def alter_statements(
     own: frozenset[str] = frozenset(),
     *,
     keep_dropped: bool = False,
-) -> list[str]:
-    """``ALTER TABLE`` actions (without the ``ALTER TABLE name`` prefix): drops, renames, then adds.
+) -> Alteration:
+    """What brings ``table`` in line with ``schema``.
 
     ``applied`` is the source schema ``table`` was last brought in line with; the table's columns in
     ``own`` (the destination's) are left alone. With ``keep_dropped`` (a history table, whose rows
@@ -76,11 +100,12 @@ def alter_statements(
     if keep_dropped:
         renames = _kept_drops(drops, applied, {f.name for f in table.schema}) + renames
         drops = []
-    return [
+    actions = [
         *(f"DROP COLUMN {column_name(o)}" for o in drops),
         *(f"RENAME COLUMN {column_name(o)} TO {column_name(n)}" for o, n in renames),
         *(f"ADD COLUMN {column_name(c.name)} {bq_type(c).ddl}" for c in added),
     ]
+    return Alteration(actions, added)
 
 
 def _kept_drops(drops: list[str], applied: TableSchema, taken: set[str]) -> list[tuple[str, str]]:

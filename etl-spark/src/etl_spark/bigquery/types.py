@@ -11,6 +11,7 @@ it is created or altered. See docs/destinations/bigquery.md; keep the two in ste
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime as dt
 import json
@@ -28,6 +29,7 @@ from etl.api import (
     ColumnSchema,
     TableError,
     TableSchema,
+    decode_text_column,
 )
 from etl_spark.bigquery.names import column_name
 from etl_spark.ducklake.types import interval_text, numeric_precision_scale
@@ -264,6 +266,35 @@ def _error(schema: TableSchema, column: ColumnSchema, what: str, hint: str = "")
         hint=hint or "replace the value at the source (or change the column's type to text), then resync the table",
         table_id=schema.id,
     )
+
+
+def literal(schema: TableSchema, column: ColumnSchema, text: str) -> str:
+    """A SQL expression of the target type for one value in Postgres's text form (checked as a staged value is)."""
+    target = bq_type(column)
+    value = staged(schema, column, decode_text_column(column, pa.array([text], pa.string())))[0].as_py()
+    if isinstance(value, list):
+        return f"{target.ddl}[{', '.join(_literal(v, target.staged.value_type) for v in value)}]"
+    return target.load.format(_literal(value, target.staged))
+
+
+def _literal(value: object, kind: pa.DataType) -> str:
+    """A staged value as SQL."""
+    if value is None:
+        return "NULL"
+    if pa.types.is_boolean(kind):
+        return "TRUE" if value else "FALSE"
+    if pa.types.is_integer(kind):
+        return str(int(value))  # type: ignore[call-overload]
+    if pa.types.is_floating(kind):
+        return f"CAST('{value!r}' AS FLOAT64)"  # repr round-trips, and spells nan and inf as BigQuery reads them
+    if isinstance(value, dt.date):  # dates, and timestamps (datetimes, in UTC)
+        return f"{'TIMESTAMP' if isinstance(value, dt.datetime) else 'DATE'} '{value.isoformat()}'"
+    if isinstance(value, bytes):
+        return f"FROM_BASE64('{base64.b64encode(value).decode()}')"
+    return "'" + "".join(_ESCAPES.get(c) or (c if " " <= c <= "~" else f"\\U{ord(c):08x}") for c in str(value)) + "'"
+
+
+_ESCAPES: Final = {"\\": "\\\\", "'": "\\'"}
 
 
 def staged_rows(schema: TableSchema, rows: pa.Table, *, changes: bool) -> pa.Table:
