@@ -146,11 +146,38 @@ def test_a_chunk_split_over_connections_reads_what_one_connection_reads(
         one = copy_chunk(db.connection(), schema, table.row_filter, chunk)[2]
         split = copy_chunk(db.connection(), schema, table.row_filter, chunk, connections=connections)[2]
         assert split.equals(one)
+        # A backfill's chunk covers the table's first ``limit`` rows after ``after``; a copy's, ``limit`` rows it reads.
+        upto = f"(SELECT id FROM c WHERE id > {chunk.after or 0} ORDER BY id OFFSET {chunk.limit - 1} LIMIT 1)"
         expected = db.execute(
             f"SELECT id, v FROM c WHERE id % 2 = 0 AND id > {chunk.after or 0} AND {chunk.where or 'true'}"
-            f" ORDER BY id LIMIT {chunk.limit}"
+            f" AND {'id <= ' + upto if chunk.where else 'true'} ORDER BY id LIMIT {chunk.limit}"
         )
         assert list(zip(*one.to_pydict().values(), strict=True)) == [tuple(r) for r in expected]
+
+
+def test_a_backfill_chunk_covers_chunk_rows_of_the_table_whatever_its_predicate_picks(
+    pg_database: TestDatabase,
+) -> None:
+    """A sparse predicate never makes one read scan the table (which could outlast the read timeout and be retried
+    forever): each chunk covers the next ``limit`` rows by key, and the chunks walk the table to its end."""
+    db = pg_database
+    db.execute(
+        "CREATE TABLE c (id bigint PRIMARY KEY, v text);"
+        " INSERT INTO c SELECT g * 3, 'v' || g FROM generate_series(1, 20000) g;"
+        " CREATE PUBLICATION pub FOR TABLE c"
+    )
+    _, schema = published(db, "c")
+    chunk, found, reads = KeyChunk("id", None, 1000, where="v = 'v19999' OR v = 'v20000'"), [], 0
+    while True:
+        _, _, rows, read = copy_chunk(db.connection(), schema, None, chunk)
+        reads += 1
+        found += rows.column("id").to_pylist()
+        last = rows.column("id")[-1].as_py() if rows.num_rows else None
+        assert read.upto is None or read.upto - (chunk.after or 0) == 3 * 1000  # 1000 rows of the table
+        if read.ends_copy(rows.num_rows):
+            break
+        chunk = KeyChunk("id", read.reach(last), 1000, chunk.where)
+    assert found == [59_997, 60_000] and reads == 20
 
 
 def test_copy_range_batches_and_ranges(pg_database: TestDatabase) -> None:

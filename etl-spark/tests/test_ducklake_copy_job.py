@@ -229,6 +229,7 @@ def test_chunks_of_an_incremental_copy_are_copied_on_the_driver_or_by_spark_each
             _,
             keys,
             chunk_plan,
+            _,
         ):
             assert (keys.rows, keys.last) == (rows, 3000 if after else 2000)
             assert len(chunk_plan.ranges) == 2 and chunk_plan.size_bytes is not None and plan.size_bytes is not None

@@ -50,10 +50,10 @@ def copy_chunk(
     chunk: KeyChunk,
     *,
     connections: int = 1,
-) -> tuple[ChunkSnapshot, ChunkTable, pa.Table]:
+) -> tuple[ChunkSnapshot, ChunkTable, pa.Table, KeyChunk]:
     """Read one chunk of table ``schema.id`` in a short ``REPEATABLE READ`` transaction of its own: the snapshot it
-    read in, the table as it found it by OID (``ChunkTable``: by its name now), and its rows, as a table of
-    ``schema``'s columns in key order.
+    read in, the table as it found it by OID (``ChunkTable``: by its name now), its rows, as a table of
+    ``schema``'s columns in key order, and the chunk as read (a backfill's ``bounded``).
 
     With ``connections`` above 1, a chunk of at least ``MIN_PART_ROWS`` rows per connection is split by key into
     that many parts, read at once: the first connection exports its snapshot for the others to import, so every
@@ -63,6 +63,7 @@ def copy_chunk(
         snapshot = ChunkSnapshot.parse(session.scalar(ChunkSnapshot.QUERY, "read a chunk"))  # takes it
         table = ChunkTable.find(session, schema.id, "read a chunk")
         source = table.name
+        chunk = _bounded(session, source, chunk, "read a chunk")
         parts = [chunk]
         step = chunk.limit // max(1, connections)
         if connections > 1 and step >= MIN_PART_ROWS:
@@ -70,7 +71,7 @@ def copy_chunk(
             parts = chunk.split(keys.bounds, step)
         if len(parts) == 1:
             batches = list(session.copy(schema, source, None, row_filter, max(1, chunk.limit), key_chunk=chunk))
-            return snapshot, table, pa.Table.from_batches(batches, schema=output)
+            return snapshot, table, pa.Table.from_batches(batches, schema=output), chunk
         exported = session.scalar(EXPORT, "read a chunk")
         with ThreadPoolExecutor(len(parts) - 1, thread_name_prefix=f"chunk-{source}") as pool:
             others = [
@@ -80,7 +81,7 @@ def copy_chunk(
             batches = list(session.copy(schema, source, None, row_filter, parts[0].limit, key_chunk=parts[0]))
             for part in others:
                 batches.extend(part.result())
-    return snapshot, table, pa.Table.from_batches(batches, schema=output)
+    return snapshot, table, pa.Table.from_batches(batches, schema=output), chunk
 
 
 @contextmanager
@@ -91,22 +92,29 @@ def plan_chunk(
     chunk: KeyChunk,
     *,
     parts: int,
-) -> Iterator[tuple[ChunkSnapshot, ChunkTable, ChunkKeys, CopyPlan]]:
+) -> Iterator[tuple[ChunkSnapshot, ChunkTable, ChunkKeys, CopyPlan, KeyChunk]]:
     """Plan one chunk of table ``schema.id`` for readers elsewhere (a destination's workers, ``read_ranges``): the
     snapshot its first connection took, the table as it found it by OID (``ChunkTable``), what it found of its keys,
-    and a plan of up to ``parts`` key ranges of at least ``MIN_PART_ROWS`` rows each, in that snapshot, exported,
-    with about the bytes they hold. The snapshot can be imported until the block ends, so the plan must be read
-    inside it; so long, the first connection's lock keeps the table's name the one the plan reads it by."""
+    a plan of up to ``parts`` key ranges of at least ``MIN_PART_ROWS`` rows each, in that snapshot, exported,
+    with about the bytes they hold, and the chunk as planned (a backfill's ``bounded``). The snapshot can be
+    imported until the block ends, so the plan must be read inside it; so long, the first connection's lock keeps
+    the table's name the one the plan reads it by."""
     with CopySession(config, None) as session:
         snapshot = ChunkSnapshot.parse(session.scalar(ChunkSnapshot.QUERY, "plan a chunk"))
         table = ChunkTable.find(session, schema.id, "plan a chunk")
         source = table.name
+        chunk = _bounded(session, source, chunk, "plan a chunk")
         step = max(MIN_PART_ROWS, chunk.limit // max(1, parts))
         keys = ChunkKeys.parse(session.scalar(chunk.split_query(source, row_filter, step), "plan a chunk"))
         size = int(session.scalar(_rows_bytes(source, keys.rows), "plan a chunk"))
         exported = session.scalar(EXPORT, "plan a chunk")
         ranges = tuple(CopyRange(source, None, part) for part in chunk.split(keys.bounds, step))
-        yield snapshot, table, keys, CopyPlan(config, exported, schema, ranges, row_filter, size)
+        yield snapshot, table, keys, CopyPlan(config, exported, schema, ranges, row_filter, size), chunk
+
+
+def _bounded(session: CopySession, source: TableName, chunk: KeyChunk, doing: str) -> KeyChunk:
+    """A backfill's chunk bounded to the keys of ``limit`` rows (``KeyChunk.reach_query``); a copy's unchanged."""
+    return chunk if chunk.where is None else chunk.bounded(session.scalar(chunk.reach_query(source), doing))
 
 
 def _rows_bytes(source: TableName, rows: int) -> str:

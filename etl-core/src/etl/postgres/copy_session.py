@@ -95,6 +95,29 @@ class KeyChunk:
         where = None if self.where is None else predicate_sql(self.where)
         return " AND ".join(c for c in (after, upto, where) if c) or None
 
+    def reach_query(self, source: TableName) -> str:
+        """A backfill's chunk covers the first ``limit`` rows of the table after ``after``, of which its predicate
+        picks some: the key of the last of them ('' when no row follows them), found on the key's index. So a chunk
+        reads at most ``limit`` rows whatever the predicate picks; a sparse one never scans the table in one read."""
+        key = quote_ident(self.column)
+        after = "" if self.after is None else f" WHERE {key} > {int(self.after)}"
+        last = f"SELECT {key} AS k FROM ONLY {source.quoted()}{after} ORDER BY {key} OFFSET {int(self.limit) - 1}"
+        # The limit-th key, when a row follows it; min(k), not ORDER BY k::text's order.
+        return f"SELECT CASE WHEN count(*) > 1 THEN min(k)::text ELSE '' END FROM ({last} LIMIT 2) s"
+
+    def bounded(self, reach: str) -> KeyChunk:
+        """The chunk up to ``reach`` (``reach_query``'s answer); unchanged when the chunk runs to the table's end."""
+        return replace(self, upto=int(reach)) if reach else self
+
+    def ends_copy(self, rows: int) -> bool:
+        """Whether no row of the table follows this chunk of ``rows`` rows: a backfill's (``bounded``) when it runs
+        to the table's end, a copy's when it holds fewer than ``limit``."""
+        return self.upto is None if self.where is not None else rows < self.limit
+
+    def reach(self, last: int | None) -> int | None:
+        """The key the next chunk follows, given this one's last row's key: a bounded backfill chunk's end."""
+        return self.upto if self.where is not None and self.upto is not None else last
+
     def split(self, bounds: list[int], step: int) -> list[KeyChunk]:
         """The chunk as consecutive parts: one of ``step`` rows up to each key of ``bounds`` (every ``step``-th key
         of the chunk, ``split_query``'s answer), then the rest."""

@@ -275,14 +275,13 @@ class ChunkedCopies:
             return
         if written is None:
             return
-        rows, last = written
+        rows, last, copy.finished = written
         state = ctx.states.get(table_id)
         if state is None or state.kind is not TableStateKind.COPYING:  # its write errored the table
             self.copies.pop(table_id, None)
             return
         copy.after, copy.rows = copy.after if last is None else last, copy.rows + rows
         ctx.metrics.copied_rows.labels(str(table.name)).inc(rows)
-        copy.finished = rows < limit
         self._record(copy, copy.finished)
         if copy.finished:
             self._end_or_later(copy, table)
@@ -331,12 +330,13 @@ class ChunkedCopies:
 
     def _copy_here(
         self, copy: IncrementalCopy, table: PublishedTable, chunk: KeyChunk
-    ) -> tuple[int, int | None] | None:
-        """Read the chunk in this process and write it as a batch, at its place in the stream: its row count and
-        last key, durable; ``None`` when it is to be read again later."""
+    ) -> tuple[int, int | None, bool] | None:
+        """Read the chunk in this process and write it as a batch, at its place in the stream: its row count, the key
+        the next chunk follows and whether it was the last, durable; ``None`` when it is to be read again later."""
         ctx, schema = self.ctx, self.ctx.schemas.current(copy.table_id)
         connections = ctx.config.copy_.connections
-        read, found, rows = copy_chunk(ctx.config.source, schema, table.row_filter, chunk, connections=connections)
+        config, row_filter = ctx.config.source, table.row_filter
+        read, found, rows, chunk = copy_chunk(config, schema, row_filter, chunk, connections=connections)
         moved = self._key_moved(copy, found, table)
         if moved or self._missed(copy, read, table) or self._standbys_lack(copy, read, table):
             return None
@@ -348,16 +348,16 @@ class ChunkedCopies:
         self.stream.submit(batch)
         self.wait_written()  # durable before the copy's position moves past it
         copy.read_before = read.wal
-        return rows.num_rows, last
+        return rows.num_rows, chunk.reach(last), chunk.ends_copy(rows.num_rows)
 
     def _copy_on_destination(
         self, copier: ChunkCopier, copy: IncrementalCopy, table: PublishedTable, chunk: KeyChunk
-    ) -> tuple[int, int | None] | None:
+    ) -> tuple[int, int | None, bool] | None:
         """Plan the chunk and have the destination read and write it (``ChunkCopier``): as ``_copy_here``."""
         ctx, schema = self.ctx, self.ctx.schemas.current(copy.table_id)
         parts = ctx.config.copy_.connections
         with plan_chunk(ctx.config.source, schema, table.row_filter, chunk, parts=parts) as planned:
-            read, found, keys, plan = planned
+            read, found, keys, plan, chunk = planned
             moved = self._key_moved(copy, found, table)
             if moved or self._missed(copy, read, table) or self._standbys_lack(copy, read, table):
                 return None
@@ -371,7 +371,7 @@ class ChunkedCopies:
                 hint="a fault of the destination plugin's copy_chunk; the chunk is copied again",
             )
         copy.read_before = read.wal
-        return keys.rows, keys.last
+        return keys.rows, chunk.reach(keys.last), chunk.ends_copy(keys.rows)
 
     def _key_moved(self, copy: IncrementalCopy, found: ChunkTable, table: PublishedTable) -> bool:
         """Whether the table's key, in the chunk's snapshot, is not the one the copy began with (``table_key``): then
