@@ -1,19 +1,24 @@
-"""A DuckLake catalog that is not the one the pipeline wrote (lost, moved, another database) stops the start:
-the pipeline never streams into a lake without the copied rows while its store's progress moves on."""
+"""A DuckLake catalog that is not the one the pipeline wrote (lost, moved, another database, or restored from an
+older backup) stops the start: the pipeline never streams into a lake without the copied rows, or without the
+changes it wrote since, while its store's progress moves on."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from etl.errors import ConfigError, DestinationError
 from etl.factory import build_destination, build_store
+from etl.lsn import Lsn
 from etl.pipeline import Pipeline
 from etl.store.base import APPLY_WORKER
 from etl.testing.pipelines import all_ready, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.ducklake.config import DuckLakeConfig
+from etl_spark.ducklake.reader import open_lake, snapshot_at
 from etl_spark.testing import lake_matches
 
 SPARK = {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "2"}}
@@ -71,6 +76,75 @@ def test_a_catalog_without_the_copied_tables_stops_the_start(pg_database: TestDa
                 return lake_matches(conn, catalog, "public.t")
 
         wait_until(equal, "the row streamed while another catalog was named", pipeline, timeout=180)
+    finally:
+        pipeline.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.first_major
+def test_a_catalog_restored_from_an_older_backup_stops_the_start(pg_database: TestDatabase, tmp_path: Path) -> None:
+    """Each batch records where it brought the lake in the stream; a lake behind the store's progress (the changes
+    since its backup would be skipped) stops the start, and says where each snapshot stands."""
+    db = pg_database
+    db.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t SELECT g, 'copied' FROM generate_series(1, 50) g;"
+        " CREATE PUBLICATION pub FOR TABLE t"
+    )
+    path = tmp_path / "catalog.sqlite"
+    catalog = f"sqlite:///{path}"
+
+    def equal() -> bool:
+        with db.connect() as conn:
+            return lake_matches(conn, catalog, "public.t")
+
+    pipeline = start(db, tmp_path, catalog)
+    try:
+        wait_until(lambda: all_ready(pipeline, 1), "the copy", pipeline, timeout=180)
+        db.execute("INSERT INTO t VALUES (51, 'before the backup')")
+        wait_until(equal, "the row before the backup", pipeline, timeout=180)
+    finally:
+        pipeline.shutdown()
+    shutil.copy(path, tmp_path / "backup.sqlite")
+    pipeline = start(db, tmp_path, catalog)
+    try:
+        db.execute("INSERT INTO t VALUES (52, 'after the backup')")
+        (streamed,) = db.execute("SELECT pg_current_wal_insert_lsn()::text")[0]  # past its commit
+        wait_until(equal, "the row after the backup", pipeline, timeout=180)
+    finally:
+        pipeline.shutdown()
+    latest = progress(tmp_path, db)
+    assert isinstance(latest, Lsn) and latest >= Lsn.parse(streamed)
+
+    # Where the lake stands, as DuckDB shows it: the snapshot that holds the row streamed last says so.
+    con = open_lake(catalog)
+    try:
+        at = snapshot_at(con, 1, Lsn.parse(streamed))
+        assert at is not None and snapshot_at(con, 1, Lsn(int(latest) + 1)) is None
+        assert con.execute("SELECT v FROM lake.public.t AT (VERSION => ?) WHERE id = 52", [at]).fetchall() == [
+            ("after the backup",)
+        ]
+        assert con.execute("SELECT count(*) FROM lake.public.t AT (VERSION => ?)", [at - 1]).fetchall() == [(51,)]
+        ((info, message),) = con.execute(
+            "SELECT commit_extra_info, commit_message FROM ducklake_snapshots('lake') WHERE snapshot_id = ?", [at]
+        ).fetchall()
+    finally:
+        con.close()
+    recorded = json.loads(info)
+    assert recorded["pipeline_id"] == 1 and Lsn.parse(recorded["lsn"]) >= Lsn.parse(streamed)
+    assert recorded["lsn"] in message
+
+    shutil.copy(path, tmp_path / "latest.sqlite")
+    shutil.copy(tmp_path / "backup.sqlite", path)
+    with pytest.raises(DestinationError, match=r"behind .*, which this pipeline's store says") as error:
+        start(db, tmp_path, catalog)
+    assert f"behind {latest}," in error.value.message and "etl reset --recopy" in (error.value.hint or "")
+    assert progress(tmp_path, db) == latest
+
+    shutil.copy(tmp_path / "latest.sqlite", path)  # the latest catalog again: nothing was lost
+    pipeline = start(db, tmp_path, catalog)
+    try:
+        db.execute("INSERT INTO t VALUES (53, 'after the restore')")
+        wait_until(equal, "the row after the restore", pipeline, timeout=180)
     finally:
         pipeline.shutdown()
 

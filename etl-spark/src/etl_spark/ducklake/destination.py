@@ -27,6 +27,7 @@ import structlog
 from pydantic import BaseModel
 
 from etl.api import (
+    APPLY_WORKER,
     Check,
     CopyPlan,
     DestinationContext,
@@ -137,6 +138,7 @@ class DuckLakeDestination:
         self.catalog.open()
         try:
             self._check_lake_holds_the_copies()
+            self._check_lake_is_not_behind()
             self._options = self.catalog.options()
             for schema, table, options in self._options.scopes():  # a bad value stops it here, not mid-copy
                 ParquetOptions.of(options, schema, table)
@@ -153,6 +155,25 @@ class DuckLakeDestination:
         self._upkeep = Upkeep(self.upkeep, every, self._writing)
         self._upkeep.start()
         start_in_background(self.config.spark, SPARK_CONF)
+
+    def _check_lake_is_not_behind(self) -> None:
+        """Stop when the store's progress is past the position the lake records (``catalog.positions``): the
+        catalog went back in time (restored from an older backup, say), and the changes between would be skipped.
+        A lake without a recorded position (before the pipeline's first batch, or written by an earlier release)
+        passes."""
+        if self._store is None:
+            return
+        progress, lake = self._store.get_progress(APPLY_WORKER), self.catalog.position()
+        if progress is None or lake is None or lake.lsn >= progress:
+            return
+        raise DestinationError(
+            f"the DuckLake catalog {redacted(self.config.catalog.get_secret_value())} stands at {lake.lsn} of the"
+            f" source's stream (snapshot {lake.snapshot_id}), behind {progress}, which this pipeline's store says it"
+            " wrote into it: the catalog is older than the lake the pipeline wrote (restored from a backup, or"
+            " written back), and the changes between are missing from it",
+            hint="point `catalog` at the lake's latest catalog; to copy every table again into this one instead,"
+            " stop the pipeline and run etl reset --recopy -c <pipeline file>",
+        )
 
     def _check_lake_holds_the_copies(self) -> None:
         """Stop when the store says tables were copied that this lake has no record of: the catalog is not the
@@ -302,17 +323,26 @@ class DuckLakeDestination:
 
     def _commit_copy(self, plan: TablePlan) -> None:
         try:
-            self.catalog.commit(partial(_apply_all, [plan], self.storage))
+            self.catalog.commit(partial(_apply_all, [plan], self.storage, None))
         except BaseException:
             plan.discard(self.storage)
             raise
 
     def write_events(self, batch: EventBatch) -> WriteResult:
+        """The batch's tables in one snapshot (one per schema version of a table the batch changes), the last of
+        which records the batch's end as the lake's position (``catalog.positions``): alone when it changes none."""
         rounds = max((len(segments) for segments in batch.changes.values()), default=0)
+        position = batch.last_commit_lsn or None
+        recorded = False
         with self._writing.batch():
             for index in range(rounds):
                 segments = [segs[index] for segs in batch.changes.values() if index < len(segs)]
-                self._after_commit(self._commit_plans(partial(self._plan_all, segments)))
+                at = position if index == rounds - 1 else None
+                plans = self._commit_plans(partial(self._plan_all, segments), at)
+                recorded = bool(plans) and at is not None
+                self._after_commit(plans)
+            if position is not None and not recorded:
+                self.catalog.record_position(position)
         return WriteResult.DURABLE
 
     def _after_commit(self, plans: list[TablePlan]) -> None:
@@ -390,9 +420,12 @@ class DuckLakeDestination:
         return TablePreview(int(total[0]) if total else 0, rows, f"DuckDB {duckdb.__version__}")
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _commit_plans(self, make: Callable[[], Iterable[TablePlan | None]]) -> list[TablePlan]:
-        """Make the plans (Spark work, data files written) and commit them as one snapshot; recompute on conflict,
-        and after flushing a table's inlined rows before its schema changes. Return the committed plans.
+    def _commit_plans(
+        self, make: Callable[[], Iterable[TablePlan | None]], position: Lsn | None = None
+    ) -> list[TablePlan]:
+        """Make the plans (Spark work, data files written) and commit them as one snapshot (standing at the stream's
+        ``position``, if any); recompute on conflict, and after flushing a table's inlined rows before its schema
+        changes. Return the committed plans.
 
         Data files of plans that do not get committed, a failure half-way through making them included, are
         removed.
@@ -406,7 +439,7 @@ class DuckLakeDestination:
                 if not plans:
                     return []
                 self.catalog.commit(
-                    partial(_apply_all, plans, self.storage),
+                    partial(_apply_all, plans, self.storage, position),
                     base_snapshot=base,
                     tables=[p.handle.table.table_id for p in plans if p.handle is not None],
                 )
@@ -442,10 +475,12 @@ class DuckLakeDestination:
         )
 
 
-def _apply_all(plans: list[TablePlan], storage: LakeStorage, txn: Transaction) -> None:
-    """Apply the plans in one transaction, each to its lake table as read at the start of it. So a table that an
-    earlier plan parked (another source table of the batch took its name) is not renamed back by its own plan,
-    which would park the other in turn: both held the name during the batch, and its next change names it."""
+def _apply_all(plans: list[TablePlan], storage: LakeStorage, position: Lsn | None, txn: Transaction) -> None:
+    """Apply the plans in one transaction, each to its lake table as read at the start of it, standing at the
+    stream's ``position``. So a table that an earlier plan parked (another source table of the batch took its
+    name) is not renamed back by its own plan, which would park the other in turn: both held the name during the
+    batch, and its next change names it."""
+    txn.position = position
     current = txn.tables([plan.handle.table.table_id for plan in plans if plan.handle is not None])
     for plan in plans:
         with naming_table(plan.schema.id):

@@ -18,11 +18,11 @@ import time
 import weakref
 from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from sqlalchemy.engine import make_url
 
-from etl.api import ConfigError, DestinationError
+from etl.api import ConfigError, DestinationError, Lsn
 
 if TYPE_CHECKING:
     import duckdb
@@ -194,3 +194,19 @@ def _extension_file(package: str) -> str:
     if found is None:
         raise DestinationError(f"the duckdb-extension-{package} package holds no extension file", hint=_INSTALL_HINT)
     return _sql_string(str(found))
+
+
+SNAPSHOT_AT: Final = (
+    "SELECT min(snapshot_id) FROM ducklake_snapshots(?) WHERE commit_extra_info IS NOT NULL"
+    " AND json_extract(commit_extra_info, '$.pipeline_id')::BIGINT = ?"
+    " AND json_extract(commit_extra_info, '$.lsn_int')::UBIGINT >= ?"
+)
+"""The DuckDB SQL of ``snapshot_at`` (parameters: the lake's alias, the pipeline id, the LSN as an integer)."""
+
+
+def snapshot_at(con: duckdb.DuckDBPyConnection, pipeline_id: int, lsn: Lsn, alias: str = "lake") -> int | None:
+    """The first snapshot of the lake attached as ``alias`` that holds everything pipeline ``pipeline_id`` streamed
+    up to ``lsn`` (it stands at ``lsn`` or past it: ``catalog.positions``); ``None`` while the lake is behind it.
+    Read it with ``SELECT ... FROM lake.s.t AT (VERSION => <snapshot>)``."""
+    row = con.execute(SNAPSHOT_AT, [alias, int(pipeline_id), int(lsn)]).fetchone()
+    return None if row is None or row[0] is None else int(row[0])

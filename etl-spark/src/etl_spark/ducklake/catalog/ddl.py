@@ -86,6 +86,9 @@ COLUMNS_TABLE: Final = "etl_ducklake_source_columns"
 """The source column each column of a lake table holds: its Postgres attribute number (``attnum``, a column's
 identity across renames; NULL when unknown), type OID and type modifier."""
 
+POSITION_TABLE: Final = "etl_ducklake_positions"
+"""Per pipeline, the stream's position the lake stands at and the snapshot holding it (``positions``)."""
+
 VERSION_TABLE: Final = "etl_ducklake_version"
 """The migrations of this writer's tables applied to the catalog (``migrations``)."""
 
@@ -96,6 +99,7 @@ OWN_COLUMNS: Final[dict[str, str]] = {
     COLUMNS_TABLE: "table_id BIGINT NOT NULL PRIMARY KEY, column_id BIGINT NOT NULL PRIMARY KEY, attnum BIGINT,"
     " type_oid BIGINT NOT NULL, type_modifier BIGINT NOT NULL",
     VERSION_TABLE: "version BIGINT PRIMARY KEY, description VARCHAR NOT NULL, applied_at TIMESTAMPTZ NOT NULL",
+    POSITION_TABLE: "pipeline_id BIGINT NOT NULL PRIMARY KEY, commit_lsn BIGINT NOT NULL, snapshot_id BIGINT NOT NULL",
 }
 
 _SQLITE_TYPES: Final = {"BOOLEAN": "BIGINT", "UUID": "VARCHAR", "TIMESTAMPTZ": "VARCHAR"}

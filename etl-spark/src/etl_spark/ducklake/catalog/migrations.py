@@ -25,6 +25,7 @@ from etl.api.sql import Migration, apply_migrations
 from etl_spark.ducklake.catalog.ddl import (
     COLUMNS_TABLE,
     OWN_COLUMNS,
+    POSITION_TABLE,
     STATE_TABLE,
     TABLES,
     VERSION_TABLE,
@@ -73,10 +74,16 @@ def _add_replaced(conn: Connection) -> None:
     )
 
 
+def _create_positions(conn: Connection) -> None:
+    shape = "pipeline_id BIGINT NOT NULL PRIMARY KEY, commit_lsn BIGINT NOT NULL, snapshot_id BIGINT NOT NULL"
+    conn.exec_driver_sql(create_statement(POSITION_TABLE, shape, conn.dialect.name, if_not_exists=True))
+
+
 MIGRATIONS: Final[tuple[Migration[Callable[[Connection], None]], ...]] = (
     Migration(1, "lake tables of source tables, with watermarks; source columns", _create_state_tables),
     Migration(2, "source columns recorded by attribute number only move to the source columns", _move_legacy_columns),
     Migration(3, "a lake table can be marked for replacement by the next copy", _add_replaced),
+    Migration(4, "the stream's position each pipeline's batches brought the lake to", _create_positions),
 )
 
 

@@ -18,8 +18,8 @@ import sqlalchemy as sa
 import structlog
 from sqlalchemy.engine import Connection, Engine
 
-from etl.api import DestinationError
-from etl_spark.ducklake.catalog import retention
+from etl.api import DestinationError, Lsn
+from etl_spark.ducklake.catalog import positions, retention
 from etl_spark.ducklake.catalog.bootstrap import check_lake, create_lake
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES
 from etl_spark.ducklake.catalog.engine import engine_for, masked, one_of, redacted, writing
@@ -403,6 +403,16 @@ class Catalog(InlinedReads):
                 {"p": self.pipeline_id},
             ).all()
         return sorted(int(t) for (t,) in rows)
+
+    def position(self) -> positions.LakePosition | None:
+        """Where this pipeline's batches brought the lake (``positions``)."""
+        with self.engine.connect() as conn:
+            return positions.recorded(conn, self.pipeline_id)
+
+    def record_position(self, lsn: Lsn) -> None:
+        """Record the end of a batch that changed no table as this pipeline's position (no snapshot)."""
+        with self._lock, writing(self.engine) as conn:
+            positions.record(conn, self.pipeline_id, lsn, None)
 
     def kept_source_tables(self) -> set[int]:
         """The source tables this pipeline has recorded a lake table for (replaced ones too)."""

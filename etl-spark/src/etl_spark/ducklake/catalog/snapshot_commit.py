@@ -17,6 +17,8 @@ import sqlalchemy as sa
 import structlog
 from sqlalchemy.engine import Connection
 
+from etl.api import Lsn
+from etl_spark.ducklake.catalog import positions
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES
 from etl_spark.ducklake.catalog.model import LakeTable, SourceColumn
 
@@ -61,6 +63,8 @@ class SnapshotCommit:
     next_catalog_id: int = 0
     next_file_id: int = 0
     changes: list[str] = field(default_factory=list)
+    position: Lsn | None = None
+    """The stream's position the snapshot brings the lake to (a batch's end: ``positions``); ``None`` for others."""
     _schema_changed: set[int] = field(default_factory=set)
     _ddl: bool = False
 
@@ -208,7 +212,15 @@ class SnapshotCommit:
                 "next_file_id": self.next_file_id,
             },
         )
+        info = {} if self.position is None else positions.commit_info(self.catalog.pipeline_id, self.position)
         self._insert(
             "ducklake_snapshot_changes",
-            {"snapshot_id": self.snapshot_id, "changes_made": ",".join(self.changes), "author": self.catalog.author},
+            {
+                "snapshot_id": self.snapshot_id,
+                "changes_made": ",".join(self.changes),
+                "author": self.catalog.author,
+                **info,
+            },
         )
+        if self.position is not None:
+            positions.record(self.conn, self.catalog.pipeline_id, self.position, self.snapshot_id)
