@@ -13,6 +13,8 @@ from etl.checks import run_checks
 from etl.config import PipelineConfig
 from etl.destination.memory import MemoryDestination
 from etl.pipeline import Pipeline, request_resync
+from etl.postgres.copy import plan_chunk
+from etl.postgres.copy_session import KeyChunk
 from etl.schema import TableName
 from etl.status import status_report
 from etl.store.base import TableStateKind
@@ -26,6 +28,7 @@ TRAPS = {
     # operator: (left, right, returns, what it computes); pg_catalog has no exact match for these types
     "=": ("oid", "regclass", "bool", "$1 OPERATOR(pg_catalog.=) $2::oid"),  # every take-on's
     "%": ("bigint", "integer", "int8", "$1 OPERATOR(pg_catalog.%) $2"),  # a chunk's split over connections
+    "*": ("bigint", "numeric", "numeric", "$1 OPERATOR(pg_catalog.*) $2"),  # a planned chunk's size estimate
 }
 SHADOWS = {
     # function(arguments): the type an engine query passes outmatches pg_catalog's
@@ -92,8 +95,9 @@ def pipeline(planted: TestDatabase, store_path: Path) -> Iterator[Pipeline]:
 def test_what_a_login_role_plants_in_public_never_runs_as_the_pipeline(
     planted: TestDatabase, pipeline: Pipeline, store_path: Path
 ) -> None:
-    """Take-on, chunked and snapshot copies, ``etl check``, ``etl status`` and a backfill all run with
-    ``search_path = pg_catalog, pg_temp`` and qualified operators: mallory stays who she is, her table empty.
+    """Take-on, chunked and snapshot copies, a chunk planned for a destination's workers, ``etl check``, ``etl status``
+    and a backfill all run with ``search_path = pg_catalog, pg_temp`` and qualified operators: mallory stays who she
+    is, her table empty.
     The backfill's predicate is read as the one literal pglast lexes, though the database reads backslash escapes
     (``standard_conforming_strings = off``): it picks rows 1-10 only, not every row."""
     db, p = planted, pipeline
@@ -111,6 +115,9 @@ def test_what_a_login_role_plants_in_public_never_runs_as_the_pipeline(
         finally:
             db.execute("SELECT pg_drop_replication_slot(%s)", (bait,))
         schema = destination.schema("public.big")
+        # A chunk planned for a destination's workers (DuckLake's) estimates its bytes: bigint * numeric.
+        with plan_chunk(p.config.source, schema, None, KeyChunk("id", None, 2000), parts=2) as planned:
+            assert planned[2].rows == 2000 and planned[3].size_bytes
         tampered = pa.table({"id": pa.array([5, 500], pa.int64()), "v": ["tampered", "tampered"]})
         destination.write_table_rows(schema, tampered)
         hostile = "id <= 10 OR v = '\\'' ) OR (true --'"
