@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import structlog
 
 from etl.destination.memory import MemoryDestination, sort_rows
 from etl.errors import TableError, TableErrors
@@ -413,3 +414,19 @@ def test_array_keys_are_compared_as_lists(lake: Any, kit: Any) -> None:
         assert lake_rows(lake, TAGGED) == reference.rows("public.tagged")
         assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
     assert {r["note"] for r in reference.rows("public.tagged")} == {"one again", "moved", "null element", "four"}
+
+
+def test_deletes_of_a_keyless_table_that_find_fewer_stored_rows_say_so(lake: Any, kit: Any) -> None:
+    """A table without a key, whose lake holds one copy of a row where the source held two (written around the
+    pipeline, or lost): the deletes of both remove the one, and the log says the lake lacked one, with the fix. Deletes
+    that find every copy say nothing."""
+    destination = kit.make_destination(lake)
+    destination.write_table_rows(LOG, kit.rows_table(LOG, [{"a": "dup", "b": 1}, {"a": "kept", "b": 2}]))
+    b = kit.BatchBuilder()
+    with structlog.testing.capture_logs() as logs:
+        destination.write_events(b.commit().delete(LOG, {"a": "kept", "b": 2}).build())
+        destination.write_events(b.commit().delete(LOG, {"a": "dup", "b": 1}).delete(LOG, {"a": "dup", "b": 1}).build())
+    assert lake_rows(lake, LOG) == []
+    (warning,) = [e for e in logs if e["log_level"] == "warning"]
+    assert warning["table"] == "public.log" and (warning["removes"], warning["found"]) == (2, 1)
+    assert "etl resync" in warning["hint"] and "lacked rows" in warning["event"]

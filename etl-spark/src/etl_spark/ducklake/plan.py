@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import structlog
 
 from etl.api import OP_COLUMN, ColumnSchema, TableChanges, TableError, TableSchema
 from etl_spark.collapse import (
@@ -62,12 +62,12 @@ from etl_spark.ducklake.stored_rows import (
     matched_positions_and_inlined,
     may_hold,
     occurrences,
+    removed_copies,
 )
 from etl_spark.ducklake.table_state import TableState, read_states
 from etl_spark.ducklake.types import Form, LakeType, convert, lake_type
 
-if TYPE_CHECKING:
-    pass
+log = structlog.get_logger(__name__)
 
 BEFORE_FIRST = -1
 """A transaction ordinal below every change's: a watermark at ``(lsn, BEFORE_FIRST)`` lets all changes at
@@ -420,6 +420,8 @@ def _plan_rows(
             plan.deletes, plan.ended_inlined = matched_positions_and_inlined(
                 occurrences(live, collapsed, names), data_files, lake.storage
             )
+        if not only_inserts:
+            _check_removed(plan, removed_copies(collapsed))
         rows = copies(collapsed, names)
     try:
         if inline and changes.num_rows <= inline_limit:  # no more rows than changes
@@ -429,6 +431,20 @@ def _plan_rows(
             plan.files = lake.storage.write_frame(rows, _spec(lake, plan, columns))
     finally:
         collapsed.unpersist()
+
+
+def _check_removed(plan: TablePlan, removes: int) -> None:
+    """Say when the deletes of a table without a key found fewer stored copies of their rows than they remove: the
+    lake lacked rows the source held (written around the pipeline, or lost), and still differs from it."""
+    found = sum(len(positions) for _, positions in plan.deletes.values()) + len(plan.ended_inlined)
+    if found < removes:
+        log.warning(
+            "deletes found fewer stored rows than they remove: the lake lacked rows the source held",
+            table=str(plan.schema.name),
+            removes=removes,
+            found=found,
+            hint=f"copy the table again to mend it: etl resync -c <pipeline file> --table {plan.schema.name}",
+        )
 
 
 DRIVER_LOOKUP_ROWS = 20_000_000

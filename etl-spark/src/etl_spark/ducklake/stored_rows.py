@@ -100,6 +100,14 @@ def occurrences(live: DataFrame, net: DataFrame, names: list[str]) -> DataFrame:
     return matched.withColumn("_etl_n", sf.row_number().over(order)).filter(sf.col("_etl_n") <= sf.col("_etl_count"))
 
 
+def removed_copies(net: DataFrame) -> int:
+    """How many stored copies the deleted images remove, in all."""
+    from pyspark.sql import functions as sf
+
+    total = net.filter(sf.col(NET) < 0).agg(sf.sum(-sf.col(NET))).first()
+    return int(total[0] or 0) if total is not None else 0
+
+
 def copies(net: DataFrame, names: list[str]) -> DataFrame:
     from pyspark.sql import functions as sf
 
