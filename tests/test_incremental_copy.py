@@ -740,7 +740,8 @@ def test_a_failed_backfill_is_dropped_and_its_table_streams_on(small: TestDataba
 
 def test_a_copy_held_back_by_an_open_transaction_names_it(small: TestDatabase, tmp_path: Path) -> None:
     """A transaction that took an xid and stays open holds a copy taken on meanwhile at its first chunk: the log
-    says so once, and ``etl status`` names its backend; once it ends, the copy goes on."""
+    says so once, and ``etl status`` names its backend (and a backfill asked for meanwhile, ignored); once it ends,
+    the copy goes on."""
     destination = HeldChunks()
     state = tmp_path / "state.sqlite"
     pipeline = start_small(small, destination, state)
@@ -765,6 +766,21 @@ def test_a_copy_held_back_by_an_open_transaction_names_it(small: TestDatabase, t
             finally:
                 reading.close()
             assert pid is not None and f"pid {pid[0]} (xid" in table.to_json()["copy"]["note"]
+            # A backfill asked for meanwhile is ignored, and says so where the operator looks.
+            asking = SqliteStore(state, pipeline_id=1)
+            try:
+                request_resync(pipeline.config, asking, TableName("public", "t"), "id < 10")
+            finally:
+                asking.close()
+            ignored = "backfill asked for a table being copied, backfilled or errored; ignored"
+            wait_until(lambda: any(e["event"] == ignored for e in logs), "the backfill ignored", pipeline)
+            reading = SqliteStore(state, pipeline_id=1)
+            try:
+                (table,) = status_report(pipeline.config, reading).tables
+            finally:
+                reading.close()
+            note = table.to_json()["copy"]["note"]
+            assert "backfill of the rows where id < 10 was ignored: the table was being copied" in note, note
             idle.execute("ROLLBACK")
         wait_until(lambda: all_ready(pipeline, 1), "the copy done", pipeline)
         wait_until(lambda: destination_matches(small, destination, "public.t"), "equal to the source", pipeline)
