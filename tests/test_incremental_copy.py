@@ -704,6 +704,37 @@ def test_a_new_primary_key_during_a_copy_copies_the_table_again(small: TestDatab
         pipeline.shutdown()
 
 
+def test_a_new_primary_key_while_stopped_mid_copy_copies_the_table_again(small: TestDatabase, tmp_path: Path) -> None:
+    """Stopped after three chunks (ids up to 1500), the table's primary key moves to ``other``, and rows come that
+    repeat id 2000, where the next chunk ends: the next run finds the key it recorded with the copy's position
+    changed and copies the table again by the new key, rather than go on by ids, no longer unique, whose chunk
+    limit would cut the run of 2000s and leave two of them out."""
+    destination = HeldChunks()
+    state = tmp_path / "state.sqlite"
+    first = start_small(small, destination, state)
+    try:
+        held_after(destination, 2, first)
+        first.request_stop()
+    finally:
+        destination.go.set()
+        first.shutdown()
+    assert table_states_in(state)[oid(small, "t")] is TableStateKind.COPYING
+    assert copied_rows(first, "public.t") < SMALL
+    small.execute(
+        "ALTER TABLE t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (other);"
+        " INSERT INTO t VALUES (2000, 1, 'same id'), (2000, 2, 'same id')"
+    )
+    destination.hold_after = None
+    second = start_small(small, destination, state)
+    try:
+        wait_until(lambda: all_ready(second, 1), "the copy done", second)
+        wait_until(lambda: destination_matches(small, destination, "public.t"), "equal to the source", second)
+        assert destination.schema("public.t").key_columns[0].name == "other"
+        assert copied_rows(second, "public.t") == SMALL + 2, "the whole table, copied again"
+    finally:
+        second.shutdown()
+
+
 def test_a_failed_backfill_is_dropped_and_its_table_streams_on(small: TestDatabase, tmp_path: Path) -> None:
     """A backfill whose predicate fails on some row (division by zero) is dropped: the table stays ready and
     streams on, and the log, ``etl status`` and ``etl_backfills_failed_total`` say why."""
