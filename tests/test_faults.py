@@ -446,6 +446,32 @@ def test_hostile_logical_messages_never_stop_the_pipeline(
     assert destination.drops == 0 and table_states(again) == {oid(db, "t"): TableStateKind.READY}
 
 
+def test_a_flood_of_forged_schema_change_messages_costs_no_connection_apiece(table_t: TestDatabase, run: Run) -> None:
+    """Each ``etl.ddl`` message is checked against the trigger's record on the source: on one connection kept for
+    it, not one opened per message, which a login emitting thousands would turn into seconds of lag apiece."""
+    db, flood, destination = table_t, 2000, MemoryDestination()
+    p = run(destination)
+    wait_until(lambda: all_ready(p, 1), "ready", p)
+    forged = "schema change message ignored: the DDL trigger did not record it"
+    with db.connect(autocommit=True) as monitor, capture_logs() as logs:
+
+        def sessions() -> int:
+            """Sessions ended in the database, as the server counts them (each backend counts itself as it exits)."""
+            monitor.execute("SELECT pg_catalog.pg_stat_clear_snapshot()")
+            row = monitor.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")
+            return int(row.fetchone()[0])  # type: ignore[index]
+
+        before = sessions()
+        db.execute(
+            "SELECT pg_logical_emit_message(true, %s, '{\"v\": 1}') FROM generate_series(1, %s)",
+            (MESSAGE_PREFIX, flood),
+        )
+        wait_until(lambda: sum(e["event"].startswith(forged) for e in logs) >= flood, "every forgery checked", p)
+        assert sessions() - before < 20, "a connection per message"
+    db.execute("INSERT INTO t VALUES (21, 'after the flood')")
+    wait_until(lambda: destination_matches(db, destination, "public.t"), "the row after the flood", p)
+
+
 # -- 3. every errored table errors alone --------------------------------------------------------------------
 def test_two_tables_with_unconvertible_values_in_one_batch_error_together_and_the_rest_goes_on(
     pg_database: TestDatabase, run: Run

@@ -338,6 +338,7 @@ class Pipeline:
             finally:
                 self._streaming = False
                 writer.close()
+                ctx.close()
         if worker.copies_done:
             self._drop_after_copies()
 

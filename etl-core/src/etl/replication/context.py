@@ -5,7 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+import psycopg
 import structlog
 
 from etl.config import PipelineConfig
@@ -85,5 +87,41 @@ class WorkerContext:
 
     def schema_change_recorded(self, lsn: Lsn) -> bool:
         """Ask the source whether its DDL trigger recorded the message at ``lsn`` (``ddl.schema_change_recorded``)."""
-        with connect(self.config.source) as conn:
-            return ddl.schema_change_recorded(conn, lsn)
+        return self._recorded.ask(lsn)
+
+    def close(self) -> None:
+        """Close the connections the context keeps (opened again when next needed)."""
+        self._recorded.close()
+
+    def __post_init__(self) -> None:
+        self._recorded = RecordedMessages(self.config)
+
+
+class RecordedMessages:
+    """Asks the source whether its DDL trigger recorded a message, on one connection kept for it: any login may emit
+    ``etl.ddl`` messages by the thousand, and a connection opened for each would cost the pipeline seconds apiece
+    (and the source its connection slots). Thread-safe: the apply and table sync workers share it."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self._config = config
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+
+    def ask(self, lsn: Lsn) -> bool:
+        with self._lock:
+            if self._conn is None or self._conn.closed:
+                self._conn = connect(self._config.source)
+            try:
+                return ddl.schema_change_recorded(self._conn, lsn)
+            except BaseException:
+                self._close()  # a broken connection is not used again
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
