@@ -141,7 +141,8 @@ class EventBatch:
 
     ``changes`` gives, per table, its change segments in order; a table gets a new segment when its
     schema changes. ``events()`` yields the same changes, plus transaction markers and relation
-    events, as ordered Python objects. Per-table order is preserved; a batch may split transactions.
+    events, as ordered Python objects. Per-table order is preserved; a batch ends at a commit, but for a
+    transaction larger than a batch, which is split over batches.
     """
 
     changes: dict[TableId, list[TableChanges]]

@@ -2,7 +2,8 @@
 
 Delivery is at-least-once: after a crash the engine replays from the last durable progress, so
 every write must be idempotent (dedupe by ``(commit_lsn, tx_ordinal)`` or upsert by key). Per-table
-order is guaranteed; a batch may split a transaction. Methods are called from worker threads;
+order is guaranteed; a batch ends at a commit, but for a transaction larger than a batch (``max_bytes``), which is
+split over batches. Methods are called from worker threads;
 ``write_table_rows`` for different tables may run concurrently.
 """
 

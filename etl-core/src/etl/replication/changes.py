@@ -117,6 +117,17 @@ class ChangeBuilder:
     def in_transaction(self) -> bool:
         return self._in_transaction
 
+    @property
+    def splits_a_transaction(self) -> bool:
+        """Whether building now would end the batch inside a transaction: it holds changes of one still open."""
+        log = self._log
+        return self._in_transaction and bool(log) and not (isinstance(log[-1], tuple) and log[-1][0] == "B")
+
+    def holds_rows_of(self, table_id: TableId) -> bool:
+        """Whether the batch holds row changes of ``table_id`` (a new schema version would start a second
+        segment of it)."""
+        return any(segment.ops for segment in self._segments.get(table_id, ()))
+
     # -- transaction boundaries ------------------------------------------------------------------------
     def begin(self, xid: int, final_lsn: Lsn, commit_ts: datetime, start_lsn: Lsn) -> None:
         if self._in_transaction:

@@ -309,6 +309,8 @@ class StreamWorker:
         if self.applies(msg.oid, self.final_lsn):
             schema = self.schemas.observe(msg, self.final_lsn)
             if schema is not None:
+                if self.builder.holds_rows_of(schema.id) and not self.builder.splits_a_transaction:
+                    self.flush()  # one schema version of a table per batch, where a commit allows the cut
                 self.builder.relation(schema, self.final_lsn)
 
     def _on_truncate(self, msg: pg.Truncate) -> None:
@@ -370,7 +372,9 @@ class StreamWorker:
 
     # -- batching ------------------------------------------------------------------------------------
     def _maybe_flush(self) -> None:
-        """Hand the batch over when it is full, or when it is due and the writer takes it.
+        """Hand the batch over when it is full, or when it is due and the writer takes it, at a commit: a due batch
+        that holds changes of a transaction still open waits for its commit (a full one does not: a transaction
+        larger than a batch is split over batches).
 
         A batch due while the previous write still runs, or before the destination's
         ``min_write_interval_s`` since that write began, keeps filling; so does a batch past ``max_bytes``
@@ -382,7 +386,9 @@ class StreamWorker:
         due = self._batch_started is not None and (
             time.monotonic() - self._batch_started >= self.batch_config.max_fill_ms / 1000
         )
-        if self.builder.size_bytes >= self._full_at() or (due and not self._busy()):
+        if self.builder.size_bytes >= self._full_at() or (
+            due and not self._busy() and not self.builder.splits_a_transaction
+        ):
             self.flush()
 
     def _busy(self) -> bool:
