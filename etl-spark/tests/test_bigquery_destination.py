@@ -204,16 +204,28 @@ def test_value_out_of_range_errors_the_table(destination: BigQueryDestination, k
 
 
 def test_a_failed_apply_changes_nothing(destination: BigQueryDestination, kit: Any) -> None:
-    """Truncate, changes and watermark commit in one transaction: a statement failing halfway undoes them all."""
+    """Truncate, changes and watermark commit in one transaction: a statement failing halfway undoes them all. Of a
+    batch of two tables, the one whose data BigQuery rejects errors alone: the other applies without it."""
     destination.write_table_rows(ORDERS, kit.rows_table(ORDERS, [order(1), order(2)]))
+    destination.write_table_rows(NOTES, kit.rows_table(NOTES, []))
     b = kit.BatchBuilder()
     b.commit().truncate(ORDERS).insert(ORDERS, order(3)).insert(ORDERS, order(4, doc="{not json"))
+    b.insert(NOTES, {"body": "beside", "qty": 1, "doc": "{}"})
+    batch = b.build()
     with pytest.raises(TableError, match="BigQuery rejected its data") as error:
-        destination.write_events(b.build())  # the truncate runs, then PARSE_JSON fails on row 4
+        destination.write_events(batch)  # the truncate runs, then PARSE_JSON fails on row 4
     assert error.value.table_id == ORDERS.id
     assert [r["id"] for r in bq_rows(destination, ORDERS)] == [1, 2]
+    assert bq_rows(destination, NOTES) == []
     ref = f"`{destination.config.project}.{destination.config.dataset}._etl_watermarks`"
     assert list(destination.client.query_and_wait(f"SELECT * FROM {ref}")) == []
+    destination.write_events(batch.without_table(ORDERS.id))  # as the engine goes on
+    assert [r["body"] for r in bq_rows(destination, NOTES)] == ["beside"]
+
+
+def dml_jobs(destination: BigQueryDestination) -> float:
+    """The query jobs that applied staged rows so far (``etl_bigquery_dml_seconds``' count)."""
+    return destination.metrics.registry.get_sample_value("etl_bigquery_dml_seconds_count") or 0.0
 
 
 def restarted(destination: BigQueryDestination) -> BigQueryDestination:
@@ -343,12 +355,18 @@ def test_a_batch_of_many_tables_is_staged_by_one_load_job(destination: BigQueryD
     b.delete(NOTES, {"body": "a", "qty": 1, "doc": "{}"}).insert(NOTES, {"body": "b", "qty": 2, "doc": "{}"})
     b.commit().insert(CODES, {"code": "x", "n": 1})
     batch = b.build()
+    applies = dml_jobs(destination)
     for target in (destination, reference):
         target.write_events(batch)
     assert destination.metrics.load_jobs.labels("*")._value.get() == 1  # three tables, one load
+    assert dml_jobs(destination) == applies + 1, "three tables, one transaction"
     for schema in (ORDERS, NOTES):
         assert bq_rows(destination, schema) == ref_rows(reference, schema)
     assert bq_rows(destination, CODES) == [{"code": "x", "n": 1}]
+    ref = f"`{destination.config.project}.{destination.config.dataset}._etl_positions`"
+    assert [tuple(r) for r in destination.client.query_and_wait(f"SELECT pipeline_id, commit_lsn, lsn FROM {ref}")] == [
+        (1, int(batch.last_commit_lsn), str(batch.last_commit_lsn))
+    ]
 
     # A column added to ORDERS inside the next batch: two segments of it, so two rounds, two loads.
     extended = replace(ORDERS, columns=(*ORDERS.columns, ColumnSchema("extra", 25, attnum=8)))

@@ -38,6 +38,7 @@ from etl.api import (
     DestinationContext,
     DestinationError,
     EventBatch,
+    Lsn,
     Store,
     TableChanges,
     TableError,
@@ -80,6 +81,11 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 WATERMARKS = "_etl_watermarks"
+POSITIONS = "_etl_positions"
+"""Per pipeline, the end in the source's stream of the last batch that changed a table, committed with it."""
+TRANSACTION_TABLES = 90
+"""Tables a batch applies in one transaction: BigQuery's transactions mutate at most 100 tables, and each also
+mutates ``_etl_watermarks`` and ``_etl_positions``."""
 COLUMNS = "_etl_columns"
 """Per table, the source columns (name, type, attribute number) it was last brought in line with."""
 BATCH_LABEL = "*"
@@ -147,7 +153,9 @@ class BigQueryDestination:
                 self.client.create_dataset(dataset, exists_ok=True)
             self.jobs.query(
                 f"CREATE TABLE IF NOT EXISTS {self.jobs.ref(WATERMARKS)} (pipeline_id INT64, table_oid INT64,"
-                f" commit_lsn INT64, tx_ordinal INT64);\nCREATE TABLE IF NOT EXISTS {self.jobs.ref(COLUMNS)}"
+                f" commit_lsn INT64, tx_ordinal INT64);\nCREATE TABLE IF NOT EXISTS {self.jobs.ref(POSITIONS)}"
+                " (pipeline_id INT64, commit_lsn INT64, lsn STRING, applied_at TIMESTAMP);"
+                f"\nCREATE TABLE IF NOT EXISTS {self.jobs.ref(COLUMNS)}"
                 " (table_name STRING, position INT64, column_name STRING, type_oid INT64, type_modifier INT64,"
                 " attnum INT64);"
             )
@@ -207,7 +215,8 @@ class BigQueryDestination:
         return WriteResult.DURABLE
 
     def write_events(self, batch: EventBatch) -> WriteResult:
-        """Apply the batch: one load job for all its tables, then one transaction per table.
+        """Apply the batch: one load job for all its tables, then one transaction for all of them (of up to
+        ``TRANSACTION_TABLES`` tables each), which also records the batch's end in ``_etl_positions``.
 
         A table whose schema changed inside the batch has several segments; they are applied in rounds
         (the first segment of every table, then the second, ...), each round with its own load.
@@ -215,15 +224,18 @@ class BigQueryDestination:
         rounds = max((len(segments) for segments in batch.changes.values()), default=0)
         for k in range(rounds):
             segments = [segments[k] for segments in batch.changes.values() if len(segments) > k]
-            self._apply(segments, batch.commit_timestamps)
+            self._apply(segments, batch.commit_timestamps, (batch.last_commit_lsn or None) if k == rounds - 1 else None)
         return WriteResult.DURABLE
 
     def flush(self) -> None:
         """Every write is durable when it returns."""
 
     # -- change batches --------------------------------------------------------------------------
-    def _apply(self, segments: list[TableChanges], commit_timestamps: Mapping[int, datetime]) -> None:
-        """Collapse each table's changes, stage them all with one load, then apply them table by table."""
+    def _apply(
+        self, segments: list[TableChanges], commit_timestamps: Mapping[int, datetime], position: Lsn | None
+    ) -> None:
+        """Collapse each table's changes (one segment of each), stage them all with one load, then apply them
+        together (``_commit_together``), recording ``position`` with the last of them."""
         collapsed: list[_Collapsed] = []
         for segment in segments:
             with naming_table(segment.schema.id):
@@ -233,9 +245,42 @@ class BigQueryDestination:
         frames = [c.frame for c in collapsed if c.frame is not None]
         with self.jobs.staging(frames, sum(c.nbytes for c in collapsed), BATCH_LABEL) as staged:
             sources = iter(staged)
-            for change in collapsed:
-                with naming_table(change.schema.id):
-                    self._commit(change, next(sources) if change.frame is not None else None)
+            placed = [(change, next(sources) if change.frame is not None else None) for change in collapsed]
+            for start in range(0, len(placed), TRANSACTION_TABLES):
+                group = placed[start : start + TRANSACTION_TABLES]
+                last = start + TRANSACTION_TABLES >= len(placed)
+                self._commit_together(group, position if last else None)
+
+    def _commit_together(self, group: list[tuple[_Collapsed, str | None]], position: Lsn | None) -> None:
+        """One transaction for the tables of ``group``: each one's truncate, its changes read from its staged
+        rows, its watermark, and ``position`` as the pipeline's. BigQuery's error for a statement of a transaction
+        names no table: when it rejects one, the tables apply one transaction each, and the one at fault errors
+        alone."""
+        if not group:
+            return
+        statements = ["BEGIN TRANSACTION"]
+        for change, staged in group:
+            with naming_table(change.schema.id):
+                statements += self._statements(change, staged)
+        if position is not None:
+            statements += self._stands_at(position)
+        statements.append("COMMIT TRANSACTION")
+        for change, _ in group:
+            self._watermarks.pop(change.schema.id, None)  # unknown should the job fail
+        try:
+            with self._metadata:
+                self.jobs.dml(";\n".join(statements) + ";", group[0][0].schema)
+        except TableError:
+            if len(group) == 1:
+                raise
+            for change, staged in group:  # rolled back: each alone, so that the error names its table
+                self._commit_together([(change, staged)], None)
+            if position is not None:
+                with self._metadata:
+                    self.jobs.query(";\n".join(["BEGIN TRANSACTION", *self._stands_at(position), "COMMIT TRANSACTION"]))
+            return
+        for change, _ in group:
+            self._watermarks[change.schema.id] = change.position
 
     def _collapse(self, segment: TableChanges, commit_timestamps: Mapping[int, datetime]) -> _Collapsed | None:
         """The segment's changes past the table's watermark, collapsed (in history mode: every one of them, as
@@ -274,11 +319,12 @@ class BigQueryDestination:
             removes = not pc.all(pc.equal(changes[OP_COLUMN], "I")).as_py()
         return _Collapsed(schema, position, truncate, frame, changes.nbytes, toast, removes, key_range)
 
-    def _commit(self, change: _Collapsed, staged: str | None) -> None:
-        """One transaction: the table's truncate, its changes read from ``staged``, its watermark."""
+    def _statements(self, change: _Collapsed, staged: str | None) -> list[str]:
+        """The table's truncate, its changes read from ``staged``, its watermark (its target table created or
+        altered first: BigQuery runs no DDL in a transaction)."""
         schema = change.schema
         target = self._prepare(schema)
-        statements = ["BEGIN TRANSACTION"]
+        statements = []
         if change.truncate:
             statements.append(f"DELETE FROM {target} WHERE TRUE")
         if staged is not None and self.config.mode == "history":
@@ -287,11 +333,15 @@ class BigQueryDestination:
             statements += upsert(schema, target, staged, change.toast, change.key_range)
         elif staged is not None:
             statements += add_and_remove(schema, target, staged, change.removes)
-        statements += [*self._advance(schema, change.position), "COMMIT TRANSACTION"]
-        self._watermarks.pop(schema.id, None)  # unknown should the job fail
-        with self._metadata:
-            self.jobs.dml(";\n".join(statements) + ";", schema)
-        self._watermarks[schema.id] = change.position
+        return [*statements, *self._advance(schema, change.position)]
+
+    def _stands_at(self, position: Lsn) -> list[str]:
+        """Record ``position`` (a batch's end in the source's stream) as where the dataset stands."""
+        return [
+            f"DELETE FROM {self.jobs.ref(POSITIONS)} WHERE pipeline_id = {int(self.pipeline_id)}",
+            f"INSERT INTO {self.jobs.ref(POSITIONS)} (pipeline_id, commit_lsn, lsn, applied_at)"
+            f" VALUES ({int(self.pipeline_id)}, {int(position)}, '{position}', CURRENT_TIMESTAMP())",
+        ]
 
     def _advance(self, schema: TableSchema, position: Position) -> list[str]:
         lsn, ordinal = position
