@@ -225,6 +225,10 @@ class ApplyWorker(StreamWorker):
         if table is None:
             log.warning("backfill asked for a table outside the publication; ignored", table_id=table_id)
         elif state is None or state.kind is not TableStateKind.READY or table_id in self.chunked.copies:
+            errored = state is not None and state.kind is TableStateKind.ERRORED
+            what = "errored" if errored else "being copied or backfilled"
+            # Recorded before the log: who reads the line finds it in etl status.
+            self.chunked.ignored(table_id, f"a backfill of the rows where {where} was ignored: the table was {what}")
             log.warning(
                 "backfill asked for a table being copied, backfilled or errored; ignored",
                 table=str(table.name),
@@ -232,9 +236,6 @@ class ApplyWorker(StreamWorker):
                 state=None if state is None else state.kind.value,
                 hint=f"ask again once it is ready: etl resync --table {table.name} --where '...'",
             )
-            errored = state is not None and state.kind is TableStateKind.ERRORED
-            what = "errored" if errored else "being copied or backfilled"
-            self.chunked.ignored(table_id, f"a backfill of the rows where {where} was ignored: the table was {what}")
         else:
             self.chunked.backfill(table_id, where)
 

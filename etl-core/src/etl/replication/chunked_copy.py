@@ -430,6 +430,7 @@ class ChunkedCopies:
             if copy.note is None and time.monotonic() - since >= BARRIER_NOTE_S:
                 holders = _holders(conn, snapshot, copy.barrier)
                 copy.note = BARRIER_NOTE + "; ".join(holders)
+                self._record(copy, finished=False)  # before the log: who reads the line finds it in etl status
                 log.warning(
                     "an incremental copy waits for transactions open since it began",
                     table=str(table.name),
@@ -437,7 +438,6 @@ class ChunkedCopies:
                     hint="they must commit or roll back before its first chunk: end them (pg_terminate_backend(pid),"
                     " COMMIT/ROLLBACK PREPARED) if they are forgotten",
                 )
-                self._record(copy, finished=False)
         return True
 
     def _record(self, copy: IncrementalCopy, finished: bool) -> None:
