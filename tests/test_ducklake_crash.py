@@ -136,15 +136,14 @@ class Setup:
             con.close()
 
 
-@pytest.fixture(params=["local[2]", "local-cluster[2,1,1024]"])
-def spark_master(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture(params=["sqlite", "postgres"], ids=["sqlite-catalog", "postgres-catalog"])
-def setup(
-    request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: Path, spark_master: str
-) -> Iterator[Setup]:
+# Each catalog and each master, not each pair: the catalog is written by the driver alone, and the executors write
+# only data files, so no code path depends on the two together (each pair cost about five minutes of two cores).
+@pytest.fixture(
+    params=[("sqlite", "local[2]"), ("postgres", "local-cluster[2,1,1024]")],
+    ids=["sqlite-catalog-local[2]", "postgres-catalog-local-cluster[2,1,1024]"],
+)
+def setup(request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: Path) -> Iterator[Setup]:
+    kind, spark_master = request.param
     db = pg_database
     create_items_and_ledger(db, items=20000, ledger=5000)
     db.execute(
@@ -158,7 +157,7 @@ def setup(
         """
     )
     lake_db = f"{db.name}_lake"
-    if request.param == "sqlite":
+    if kind == "sqlite":
         catalog = f"sqlite:///{tmp_path}/catalog.sqlite"
     else:
         db.cluster.create_database(lake_db)
@@ -196,7 +195,7 @@ def setup(
     finally:
         run.stop(timeout=120)
         setup.engine.dispose()  # before the catalog database is dropped
-        if request.param == "postgres":
+        if kind == "postgres":
             db.cluster.drop_database(lake_db)
 
 
