@@ -10,9 +10,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from etl.destination.base import DestinationContext
 from etl.destination.memory import MemoryDestination
 from etl.schema import ColumnSchema, TableName, TableSchema
+from etl.store.base import TableState, TableStateKind
+from etl.store.memory import MemoryStore
+from etl.testing.pipelines import wait_until
 from etl_spark.ducklake.catalog import DataFile, LakeColumn
+from etl_spark.ducklake.destination import DuckLakeDestination
 from etl_spark.ducklake.key_cache import LookupCache
 from etl_spark.ducklake.plan import TablePlan
 from etl_spark.ducklake.storage import LakeStorage
@@ -147,3 +152,43 @@ def test_a_failure_after_the_commit_removes_none_of_the_files_it_registered(
     with pytest.raises(RuntimeError, match="after the commit"):
         destination.write_events(batch)
     assert lake.query("SELECT id, note FROM lake.public.accounts") == [(1, "a")]  # its data file is still there
+
+
+def test_a_start_reads_the_key_lookups_of_copied_tables_ahead(
+    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a restart the cache is empty: the destination reads the key column and the delete file of each copied
+    table's files on a thread of its own while streaming begins, so the first batch reads none of them itself."""
+    first = kit.make_destination(lake, inline_row_limit=0)
+    first.write_table_rows(ACCOUNTS, kit.rows_table(ACCOUNTS, [{"id": i, "note": f"n{i}"} for i in range(1, 101)]))
+    b = kit.BatchBuilder()
+    first.write_events(b.commit().update(ACCOUNTS, {"id": 1, "note": "x"}).build())  # a delete file too
+    first.shutdown()
+
+    store = MemoryStore(1)
+    store.store_table_schema(ACCOUNTS)
+    store.update_table_states({ACCOUNTS.id: TableState(TableStateKind.READY)})
+    again = DuckLakeDestination.from_config(first.config, DestinationContext(1, store))
+    again.startup()
+    try:
+        files = again.catalog.data_files(_table(again))
+        wanted = len(files) + sum(f.delete is not None for f in files)
+        wait_until(lambda: len(again.storage.lookups) >= wanted, "the lookups read ahead", timeout=60)
+        reads = Counter[str]()
+        real_column, real_delete = LakeStorage._column, LakeStorage.read_delete
+
+        def counted_column(storage: LakeStorage, path: str, key: Any) -> Any:
+            reads["column"] += 1
+            return real_column(storage, path, key)
+
+        def counted_delete(storage: LakeStorage, path: str, begin_snapshot: int) -> Any:
+            reads["delete"] += 1
+            return real_delete(storage, path, begin_snapshot)
+
+        monkeypatch.setattr(LakeStorage, "_column", counted_column)
+        monkeypatch.setattr(LakeStorage, "read_delete", counted_delete)
+        again.write_events(b.commit().update(ACCOUNTS, {"id": 2, "note": "y"}).update(ACCOUNTS, {"id": 1}).build())
+        assert not reads, f"the first batch after the start read {dict(reads)}"
+        assert sorted(lake.query("SELECT id, note FROM lake.public.accounts WHERE id <= 2")) == [(1, None), (2, "y")]
+    finally:
+        again.shutdown()

@@ -68,6 +68,7 @@ from etl_spark.ducklake.reader import open_lake
 from etl_spark.ducklake.storage import LakeStorage
 from etl_spark.ducklake.table_state import TableState, read_states
 from etl_spark.ducklake.upkeep_thread import UPKEEP_SECONDS, Step, Turns, Upkeep
+from etl_spark.ducklake.warm_up import start_warming
 from etl_spark.session import get_spark, require_java, start_in_background
 
 if TYPE_CHECKING:
@@ -108,6 +109,8 @@ class DuckLakeDestination:
         self._copies_lock = threading.Lock()
         self._upkeep: Upkeep | None = None
         self._planner: ThreadPoolExecutor | None = None
+        self._warming = threading.Event()
+        """Set to stop the read-ahead of a start (``warm_up``)."""
         self._pool = threading.local()
         """The fair scheduler pool a planning thread set (``spark``)."""
 
@@ -146,6 +149,9 @@ class DuckLakeDestination:
             self.catalog.close()
             raise
         self._storage = LakeStorage(self.catalog.data_path, self.metrics, self.config.key_cache_bytes)
+        if self._store is not None:
+            self._warming.clear()
+            start_warming(self.catalog, self._storage, self._store, self._warming)
         for table_id in self.catalog.tables_with_inlined_rows():
             self._flush_timer.inlined(table_id)
         self._planner = ThreadPoolExecutor(self.config.planning_threads, thread_name_prefix=_PLANNER)
@@ -194,6 +200,7 @@ class DuckLakeDestination:
             )
 
     def shutdown(self) -> None:
+        self._warming.set()
         if self._upkeep is not None:
             self._upkeep.stop()
             self._upkeep = None

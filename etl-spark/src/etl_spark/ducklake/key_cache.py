@@ -62,6 +62,10 @@ class LookupCache:
                 _, evicted = self._entries.popitem(last=False)
                 self._bytes -= _size(evicted)
 
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
     @property
     def nbytes(self) -> int:
         with self._lock:

@@ -394,7 +394,7 @@ def _plan_rows(
         elif upserts.num_rows:
             plan.files = lake.storage.write_rows(_spec(lake, plan, columns), upserts)
             key_column = next(c for c in columns if c.name == key[0])
-            if len(key) == 1 and _searchable(key_column):
+            if len(key) == 1 and searchable(key_column):
                 plan.written_keys = (key_column.column_id, upserts[key[0]])
         return
     # Unchanged TOAST values to fill, or no key: collapsed in Spark, kept in memory for its two uses.
@@ -458,10 +458,10 @@ def _driver_lookup(columns: Sequence[LakeColumn], key: list[str], candidates: li
     if len(key) != 1 or not candidates or sum(f.record_count for f in candidates) > DRIVER_LOOKUP_ROWS:
         return None
     column = next(c for c in columns if c.name == key[0])
-    return column if _searchable(column) else None
+    return column if searchable(column) else None
 
 
-def _searchable(column: LakeColumn) -> bool:
+def searchable(column: LakeColumn) -> bool:
     """Whether files are searched for values of this key column on the driver: integers and text."""
     return column.type.startswith("int") or column.type == "varchar"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -224,6 +225,18 @@ class LakeStorage:
         if not found:
             return pa.table({"_etl_file": pa.array([], pa.string()), "_etl_pos": pa.array([], pa.int64())})
         return pa.concat_tables(found)
+
+    def warm(self, column: LakeColumn, files: Sequence[DataFile], stop: threading.Event) -> bool:
+        """Read into ``lookups`` what ``positions_of_keys`` reads of ``files`` (their values of ``column``, their
+        delete files) while it has room and ``stop`` is not set; whether it had room for them all."""
+        for data_file in files:
+            if stop.is_set() or self.lookups.nbytes >= self.lookups.max_bytes:
+                return False
+            cached = _key_column(data_file.data_file_id, data_file.path, column.column_id)
+            self.lookups.get(cached, functools.partial(self._column, data_file.path, column))
+            if data_file.delete is not None:
+                self.deleted(data_file.delete)
+        return True
 
     def remember_keys(self, data_file_id: int, path: str, column_id: int, values: pa.ChunkedArray) -> None:
         """Keep the key column of a data file this writer registered (its values in file order)."""
