@@ -111,6 +111,7 @@ class DuckLakeDestination:
         self._planner: ThreadPoolExecutor | None = None
         self._warming = threading.Event()
         """Set to stop the read-ahead of a start (``warm_up``)."""
+        self._warm_up: threading.Thread | None = None
         self._pool = threading.local()
         """The fair scheduler pool a planning thread set (``spark``)."""
 
@@ -151,7 +152,7 @@ class DuckLakeDestination:
         self._storage = LakeStorage(self.catalog.data_path, self.metrics, self.config.key_cache_bytes)
         if self._store is not None:
             self._warming.clear()
-            start_warming(self.catalog, self._storage, self._store, self._warming)
+            self._warm_up = start_warming(self.catalog, self._storage, self._store, self._warming)
         for table_id in self.catalog.tables_with_inlined_rows():
             self._flush_timer.inlined(table_id)
         self._planner = ThreadPoolExecutor(self.config.planning_threads, thread_name_prefix=_PLANNER)
@@ -201,6 +202,9 @@ class DuckLakeDestination:
 
     def shutdown(self) -> None:
         self._warming.set()
+        if self._warm_up is not None:  # it reads the catalog: done before the catalog closes
+            self._warm_up.join(timeout=30)
+            self._warm_up = None
         if self._upkeep is not None:
             self._upkeep.stop()
             self._upkeep = None
