@@ -243,6 +243,8 @@ class StreamWorker:
         full = self.builder.size_bytes >= self.batch_config.max_bytes
         if self.writer.busy and (remaining <= 0 or (full and interval <= 0)):
             return BUSY_POLL_S  # a due or full batch keeps reading while it waits for the writer
+        if remaining <= 0 and not full and self.builder.splits_a_transaction:
+            return 1.0  # due at the commit: nothing to do before more of the transaction arrives, which wakes the read
         return max(0.0, min(1.0, remaining))
 
     def stalled_for(self) -> float:
