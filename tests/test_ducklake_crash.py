@@ -136,14 +136,15 @@ class Setup:
             con.close()
 
 
-# Each catalog and each master, not each pair: the catalog is written by the driver alone, and the executors write
-# only data files, so no code path depends on the two together (each pair cost about five minutes of two cores).
-@pytest.fixture(
-    params=[("sqlite", "local[2]"), ("postgres", "local-cluster[2,1,1024]")],
-    ids=["sqlite-catalog-local[2]", "postgres-catalog-local-cluster[2,1,1024]"],
-)
-def setup(request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: Path) -> Iterator[Setup]:
-    kind, spark_master = request.param
+@pytest.fixture(params=["local[2]", "local-cluster[2,1,1024]"])
+def spark_master(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(params=["sqlite", "postgres"], ids=["sqlite-catalog", "postgres-catalog"])
+def setup(
+    request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: Path, spark_master: str
+) -> Iterator[Setup]:
     db = pg_database
     create_items_and_ledger(db, items=20000, ledger=5000)
     db.execute(
@@ -157,7 +158,7 @@ def setup(request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: P
         """
     )
     lake_db = f"{db.name}_lake"
-    if kind == "sqlite":
+    if request.param == "sqlite":
         catalog = f"sqlite:///{tmp_path}/catalog.sqlite"
     else:
         db.cluster.create_database(lake_db)
@@ -195,7 +196,7 @@ def setup(request: pytest.FixtureRequest, pg_database: TestDatabase, tmp_path: P
     finally:
         run.stop(timeout=120)
         setup.engine.dispose()  # before the catalog database is dropped
-        if kind == "postgres":
+        if request.param == "postgres":
             db.cluster.drop_database(lake_db)
 
 
