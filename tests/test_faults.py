@@ -331,7 +331,8 @@ def test_a_table_sync_slot_lost_before_catch_up(table_t: TestDatabase, run: Run,
 # -- 2. control messages cannot be forged --------------------------------------------------------------------
 def test_forged_control_messages_from_a_login_role_change_nothing(table_t: TestDatabase, run: Run) -> None:
     db = table_t
-    db.execute("CREATE ROLE mallory LOGIN")
+    mallory = f"mallory_{db.name}"  # roles are the cluster's, and tests on other databases run at once
+    db.execute(f"CREATE ROLE {mallory} LOGIN")
     destination = CopyCounting()
     p = run(destination)
     wait_until(lambda: all_ready(p, 1), "ready", p)
@@ -360,7 +361,7 @@ def test_forged_control_messages_from_a_login_role_change_nothing(table_t: TestD
             }
         ],
     }
-    with connect(db.connection(user="mallory")) as hostile:
+    with connect(db.connection(user=mallory)) as hostile:
         for prefix, content in [
             (RESYNC_MESSAGE_PREFIX, "{not json"),
             (RESYNC_MESSAGE_PREFIX, json.dumps({"pipeline_id": 1, "table_id": table})),

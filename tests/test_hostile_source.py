@@ -37,11 +37,16 @@ SHADOWS = {
 }
 
 
-def trap(name: str, returns: str, body: str) -> str:
-    """A function body that, run by a superuser, makes mallory one, and leaves a row in her table."""
+def mallory(db: TestDatabase) -> str:
+    """The hostile role of ``db``'s test: roles are the cluster's, and tests on other databases run at once."""
+    return f"mallory_{db.name}"
+
+
+def trap(name: str, returns: str, body: str, role: str) -> str:
+    """A function body that, run by a superuser, makes mallory (``role``) one, and leaves a row in her table."""
     return (
         f"RETURNS {returns} LANGUAGE plpgsql AS $$BEGIN INSERT INTO public.sprung VALUES ('{name}', current_user);"
-        f" EXECUTE 'ALTER ROLE mallory SUPERUSER'; RETURN {body}; END$$"
+        f" EXECUTE 'ALTER ROLE {role} SUPERUSER'; RETURN {body}; END$$"
     )
 
 
@@ -55,7 +60,7 @@ def planted(pg_database: TestDatabase) -> TestDatabase:
         f"""
         ALTER DATABASE {db.name} SET standard_conforming_strings = off;
         GRANT CREATE ON SCHEMA public TO PUBLIC;
-        CREATE ROLE mallory LOGIN;
+        CREATE ROLE {mallory(db)} LOGIN;
         CREATE TABLE big (id bigint PRIMARY KEY, v text);
         INSERT INTO big SELECT g, 'row ' || g FROM generate_series(1, {ROWS}) g;
         CREATE TABLE pairs (a int, b int, PRIMARY KEY (a, b));
@@ -65,16 +70,16 @@ def planted(pg_database: TestDatabase) -> TestDatabase:
         """
     )
     with db.cluster.connect(db.name) as conn:
-        conn.execute("SET ROLE mallory")
+        conn.execute(f"SET ROLE {mallory(db)}")
         conn.execute("CREATE TABLE public.sprung (trap text, by_role name)")
         conn.execute("GRANT INSERT ON public.sprung TO PUBLIC")
         for op, (left, right, returns, body) in TRAPS.items():
             name = f"public.trap_{ord(op)}"
-            conn.execute(f"CREATE FUNCTION {name}({left}, {right}) {trap(op, returns, body)}")
+            conn.execute(f"CREATE FUNCTION {name}({left}, {right}) {trap(op, returns, body, mallory(db))}")
             conn.execute(f"CREATE OPERATOR public.{op} (LEFTARG = {left}, RIGHTARG = {right}, FUNCTION = {name})")
         for signature, body in SHADOWS.items():
             returns = "bool" if signature.startswith("starts_with") else "text"
-            conn.execute(f"CREATE FUNCTION public.{signature} {trap(signature, returns, body)}")
+            conn.execute(f"CREATE FUNCTION public.{signature} {trap(signature, returns, body, mallory(db))}")
     return db
 
 
@@ -131,7 +136,7 @@ def test_what_a_login_role_plants_in_public_never_runs_as_the_pipeline(
     db.execute("UPDATE big SET v = 'row 500' WHERE id = 500")
     wait_until(lambda: destination_matches(db, destination, "public.big", "public.pairs"), "the stream", p)
 
-    assert db.execute("SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'") == [(False,)]
+    assert db.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", [mallory(db)]) == [(False,)]
     assert db.execute("SELECT * FROM public.sprung") == []
 
 
