@@ -136,13 +136,21 @@ def test_resync_refuses_a_predicate_before_it_reaches_the_store(
     assert source.execute("SELECT count(*) FROM t") == [(100,)]
 
 
-def test_a_backfill_needs_a_one_column_integer_key(source: TestDatabase, tmp_path: Path) -> None:
-    source.execute("CREATE TABLE k (a text PRIMARY KEY); ALTER PUBLICATION pub ADD TABLE k")
+def test_a_backfill_needs_a_key(source: TestDatabase, tmp_path: Path) -> None:
+    """Any key orders a backfill's chunks (a text one here); a table without one cannot have one."""
+    source.execute(
+        "CREATE TABLE k (a text PRIMARY KEY); CREATE TABLE n (a text); ALTER TABLE n REPLICA IDENTITY FULL;"
+        " ALTER PUBLICATION pub ADD TABLE k, n"
+    )
     config = write_pipeline(tmp_path, source)
-    result = etl("resync", "-c", str(config), "--table", "public.k", "--where", "a > 'm'")
+    result = etl("resync", "-c", str(config), "--table", "public.n", "--where", "a > 'm'")
     assert result.returncode == 1
-    assert "--where needs a table with a one-column integer primary key" in result.stderr
-    assert "etl resync --table public.k" in result.stderr  # the hint: the whole table instead
+    assert "--where needs a table with a key to copy its rows in chunks by; public.n: it has no primary key" in (
+        result.stderr
+    )
+    assert "etl resync --table public.n" in result.stderr  # the hint: the whole table instead
+    result = etl("resync", "-c", str(config), "--table", "public.k", "--where", "a > 'm'")
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.slow

@@ -121,7 +121,7 @@ def test_what_a_login_role_plants_in_public_never_runs_as_the_pipeline(
             db.execute("SELECT pg_drop_replication_slot(%s)", (bait,))
         schema = destination.schema("public.big")
         # A chunk planned for a destination's workers (DuckLake's) estimates its bytes: bigint * numeric.
-        with plan_chunk(p.config.source, schema, None, KeyChunk("id", None, 2000), parts=2) as planned:
+        with plan_chunk(p.config.source, schema, None, KeyChunk(("id",), None, 2000), parts=2) as planned:
             assert planned[2].rows == 2000 and planned[3].size_bytes
         tampered = pa.table({"id": pa.array([5, 500], pa.int64()), "v": ["tampered", "tampered"]})
         destination.write_table_rows(schema, tampered)

@@ -10,6 +10,7 @@ import urllib.request
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -39,7 +40,7 @@ from etl.testing.compare import source_rows
 from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, table_states, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
-from etl.testing.workload import concurrent_transactions, create_items_and_ledger
+from etl.testing.workload import concurrent_transactions
 from etl_spark.ducklake.reader import open_lake
 from etl_spark.session import running_master, stop_spark
 from etl_spark.testing import lake_matches
@@ -103,6 +104,28 @@ def test_an_incremental_copy_under_a_workload_equals_the_source(source: TestData
         assert slots == ["etl_apply_1"]  # keyless was copied by snapshot, and its slot is gone since
     finally:
         pipeline.shutdown()
+
+
+def test_a_key_of_collated_text_and_uuid_copies_in_chunks_under_a_workload(
+    pg_database: TestDatabase, tmp_path: Path
+) -> None:
+    """A key of (text under ICU's root collation, uuid): the chunks walk its index in the source's order, and the
+    source tells which of the stream's changes are to keys copied, being copied or not copied yet (keys moved both
+    ways across the copy's position): the copy equals the source, though the bytes' order is not the key's."""
+    db = pg_database
+    create_keyed_items(db, ROWS)
+    db.execute("ANALYZE items; CREATE PUBLICATION pub FOR TABLE items, ledger")
+    destination = MemoryDestination()
+    pipeline = start(db, destination, tmp_path / "state.sqlite")
+    try:
+        items = oid(db, "items")
+        with concurrent_transactions(db, partial(spread_churn, rows=ROWS), 400, pause=0.005):
+            wait_until(lambda: table_states(pipeline).get(items) is TableStateKind.COPYING, "copying", pipeline)
+        wait_until(lambda: all_ready(pipeline, 2), "every table ready", pipeline, timeout=180)
+        wait_until(lambda: destination_matches(db, destination, "public.items", "public.ledger"), "equal", pipeline)
+    finally:
+        pipeline.shutdown()
+    assert len(recorded_after(tmp_path / "state.sqlite", items)) == 2  # copied in chunks, by both key columns
 
 
 def copied_rows(pipeline: Pipeline, table: str) -> float:
@@ -205,7 +228,7 @@ class Chunks:
         if plan.schema.id == self.table:
             self.plans += 1
             chunk = plan.ranges[0].key_chunk
-            if self._killing(chunk.after if chunk is not None else None):
+            if self._killing(int(chunk.after[0]) if chunk is not None and chunk.after else None):
                 self.killed.set()
         return written
 
@@ -236,7 +259,7 @@ def run_killed_after_a_chunk(
     finally:
         with pytest.raises(StoreError, match="the run was killed"):  # its next write failed the run
             run.shutdown(timeout=60)
-    assert recorded_after(state, table) == 20_000, "the chunk is not recorded"
+    assert recorded_after(state, table) == ("20000",), "the chunk is not recorded"
     source.execute(
         """
         DELETE FROM big WHERE id BETWEEN 20100 AND 20199;
@@ -387,13 +410,38 @@ def test_a_backfill_copies_again_the_rows_its_predicate_picks_and_goes_on_after_
 MILLIONS = 2_000_000
 
 
-def spread_churn(conn: psycopg.Connection[Any], i: int) -> None:
-    """Changes all over a table of ``MILLIONS`` items, to keys copied, being copied and not copied yet: an insert
-    past its end, an update, a key moved before its start or past its end, a delete; and a ledger row."""
-    n = (i * 7919) % (MILLIONS - 10) + 1
-    conn.execute("INSERT INTO items VALUES (%s, 'new', 0, now())", (3 * MILLIONS + i,))
+TENANTS = ("a", "B", "b", "A", "é", "e", "ab", "Ab")
+"""Under ICU's root collation a < A < ab < Ab < b < B < e < é; in bytes A < Ab < B < a < ab < b < e < é."""
+
+
+def create_keyed_items(db: TestDatabase, rows: int = MILLIONS) -> None:
+    """``items`` of ``rows`` rows keyed by (tenant text under ICU's root collation, uid uuid), its key's index
+    the copy's order, and a unique ``id`` beside it that the test compares by; ``ledger`` of 2,000 rows."""
+    db.execute(
+        f"""
+        CREATE TABLE ledger (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, item bigint, delta int);
+        INSERT INTO ledger (item, delta) SELECT g % 1000, g % 7 - 3 FROM generate_series(1, 2000) g;
+        CREATE TABLE items (
+            tenant text COLLATE "und-x-icu", uid uuid, id bigint NOT NULL UNIQUE, name text, qty int,
+            updated timestamptz, PRIMARY KEY (tenant, uid));
+        INSERT INTO items SELECT (ARRAY{list(TENANTS)!r})[1 + g % {len(TENANTS)}], md5(g::text)::uuid, g,
+            'item ' || g, g % 100, timestamptz '2026-01-01 00:00+00' + g * interval '1 s'
+            FROM generate_series(1, {int(rows)}) g;
+        """
+    )
+
+
+def spread_churn(conn: psycopg.Connection[Any], i: int, rows: int = MILLIONS) -> None:
+    """Changes all over a table of ``rows`` items (``create_keyed_items``), to keys copied, being copied and not
+    copied yet: an insert, an update, a key moved to another tenant (before or after the copy's position) and uid, a
+    delete; and a ledger row."""
+    n = (i * 7919) % (rows - 10) + 1
+    tenant, other = TENANTS[i % len(TENANTS)], TENANTS[(i * 3 + 1) % len(TENANTS)]
+    conn.execute(
+        "INSERT INTO items VALUES (%s, md5(%s)::uuid, %s, 'new', 0, now())", (tenant, f"new {i}", 3 * rows + i)
+    )
     conn.execute("UPDATE items SET qty = qty + 1, name = name || '+' WHERE id = %s", (n,))
-    conn.execute("UPDATE items SET id = %s WHERE id = %s", (-1 - i if i % 2 else 4 * MILLIONS + i, n + 3))
+    conn.execute("UPDATE items SET tenant = %s, uid = md5(%s)::uuid WHERE id = %s", (other, f"moved {i}", n + 3))
     conn.execute("DELETE FROM items WHERE id = %s", (n + 5,))
     conn.execute("INSERT INTO ledger (item, delta) VALUES (%s, 1)", (i,))
 
@@ -423,8 +471,9 @@ def ducklake_sink(tmp_path: Path) -> Sink:
         lambda: open_lake(lake["catalog"], read_only=True),
         {
             "items": (
-                "SELECT id, name, qty, (extract(epoch FROM updated) * 1000000)::bigint FROM items ORDER BY id",
-                "SELECT id, name, qty, epoch_us(updated) FROM lake.public.items ORDER BY id",
+                "SELECT id, tenant, uid::text, name, qty, (extract(epoch FROM updated) * 1000000)::bigint FROM items"
+                " ORDER BY id",
+                "SELECT id, tenant, uid::VARCHAR, name, qty, epoch_us(updated) FROM lake.public.items ORDER BY id",
             ),
             "ledger": (LEDGER, "SELECT id, item, delta FROM lake.public.ledger ORDER BY id"),
         },
@@ -451,9 +500,9 @@ def mirror_sink(tmp_path: Path) -> Sink:
         connect,
         {
             "items": (
-                "SELECT id, name, qty, to_char(updated AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') || '+00:00'"
-                " FROM items ORDER BY id",
-                'SELECT id, name, qty, updated FROM "public.items" ORDER BY id',
+                "SELECT id, tenant, uid::text, name, qty,"
+                " to_char(updated AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') || '+00:00' FROM items ORDER BY id",
+                'SELECT id, tenant, uid, name, qty, updated FROM "public.items" ORDER BY id',
             ),
             "ledger": (LEDGER, 'SELECT id, item, delta FROM "public.ledger" ORDER BY id'),
         },
@@ -481,12 +530,14 @@ def test_sigkill_three_times_during_an_incremental_copy_of_two_million_rows(
     pg_database: TestDatabase, tmp_path: Path, make_sink: Callable[[Path], Sink]
 ) -> None:
     """etl run killed (SIGKILL) three times as the copy passes a quarter, a half and three quarters of a table of
-    two million rows, while transactions change it and another table; then both read back equal to the source,
+    two million rows keyed by text (under a collation whose order is not the bytes') and uuid, while transactions
+    change it (keys moved both ways across the copy's position) and another table; then both read back equal to the
+    source,
     row for row, and the run started after the last kill copied the rest of the table only (its own
     ``etl_copied_rows_total``). Into DuckLake on a standalone cluster of two executor JVMs (the chunks copied by
     Spark's tasks), and into the SQLite mirror (the engine's own path: chunks as batches)."""
     db, sink = pg_database, make_sink(tmp_path)
-    create_items_and_ledger(db, items=MILLIONS, ledger=2000)
+    create_keyed_items(db)
     db.execute("ANALYZE items; CREATE PUBLICATION pub FOR TABLE items, ledger")
     state, port = tmp_path / "state.sqlite", free_port()
     config = pipeline_config(
@@ -565,8 +616,8 @@ def table_states_in(state: Path) -> dict[int, TableStateKind]:
         store.close()
 
 
-def recorded_after(state: Path, table: int) -> int:
-    """The last key a stopped run recorded as copied."""
+def recorded_after(state: Path, table: int) -> tuple[str, ...]:
+    """The last key a stopped run recorded as copied (each column's text form)."""
     store = SqliteStore(state, pipeline_id=1)
     try:
         progress = store.get_copy_progress(table)

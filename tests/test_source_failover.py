@@ -158,11 +158,11 @@ def test_copies_read_ahead_of_a_lagging_standby_are_not_written_so_a_failover_le
 ) -> None:
     """The primary's walsenders send nothing its standby lacks; copies read the primary's tables, so they wait for
     the standby too. Here the standby receives nothing while the primary takes updates and inserts, and a backfill
-    (chunks) and a copy (a snapshot: the table has a text key) read them; the primary crashes, the standby is
+    (chunks) and a copy (a snapshot: the table has no key) read them; the primary crashes, the standby is
     promoted: the destination holds the new primary's rows, none of the changes it never had."""
     pair = synced_pair
     pair.primary.execute(
-        "CREATE TABLE notes (k text PRIMARY KEY, v int NOT NULL);"
+        "CREATE TABLE notes (k text NOT NULL, v int NOT NULL); ALTER TABLE notes REPLICA IDENTITY FULL;"
         " INSERT INTO notes SELECT 'k' || g, g FROM generate_series(1, 300) g;"
         " ALTER PUBLICATION pub ADD TABLE notes"
     )

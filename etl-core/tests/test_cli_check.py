@@ -9,7 +9,11 @@ import pytest
 
 from etl.checks import run_checks
 from etl.postgres.ddl import install_ddl_trigger
+from etl.preflight import Check
 from etl.schema import quote_literal
+from etl.status import status_report
+from etl.store.base import TableState, TableStateKind
+from etl.store.memory import MemoryStore
 from etl.testing import TemporaryCluster, find_install
 from etl.testing.pipelines import pipeline_config
 from etl.testing.pytest_plugin import TestDatabase
@@ -116,3 +120,52 @@ def test_check_says_when_an_earlier_trigger_is_installed_that_the_role_may_not_u
     assert not check.ok and check.advisory
     assert "an earlier version is installed" in check.detail
     assert "etl ddl-trigger --print-sql" in (check.fix or "")
+
+
+def test_check_names_the_tables_an_incremental_copy_copies_by_snapshot(pg_database: TestDatabase) -> None:
+    db = pg_database
+    db.execute(
+        "CREATE TABLE keyed (tenant text, id uuid, PRIMARY KEY (tenant, id)); CREATE TABLE keyless (a int);"
+        " CREATE TABLE patterned (k text NOT NULL); CREATE UNIQUE INDEX patterned_k ON patterned (k text_pattern_ops);"
+        " ALTER TABLE patterned REPLICA IDENTITY USING INDEX patterned_k;"
+        " CREATE PUBLICATION pub FOR TABLE keyed, keyless, patterned"
+    )
+
+    def check(method: str) -> list[Check]:
+        return [c for c in run_checks(pipeline_config(db, copy={"method": method})) if c.name == "incremental copy"]
+
+    assert check("snapshot") == []  # nothing to say
+    (found,) = check("incremental")
+    assert not found.ok and found.advisory and not found.failed
+    assert found.detail == (
+        "copied by snapshot instead: public.keyless (it has no primary key or replica identity index);"
+        " public.patterned (its key's index orders by an operator class or a collation of its own)"
+    )
+    db.execute("DROP TABLE keyless, patterned")
+    assert check("incremental")[0].ok
+
+
+def test_status_says_which_tables_still_to_copy_an_incremental_copy_copies_by_snapshot(
+    pg_database: TestDatabase,
+) -> None:
+    db = pg_database
+    db.execute(
+        "CREATE TABLE keyed (tenant text PRIMARY KEY); CREATE TABLE keyless (a int); CREATE TABLE done (a int);"
+        " CREATE PUBLICATION pub FOR TABLE keyed, keyless, done"
+    )
+    ids = {
+        name: int(db.execute(f"SELECT 'public.{name}'::regclass::oid")[0][0]) for name in ("keyed", "keyless", "done")
+    }
+    store = MemoryStore(pipeline_id=1)
+    store.update_table_states(
+        {
+            ids["keyed"]: TableState.init(),
+            ids["keyless"]: TableState.init(),
+            ids["done"]: TableState(TableStateKind.READY),
+        }
+    )
+    incremental = status_report(pipeline_config(db, copy={"method": "incremental"}), store)
+    assert incremental.notes == (
+        "public.keyless is copied by snapshot, not in chunks: it has no primary key or replica identity index",
+    )
+    assert status_report(pipeline_config(db), store).notes == ()

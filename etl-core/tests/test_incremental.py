@@ -29,8 +29,10 @@ from etl.replication.incremental import (
     NO_MARK,
     ChunkMark,
     IncrementalCopy,
+    IntegerKeyOrder,
     Recorded,
     incremental_key,
+    integer_key,
     table_key,
 )
 from etl.schema import ColumnSchema, TableName, TableSchema
@@ -39,6 +41,7 @@ from etl.testing.batches import BatchBuilder
 BIG = TableSchema(7, TableName("public", "big"), (ColumnSchema("id", 20, primary_key=True), ColumnSchema("v", 25)))
 KEY = table_key(BIG)
 OTHER = TableSchema(8, TableName("public", "other"), (ColumnSchema("id", 23, primary_key=True),))
+ORDER = IntegerKeyOrder()
 
 
 def test_a_snapshot_tells_transactions_it_saw_running() -> None:
@@ -74,12 +77,15 @@ def test_the_take_on_barrier_holds_until_every_transaction_running_at_it_has_end
     assert not XidSnapshot.parse(f"{2**32 + 732}:{2**32 + 740}:{2**32 + 735}").still_running(barrier)
 
 
-def test_only_a_one_column_integer_key_orders_a_copy() -> None:
-    assert incremental_key(BIG, partitioned=False) == "id"
+def test_any_key_orders_a_copy_and_only_a_one_column_integer_one_orders_in_arrow() -> None:
+    assert incremental_key(BIG, partitioned=False) == ("id",) and integer_key(BIG)
     assert incremental_key(BIG, partitioned=True) is None
     text_key = TableSchema(9, BIG.name, (ColumnSchema("k", 25, primary_key=True),))
     two = TableSchema(9, BIG.name, (ColumnSchema("a", 23, primary_key=True), ColumnSchema("b", 23, primary_key=True)))
-    assert incremental_key(text_key, partitioned=False) is None and incremental_key(two, partitioned=False) is None
+    keyless = TableSchema(9, BIG.name, (ColumnSchema("a", 23),))
+    assert incremental_key(text_key, partitioned=False) == ("k",) and not integer_key(text_key)
+    assert incremental_key(two, partitioned=False) == ("a", "b") and not integer_key(two)
+    assert incremental_key(keyless, partitioned=False) is None
 
 
 def batch() -> EventBatch:
@@ -113,13 +119,13 @@ def summary(b: EventBatch, table: int) -> tuple[list[Any], list[Any]]:
 
 
 def test_changes_to_keys_not_copied_yet_are_left_out_alike_in_arrow_and_events() -> None:
-    copy = IncrementalCopy(BIG.id, "id", KEY, after=10, rows=10, mark=NO_MARK, barrier=None)
+    copy = IncrementalCopy(BIG.id, ("id",), KEY, after=("10",), rows=10, mark=NO_MARK, barrier=None, order=ORDER)
     arrow, events = summary(copy.filtered(batch()), BIG.id)
     kept = [("I", 5), ("U", 6), ("D", 7), ("U", 8), ("D", 9)]
     assert arrow == [*kept, ("T", None)]
     assert events == kept
     assert summary(copy.filtered(batch()), OTHER.id) == ([("I", 500)], [("I", 500)])  # other tables untouched
-    before_any = IncrementalCopy(BIG.id, "id", KEY, after=None, rows=0, mark=NO_MARK, barrier=None)
+    before_any = IncrementalCopy(BIG.id, ("id",), KEY, after=None, rows=0, mark=NO_MARK, barrier=None, order=ORDER)
     assert summary(before_any.filtered(batch()), BIG.id) == ([("T", None)], [])
 
 
@@ -127,7 +133,9 @@ def test_changes_to_keys_a_chunk_may_have_written_are_deletes_until_the_chunks_r
     """Keys after the last one copied up to the last one a chunk may have written (``upto``: a run died between
     the chunk's write and its record): the destination may hold them, stale, so every change to them is a delete
     of its key there, alike in Arrow and events; a chunk read later brings back the rows the source still holds."""
-    copy = IncrementalCopy(BIG.id, "id", KEY, after=10, rows=10, mark=NO_MARK, barrier=None, upto=60)
+    copy = IncrementalCopy(
+        BIG.id, ("id",), KEY, after=("10",), rows=10, mark=NO_MARK, barrier=None, order=ORDER, upto=("60",)
+    )
     arrow, events = summary(copy.filtered(batch()), BIG.id)
     kept = [("I", 5), ("D", 50), ("U", 6), ("D", 60), ("D", 7), ("U", 8), ("D", 9)]  # 70, 80 and 90: past upto
     assert arrow == [*kept, ("T", None)]
@@ -143,11 +151,14 @@ def test_changes_to_keys_a_chunk_may_have_written_are_deletes_until_the_chunks_r
     rows = pa.table({"id": pa.array([11, 40, 60, 61], pa.int64()), "v": pa.array(["a", "b", "c", "d"])})
     chunk = copy.chunk_batch(BIG, rows, NO_MARK.next(Lsn(0x501), rows=4), datetime(2026, 1, 1, tzinfo=UTC))
     assert summary(chunk, BIG.id) == ([("U", 11), ("U", 40), ("U", 60), ("I", 61)],) * 2  # up to upto: upserts
-    copy.will_write(40)
-    assert copy.upto == 60  # a chunk before upto leaves it
-    copy.after = 70
+    copy.will_write(("40",))
+    assert copy.upto == ("60",)  # a chunk before upto leaves it
+    copy.after = ("70",)
     assert summary(copy.filtered(batch()), BIG.id) == summary(
-        IncrementalCopy(BIG.id, "id", KEY, after=70, rows=0, mark=NO_MARK, barrier=None).filtered(batch()), BIG.id
+        IncrementalCopy(BIG.id, ("id",), KEY, after=("70",), rows=0, mark=NO_MARK, barrier=None, order=ORDER).filtered(
+            batch()
+        ),
+        BIG.id,
     )  # the chunks passed it: the copy is an ordinary one again
 
 
@@ -160,11 +171,15 @@ def test_inserts_committed_before_the_last_chunks_read_are_upserts_until_the_cop
     b.insert(BIG, {"id": 5, "v": "before"}).insert(BIG, {"id": 50, "v": "before, not copied"})
     b.commit().insert(BIG, {"id": 6, "v": "after"})  # at 0x1200
     batch = b.commit().build()
-    copy = IncrementalCopy(BIG.id, "id", KEY, after=10, rows=10, mark=NO_MARK, barrier=None, read_before=Lsn(0x1180))
+    copy = IncrementalCopy(
+        BIG.id, ("id",), KEY, after=("10",), rows=10, mark=NO_MARK, barrier=None, order=ORDER, read_before=Lsn(0x1180)
+    )
     assert summary(copy.filtered(batch), BIG.id) == ([("U", 5), ("I", 6)],) * 2
     copy.finished = True  # every key copied: 50 too
     assert summary(copy.filtered(batch), BIG.id) == ([("U", 5), ("U", 50), ("I", 6)],) * 2
-    backfill = IncrementalCopy(BIG.id, "id", KEY, after=10, rows=10, mark=NO_MARK, barrier=None, where="id > 0")
+    backfill = IncrementalCopy(
+        BIG.id, ("id",), KEY, after=("10",), rows=10, mark=NO_MARK, barrier=None, order=ORDER, where="id > 0"
+    )
     backfill.read_before = Lsn(0x1180)
     assert summary(backfill.filtered(batch), BIG.id) == ([("U", 5), ("U", 50), ("I", 6)],) * 2
     rows = pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array(["a", "b"])})
@@ -174,20 +189,27 @@ def test_inserts_committed_before_the_last_chunks_read_are_upserts_until_the_cop
 
 def test_a_backfill_leaves_none_of_the_stream_out() -> None:
     """A backfill's table holds every row already: its changes all apply, whichever keys its chunks reached."""
-    backfill = IncrementalCopy(BIG.id, "id", KEY, after=10, rows=10, mark=NO_MARK, barrier=None, where="id < 100")
+    backfill = IncrementalCopy(
+        BIG.id, ("id",), KEY, after=("10",), rows=10, mark=NO_MARK, barrier=None, order=ORDER, where="id < 100"
+    )
     assert summary(backfill.filtered(batch()), BIG.id) == summary(batch(), BIG.id)
     assert len(summary(batch(), BIG.id)[0]) == 9  # the nine changes of the batch, none left out
 
 
 def test_a_backfill_chunk_reads_the_rows_its_predicate_picks_after_the_last_key() -> None:
-    chunk = KeyChunk("id", 41, 500, where="v LIKE 'a%' -- the owner's note")
-    assert chunk.predicate() == "\"id\" > 41 AND (\nv LIKE 'a%' -- the owner's note\n)"
-    assert KeyChunk("id", None, 500, where="n = 1").predicate() == "(\nn = 1\n)"
-    assert KeyChunk("id", None, 500).predicate() is None
+    chunk = KeyChunk(("id",), ("41",), 500, where="v LIKE 'a%' -- the owner's note")
+    assert chunk.predicate() == "\"id\" OPERATOR(pg_catalog.>) '41' AND (\nv LIKE 'a%' -- the owner's note\n)"
+    assert KeyChunk(("id",), None, 500, where="n = 1").predicate() == "(\nn = 1\n)"
+    assert KeyChunk(("id",), None, 500).predicate() is None
+    two = KeyChunk(("tenant", "id"), ("it's", "7"), 500, upto=("z", "1"))
+    assert two.predicate() == (
+        "ROW(\"tenant\", \"id\") OPERATOR(pg_catalog.>) ROW('it''s', '7')"
+        " AND ROW(\"tenant\", \"id\") OPERATOR(pg_catalog.<=) ROW('z', '1')"
+    )
 
 
 def test_a_chunk_misses_a_transaction_streamed_that_its_snapshot_saw_running() -> None:
-    copy = IncrementalCopy(BIG.id, "id", KEY, after=None, rows=0, mark=NO_MARK, barrier=None)
+    copy = IncrementalCopy(BIG.id, ("id",), KEY, after=None, rows=0, mark=NO_MARK, barrier=None, order=ORDER)
     copy.streamed |= {100, 101}
     assert copy.misses(XidSnapshot.parse("99:110:101"))
     assert copy.streamed == {101}  # 100 ended: every later snapshot sees it
@@ -201,14 +223,16 @@ def test_chunks_sit_after_the_changes_before_them_and_after_one_another() -> Non
     idle = first.next(Lsn(0x501), rows=2)  # no transaction came in between
     assert idle == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 4)
     assert idle.next(Lsn(0x401), rows=1) == ChunkMark(Lsn(0x500), CHUNK_ORDINAL_BASE + 5)  # a run that resumed behind
-    assert ChunkMark.from_json(idle.to_json(after=42)) == Recorded(42, idle, None, None, Lsn.ZERO)
-    backfill = idle.to_json(after=42, where="v LIKE '%\"'")
-    assert ChunkMark.from_json(backfill) == Recorded(42, idle, "v LIKE '%\"'", None, Lsn.ZERO)
-    recorded = idle.to_json(after=42, upto=-7, read_before=Lsn(0x900), key=KEY, note="waits")
-    assert ChunkMark.from_json(recorded) == Recorded(42, idle, None, -7, Lsn(0x900), (("id", 20),), "waits")
-    earlier = json.dumps({"after": 42, "position": "0/500", "ordinal": idle.ordinal})  # an earlier release's
-    assert ChunkMark.from_json(earlier) == Recorded(42, idle, None, None, Lsn.ZERO)
-    copy = IncrementalCopy(BIG.id, "id", KEY, after=None, rows=0, mark=idle, barrier=None)
+    assert ChunkMark.from_json(idle.to_json(after=("42",))) == Recorded(("42",), idle, None, None, Lsn.ZERO)
+    backfill = idle.to_json(after=("42",), where="v LIKE '%\"'")
+    assert ChunkMark.from_json(backfill) == Recorded(("42",), idle, "v LIKE '%\"'", None, Lsn.ZERO)
+    recorded = idle.to_json(after=("a", "42"), upto=("b", "-7"), read_before=Lsn(0x900), key=KEY, note="waits")
+    expected = Recorded(("a", "42"), idle, None, ("b", "-7"), Lsn(0x900), (("id", 20),), "waits")
+    assert ChunkMark.from_json(recorded) == expected
+    # an earlier release's, of an integer key
+    earlier = json.dumps({"after": 42, "position": "0/500", "ordinal": idle.ordinal, "upto": 50})
+    assert ChunkMark.from_json(earlier) == Recorded(("42",), idle, None, ("50",), Lsn.ZERO)
+    copy = IncrementalCopy(BIG.id, ("id",), KEY, after=None, rows=0, mark=idle, barrier=None, order=ORDER)
     rows = pa.table({"id": pa.array([1, 2], pa.int64()), "v": pa.array(["a", "b"])})
     chunk = copy.chunk_batch(BIG, rows, idle, datetime(2026, 1, 1, tzinfo=UTC))
     ordinals = chunk.changes[BIG.id][0].table.column(TX_ORDINAL_COLUMN).to_pylist()
@@ -226,7 +250,9 @@ def test_the_next_transaction_after_a_chunk_is_applied_though_it_commits_where_t
     destination = MemoryDestination()
     destination.write_table_rows(BIG, pa.table({"id": pa.array([], pa.int64()), "v": pa.array([], pa.string())}))
     ended = Lsn(0x1101)  # the end of the last transaction received
-    copy = IncrementalCopy(BIG.id, "id", KEY, after=None, rows=0, mark=NO_MARK.next(ended, rows=1), barrier=None)
+    copy = IncrementalCopy(
+        BIG.id, ("id",), KEY, after=None, rows=0, mark=NO_MARK.next(ended, rows=1), barrier=None, order=ORDER
+    )
     rows = pa.table({"id": pa.array([1], pa.int64()), "v": pa.array(["copied"])})
     destination.write_events(copy.chunk_batch(BIG, rows, copy.mark, datetime(2026, 1, 1, tzinfo=UTC)))
     b = BatchBuilder(lsn=int(ended) - 0x100)  # its next transaction commits at exactly 0x1101

@@ -120,12 +120,12 @@ def test_a_chunk_split_over_connections_reads_what_one_connection_reads(
         " CREATE PUBLICATION pub FOR TABLE c WHERE (id % 2 = 0)"
     )
     table, schema = published(db, "c")
-    first = KeyChunk("id", None, 5000)
+    first = KeyChunk(("id",), None, 5000)
     # the rows are ids 6, 12, 18, ...: every (5000 // connections)-th of them ends a part
     step = 5000 // connections
-    bounds = [6 * step * i for i in range(1, connections)]
+    bounds = [(str(6 * step * i),) for i in range(1, connections)]
     found = ChunkKeys.parse(db.execute(first.split_query(table.name, table.row_filter, step))[0][0])
-    assert found == ChunkKeys(5000, 6 * 5000, bounds)
+    assert found == ChunkKeys(5000, (str(6 * 5000),), bounds)
     with db.connect(autocommit=True) as monitor:
 
         def sessions() -> int:
@@ -142,14 +142,16 @@ def test_a_chunk_split_over_connections_reads_what_one_connection_reads(
             assert time.monotonic() < deadline, f"the chunk was read over {sessions() - before} connection(s)"
             time.sleep(0.05)
     assert split.equals(copy_chunk(db.connection(), schema, table.row_filter, first)[2])
-    for chunk in (first, KeyChunk("id", 21_003, 4500, where="v <> 'v9000'"), KeyChunk("id", 57_000, 5000)):
+    later = (KeyChunk(("id",), ("21003",), 4500, where="v <> 'v9000'"), KeyChunk(("id",), ("57000",), 5000))
+    for chunk in (first, *later):
         one = copy_chunk(db.connection(), schema, table.row_filter, chunk)[2]
         split = copy_chunk(db.connection(), schema, table.row_filter, chunk, connections=connections)[2]
         assert split.equals(one)
         # A backfill's chunk covers the table's first ``limit`` rows after ``after``; a copy's, ``limit`` rows it reads.
-        upto = f"(SELECT id FROM c WHERE id > {chunk.after or 0} ORDER BY id OFFSET {chunk.limit - 1} LIMIT 1)"
+        after = chunk.after[0] if chunk.after else 0
+        upto = f"(SELECT id FROM c WHERE id > {after} ORDER BY id OFFSET {chunk.limit - 1} LIMIT 1)"
         expected = db.execute(
-            f"SELECT id, v FROM c WHERE id % 2 = 0 AND id > {chunk.after or 0} AND {chunk.where or 'true'}"
+            f"SELECT id, v FROM c WHERE id % 2 = 0 AND id > {after} AND {chunk.where or 'true'}"
             f" AND {'id <= ' + upto if chunk.where else 'true'} ORDER BY id LIMIT {chunk.limit}"
         )
         assert list(zip(*one.to_pydict().values(), strict=True)) == [tuple(r) for r in expected]
@@ -167,16 +169,16 @@ def test_a_backfill_chunk_covers_chunk_rows_of_the_table_whatever_its_predicate_
         " CREATE PUBLICATION pub FOR TABLE c"
     )
     _, schema = published(db, "c")
-    chunk, found, reads = KeyChunk("id", None, 1000, where="v = 'v19999' OR v = 'v20000'"), [], 0
+    chunk, found, reads = KeyChunk(("id",), None, 1000, where="v = 'v19999' OR v = 'v20000'"), [], 0
     while True:
-        _, _, rows, read = copy_chunk(db.connection(), schema, None, chunk)
+        _, _, rows, keys, read = copy_chunk(db.connection(), schema, None, chunk)
         reads += 1
         found += rows.column("id").to_pylist()
-        last = rows.column("id")[-1].as_py() if rows.num_rows else None
-        assert read.upto is None or read.upto - (chunk.after or 0) == 3 * 1000  # 1000 rows of the table
+        after = int(chunk.after[0]) if chunk.after else 0
+        assert read.upto is None or int(read.upto[0]) - after == 3 * 1000  # 1000 rows of the table
         if read.ends_copy(rows.num_rows):
             break
-        chunk = KeyChunk("id", read.reach(last), 1000, chunk.where)
+        chunk = KeyChunk(("id",), read.reach(keys.last), 1000, chunk.where)
     assert found == [59_997, 60_000] and reads == 20
 
 

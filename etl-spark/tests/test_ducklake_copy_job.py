@@ -223,15 +223,15 @@ def test_chunks_of_an_incremental_copy_are_copied_on_the_driver_or_by_spark_each
     destination = kit.make_destination(lake)
     destination.write_table_rows(plan.schema, empty_table(plan.schema))  # as an incremental copy takes a table on
     chunks = destination.metrics.chunks
-    for n, (after, rows) in enumerate([(None, 2000), (2000, 1000)]):
-        with plan_chunk(pg_database.connection(), plan.schema, None, KeyChunk("id", after, 2000), parts=2) as (
+    for n, (after, rows) in enumerate([(None, 2000), (("2000",), 1000)]):
+        with plan_chunk(pg_database.connection(), plan.schema, None, KeyChunk(("id",), after, 2000), parts=2) as (
             _,
             _,
             keys,
             chunk_plan,
             _,
         ):
-            assert (keys.rows, keys.last) == (rows, 3000 if after else 2000)
+            assert (keys.rows, keys.last) == (rows, ("3000",) if after else ("2000",))
             assert len(chunk_plan.ranges) == 2 and chunk_plan.size_bytes is not None and plan.size_bytes is not None
             assert 0 < chunk_plan.size_bytes < plan.size_bytes  # its share of the table
             threshold = {"driver_copy_max_bytes": chunk_plan.size_bytes - n}  # the first on the driver

@@ -14,6 +14,7 @@ from etl.pipeline import apply_slot_lost, copy_names_error, slot_lost_error
 from etl.plugins import Registry, load_registry
 from etl.postgres.connection import connect
 from etl.postgres.ddl import ddl_trigger_installed, ddl_trigger_outdated
+from etl.postgres.key_order import snapshot_copy_reason
 from etl.postgres.slot_state import slot_state
 from etl.preflight import Check, DeepPreflighted, Preflighted
 from etl.replication.slots import apply_slot
@@ -211,6 +212,18 @@ def _checks(conn: psycopg.Connection[Any], config: PipelineConfig) -> Iterator[C
             else f"row-level security hides rows of {', '.join(filtered)} from role '{user}' (the stream has every"
             " row, a copy would not): their copies fail",
             f'ALTER ROLE "{user}" BYPASSRLS; (as a superuser), or ALTER TABLE <table> DISABLE ROW LEVEL SECURITY;',
+        )
+
+    if tables and config.copy_.method == "incremental":
+        by_snapshot = [f"{name} ({why})" for oid, name, *_ in tables if (why := snapshot_copy_reason(conn, oid))]
+        yield Check(
+            "incremental copy",
+            not by_snapshot,
+            "every published table has a key to copy in chunks by"
+            if not by_snapshot
+            else f"copied by snapshot instead: {'; '.join(by_snapshot)}",
+            "give the table a primary key (or REPLICA IDENTITY USING INDEX on a unique index of not-null columns)",
+            advisory=True,
         )
 
     if config.pipeline.install_ddl_trigger:

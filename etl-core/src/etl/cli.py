@@ -99,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
         "--where",
         metavar="PREDICATE",
         help='copy only the rows this SQL condition picks ("id > 1000"), upserted into the table as it is'
-        " (a backfill, in key-ordered chunks; the table needs a one-column integer primary key)",
+        " (a backfill, in key-ordered chunks; the table needs a primary key or replica identity index)",
     )
     reset = with_config(
         "reset", "drop the pipeline's replication slots and copy every table again at the next run (pipeline stopped)"

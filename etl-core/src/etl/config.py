@@ -269,8 +269,8 @@ class CopySection(Section):
         " slot of its own keeps the WAL until the table catches up. `incremental`: each table in chunks of"
         " `chunk_rows` in key order, each read in a short transaction of its own while every table streams;"
         " resumes after a crash from the last chunk written, and holds back no vacuum on the source for the"
-        " length of the copy. Tables without a one-column integer primary key, and partitioned tables"
-        " published through their root, are copied by `snapshot`."
+        " length of the copy. Any key orders the chunks (primary key or replica identity index, of any columns and"
+        " types); tables with none, and partitioned tables published through their root, are copied by `snapshot`."
         " See [Incremental copy](configuration.md#incremental-copy).",
     )
     chunk_rows: Integer = Field(

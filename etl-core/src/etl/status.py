@@ -13,10 +13,12 @@ instance for each report (``watch_status`` does).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+import psycopg
 
 from etl.config import PipelineConfig
 from etl.errors import EtlError
@@ -24,6 +26,7 @@ from etl.lsn import Lsn
 from etl.pipeline import apply_slot_lost, slot_lost_error
 from etl.postgres.catalog import WAL_POSITION
 from etl.postgres.connection import connect
+from etl.postgres.key_order import snapshot_copy_reason
 from etl.postgres.slot_state import SlotState, slot_state
 from etl.replication.incremental import ChunkMark
 from etl.replication.slots import apply_slot, slot_prefix
@@ -220,6 +223,7 @@ def status_report(config: PipelineConfig, store: Store, *, config_path: str | No
                 (unnamed,),
             ):
                 names[oid] = str(TableName(schema, name))
+        by_snapshot = _snapshot_copies(conn, config, states, names)
     slots = tuple(
         SlotStatus(
             name=str(name),
@@ -245,6 +249,24 @@ def status_report(config: PipelineConfig, store: Store, *, config_path: str | No
         tables=tables,
         slots=slots,
         problems=tuple(_problems(config, apply_state, store, config_path)),
+        notes=by_snapshot,
+    )
+
+
+def _snapshot_copies(
+    conn: psycopg.Connection[Any],
+    config: PipelineConfig,
+    states: Mapping[TableId, TableState],
+    names: Mapping[int, str],
+) -> tuple[str, ...]:
+    """With ``[copy] method = "incremental"``, the tables still to copy that get a snapshot copy instead, and why."""
+    if config.copy_.method != "incremental":
+        return ()
+    waiting = [t for t, s in states.items() if s.kind in (TableStateKind.INIT, TableStateKind.DATA_SYNC)]
+    return tuple(
+        f"{names.get(t, t)} is copied by snapshot, not in chunks: {why}"
+        for t in sorted(waiting, key=lambda t: names.get(t, str(t)))
+        if (why := snapshot_copy_reason(conn, t))
     )
 
 

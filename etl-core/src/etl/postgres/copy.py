@@ -50,10 +50,11 @@ def copy_chunk(
     chunk: KeyChunk,
     *,
     connections: int = 1,
-) -> tuple[ChunkSnapshot, ChunkTable, pa.Table, KeyChunk]:
+) -> tuple[ChunkSnapshot, ChunkTable, pa.Table, ChunkKeys, KeyChunk]:
     """Read one chunk of table ``schema.id`` in a short ``REPEATABLE READ`` transaction of its own: the snapshot it
     read in, the table as it found it by OID (``ChunkTable``: by its name now), its rows, as a table of
-    ``schema``'s columns in key order, and the chunk as read (a backfill's ``bounded``).
+    ``schema``'s columns in key order, what it found of its keys (``ChunkKeys``: its last key in the source's text
+    form) and the chunk as read (a backfill's ``bounded``).
 
     With ``connections`` above 1, a chunk of at least ``MIN_PART_ROWS`` rows per connection is split by key into
     that many parts, read at once: the first connection exports its snapshot for the others to import, so every
@@ -64,14 +65,14 @@ def copy_chunk(
         table = ChunkTable.find(session, schema.id, "read a chunk")
         source = table.name
         chunk = _bounded(session, source, chunk, "read a chunk")
-        parts = [chunk]
         step = chunk.limit // max(1, connections)
-        if connections > 1 and step >= MIN_PART_ROWS:
-            keys = ChunkKeys.parse(session.scalar(chunk.split_query(source, row_filter, step), "split a chunk"))
-            parts = chunk.split(keys.bounds, step)
+        split = connections > 1 and step >= MIN_PART_ROWS
+        query = chunk.split_query(source, row_filter, step if split else max(1, chunk.limit))
+        keys = ChunkKeys.parse(session.scalar(query, "read a chunk's keys"))
+        parts = chunk.split(keys.bounds, step) if split else [chunk]
         if len(parts) == 1:
             batches = list(session.copy(schema, source, None, row_filter, max(1, chunk.limit), key_chunk=chunk))
-            return snapshot, table, pa.Table.from_batches(batches, schema=output), chunk
+            return snapshot, table, pa.Table.from_batches(batches, schema=output), keys, chunk
         exported = session.scalar(EXPORT, "read a chunk")
         with ThreadPoolExecutor(len(parts) - 1, thread_name_prefix=f"chunk-{source}") as pool:
             others = [
@@ -81,7 +82,7 @@ def copy_chunk(
             batches = list(session.copy(schema, source, None, row_filter, parts[0].limit, key_chunk=parts[0]))
             for part in others:
                 batches.extend(part.result())
-    return snapshot, table, pa.Table.from_batches(batches, schema=output), chunk
+    return snapshot, table, pa.Table.from_batches(batches, schema=output), keys, chunk
 
 
 @contextmanager

@@ -42,6 +42,7 @@ from etl.postgres.catalog import WAL_INSERTED
 from etl.postgres.codecs import arrow_field, decode_text_column
 from etl.postgres.connection import check_pinned, connection_error, conninfo_string
 from etl.postgres.generators import PQGen
+from etl.postgres.key_sql import GT, LE, KeyValue, key_literal, key_row, key_text, parse_key
 from etl.postgres.predicate import predicate_sql
 from etl.postgres.standby_slots import SETTING as STANDBY_SLOTS
 from etl.postgres.standby_slots import parse_setting
@@ -78,20 +79,21 @@ class ConsumerGone(Exception):
 @dataclass(frozen=True)
 class KeyChunk:
     """The rows of one chunk of an incremental copy: the first ``limit`` after ``after`` (``None``: from the first
-    row) in the order of the integer key ``column``; of a backfill, only those that ``where`` picks."""
+    row) in the order of the key ``columns`` (the source's, by its b-tree: row comparison for several columns); of a
+    backfill, only those that ``where`` picks."""
 
-    column: str
-    after: int | None
+    columns: tuple[str, ...]
+    after: KeyValue | None
     limit: int
     where: str | None = None
     """A backfill's predicate (``etl resync --where``), as the owner gave it."""
-    upto: int | None = None
+    upto: KeyValue | None = None
     """The chunk's last key, when it is a part of a chunk split by key (``split``)."""
 
     def predicate(self) -> str | None:
-        key = quote_ident(self.column)
-        after = None if self.after is None else f"{key} > {int(self.after)}"
-        upto = None if self.upto is None else f"{key} <= {int(self.upto)}"
+        key = key_row(self.columns)
+        after = None if self.after is None else f"{key} {GT} {key_literal(self.after)}"
+        upto = None if self.upto is None else f"{key} {LE} {key_literal(self.upto)}"
         where = None if self.where is None else predicate_sql(self.where)
         return " AND ".join(c for c in (after, upto, where) if c) or None
 
@@ -99,26 +101,26 @@ class KeyChunk:
         """A backfill's chunk covers the first ``limit`` rows of the table after ``after``, of which its predicate
         picks some: the key of the last of them ('' when no row follows them), found on the key's index. So a chunk
         reads at most ``limit`` rows whatever the predicate picks; a sparse one never scans the table in one read."""
-        key = quote_ident(self.column)
-        after = "" if self.after is None else f" WHERE {key} > {int(self.after)}"
-        last = f"SELECT {key} AS k FROM ONLY {source.quoted()}{after} ORDER BY {key} OFFSET {int(self.limit) - 1}"
-        # The limit-th key, when a row follows it; min(k), not ORDER BY k::text's order.
-        return f"SELECT CASE WHEN count(*) > 1 THEN min(k)::text ELSE '' END FROM ({last} LIMIT 2) s"
+        names = ", ".join(quote_ident(c) for c in self.columns)
+        after = "" if self.after is None else f" WHERE {key_row(self.columns)} {GT} {key_literal(self.after)}"
+        last = f"SELECT {names} FROM ONLY {source.quoted()}{after} ORDER BY {names} OFFSET {int(self.limit) - 1}"
+        first = f"(pg_catalog.array_agg({key_text(self.columns)}::pg_catalog.text ORDER BY {names}))[1]"
+        return f"SELECT CASE WHEN count(*) > 1 THEN {first} ELSE '' END FROM ({last} LIMIT 2) s"
 
     def bounded(self, reach: str) -> KeyChunk:
         """The chunk up to ``reach`` (``reach_query``'s answer); unchanged when the chunk runs to the table's end."""
-        return replace(self, upto=int(reach)) if reach else self
+        return replace(self, upto=parse_key(json.loads(reach))) if reach else self
 
     def ends_copy(self, rows: int) -> bool:
         """Whether no row of the table follows this chunk of ``rows`` rows: a backfill's (``bounded``) when it runs
         to the table's end, a copy's when it holds fewer than ``limit``."""
         return self.upto is None if self.where is not None else rows < self.limit
 
-    def reach(self, last: int | None) -> int | None:
+    def reach(self, last: KeyValue | None) -> KeyValue | None:
         """The key the next chunk follows, given this one's last row's key: a bounded backfill chunk's end."""
         return self.upto if self.where is not None and self.upto is not None else last
 
-    def split(self, bounds: list[int], step: int) -> list[KeyChunk]:
+    def split(self, bounds: list[KeyValue], step: int) -> list[KeyChunk]:
         """The chunk as consecutive parts: one of ``step`` rows up to each key of ``bounds`` (every ``step``-th key
         of the chunk, ``split_query``'s answer), then the rest."""
         parts, after = [], self.after
@@ -132,18 +134,24 @@ class KeyChunk:
         """What ``ChunkKeys.parse`` reads: the chunk's row count, its last key, and every ``step``-th key of its
         rows while ``step`` rows or more follow (the last part holds ``step`` rows, and the rest of a ``limit``
         that ``step`` does not divide)."""
-        key = quote_ident(self.column)
+        names = ", ".join(quote_ident(c) for c in self.columns)
         where = _conditions(None, row_filter, self)
-        keys = f"SELECT {key} AS k FROM ONLY {source.quoted()}{' WHERE ' + where if where else ''}{self.order()}"
-        every = f"n OPERATOR(pg_catalog.%) {int(step)} = 0 AND n <= {int(self.limit - step)}"
-        bounds = f"string_agg(k::text, ',' ORDER BY k) FILTER (WHERE {every})"
+        keys = f"SELECT {names} FROM ONLY {source.quoted()}{' WHERE ' + where if where else ''}{self.order()}"
+        rank, last, key = '"_etl_rank"', '"_etl_last"', '"_etl_key"'  # names no key column clashes with, as used
+        every = f"{rank} OPERATOR(pg_catalog.%) {int(step)} = 0 AND {rank} <= {int(self.limit - step)}"
+        numbered = (
+            f"SELECT {names}, pg_catalog.row_number() OVER w AS {rank}, (pg_catalog.lead(1) OVER w) IS NULL AS {last}"
+            f" FROM ({keys}) c WINDOW w AS (ORDER BY {names})"
+        )
+        texts = f"SELECT CASE WHEN {last} OR ({every}) THEN {key_text(self.columns)} END AS {key}, {rank}, {last}"
         return (
-            f"SELECT count(*)::text || ';' || coalesce(max(k)::text, '') || ';' || coalesce({bounds}, '')"
-            f" FROM (SELECT k, row_number() OVER (ORDER BY k) AS n FROM ({keys}) c) s"
+            f"SELECT pg_catalog.json_build_array(count(*), pg_catalog.json_agg({key}) FILTER (WHERE {last}),"
+            f" coalesce(pg_catalog.json_agg({key} ORDER BY {rank}) FILTER (WHERE {every}), '[]'))::text"
+            f" FROM ({texts} FROM ({numbered}) s) t"
         )
 
     def order(self) -> str:
-        return f" ORDER BY {quote_ident(self.column)} LIMIT {int(self.limit)}"
+        return f" ORDER BY {', '.join(quote_ident(c) for c in self.columns)} LIMIT {int(self.limit)}"
 
 
 @dataclass(frozen=True)
@@ -232,15 +240,15 @@ class ChunkKeys:
     """What a chunk's first connection finds of its keys (``KeyChunk.split_query``)."""
 
     rows: int
-    last: int | None
+    last: KeyValue | None
     """Its last key; ``None`` when it holds no row."""
-    bounds: list[int]
+    bounds: list[KeyValue]
     """Where ``KeyChunk.split`` splits it."""
 
     @classmethod
     def parse(cls, text: str) -> ChunkKeys:
-        rows, last, bounds = text.split(";")
-        return cls(int(rows), int(last) if last else None, [int(b) for b in bounds.split(",") if b])
+        rows, last, bounds = json.loads(text)
+        return cls(int(rows), parse_key(last[0]) if last else None, [parse_key(b) for b in bounds])
 
 
 class CopySession:

@@ -64,6 +64,12 @@ class ApplyWorker(StreamWorker):
         self.copies_done = False
         """``[copy] mode = "initial_only"``, and every published table is copied: the stream ends."""
 
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            self.chunked.close()
+
     def applies(self, table_id: TableId, final_lsn: Lsn) -> bool:
         return self.ctx.states.applies(table_id, final_lsn)
 

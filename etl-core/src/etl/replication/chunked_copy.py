@@ -26,6 +26,8 @@ from etl.postgres.catalog import (
 from etl.postgres.connection import connect
 from etl.postgres.copy import copy_chunk, plan_chunk
 from etl.postgres.copy_session import ChunkSnapshot, ChunkTable, KeyChunk
+from etl.postgres.key_order import SourceComparisons, SourceKeyOrder, key_index_order
+from etl.postgres.key_sql import KeyValue
 from etl.postgres.predicate import predicate_rows
 from etl.postgres.standby_slots import wait_for_standbys
 from etl.postgres.xid_snapshot import XidSnapshot, running_xids
@@ -35,11 +37,14 @@ from etl.replication.incremental import (
     NOTHING_RECORDED,
     ChunkMark,
     IncrementalCopy,
+    IntegerKeyOrder,
+    KeyOrder,
     incremental_key,
+    integer_key,
     table_key,
 )
 from etl.replication.tablesync import empty_table
-from etl.schema import TableId
+from etl.schema import TableId, TableSchema
 from etl.store.base import CopyProgress, TableState, TableStateKind
 
 log = structlog.get_logger(__name__)
@@ -95,6 +100,14 @@ class ChunkedCopies:
         self._not_before: dict[TableId, float] = {}
         self._held_since: dict[TableId, float] = {}
         """When each copy found its barrier holding first (``_barrier_holds``)."""
+        self._comparisons = SourceComparisons(self.ctx.config.source)
+        """Where keys that only the source can order are compared (``etl.postgres.key_order``)."""
+
+    def close(self) -> None:
+        self._comparisons.close()
+
+    def _order(self, schema: TableSchema, key: tuple[str, ...]) -> KeyOrder:
+        return IntegerKeyOrder() if integer_key(schema) else SourceKeyOrder(self._comparisons, schema.id, key)
 
     # -- the stream's hooks --------------------------------------------------------------------------------
     def began(self, xid: int) -> None:
@@ -118,17 +131,17 @@ class ChunkedCopies:
     # -- taking tables on ------------------------------------------------------------------------------------
     def take_on(self, table_id: TableId) -> bool:
         """Begin an incremental copy of a table in Init, between two transactions of the stream; ``False`` when
-        the table gets a snapshot copy instead (it has no one-column integer key)."""
+        the table gets a snapshot copy instead (it has no key to order chunks by: ``chunk_key``)."""
         ctx, table = self.ctx, self.stream.tables[table_id]
         with connect(ctx.config.source) as conn, conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             generated = publication_options(conn, ctx.publication).generated_columns
             schema = table_schema(conn, table_id, table.column_list, include_generated=generated)
-            key = incremental_key(schema, table.partitioned)
+            key, why = chunk_key(conn, schema, table)
             if key is None:
                 if table_id not in self._snapshot_copies:
                     self._snapshot_copies.add(table_id)
-                    log.info("table copied by snapshot: it has no one-column integer key", table=str(table.name))
+                    log.info(f"table copied by snapshot: {why}", table=str(table.name))
                 return False
             barrier = _running(conn)
             estimate = estimated_rows(conn, [table.name])
@@ -144,8 +157,9 @@ class ChunkedCopies:
         now = datetime.now(UTC)
         ctx.store.record_copy_progress(table_id, CopyProgress(0, estimate, now, now))
         ctx.states.set(table_id, TableState(TableStateKind.COPYING))
+        order = self._order(schema, key)
         self.copies[table_id] = IncrementalCopy(
-            table_id, key, table_key(schema), None, 0, NO_MARK, barrier, estimate=estimate, started_at=now
+            table_id, key, table_key(schema), None, 0, NO_MARK, barrier, order, estimate=estimate, started_at=now
         )
         log.info("copying a table in chunks", table=str(table.name), key=key, chunk_rows=ctx.config.copy_.chunk_rows)
         return True
@@ -155,12 +169,15 @@ class ChunkedCopies:
         into its destination table as it is, while its changes stream on."""
         ctx, table = self.ctx, self.stream.tables[table_id]
         schema = ctx.schemas.current(table_id)
-        key = incremental_key(schema, table.partitioned)
-        if key is None:
-            log.warning("a backfill needs a one-column integer key; resync the whole table", table=str(table.name))
-            return
         try:
             with connect(ctx.config.source) as conn:
+                key, why = chunk_key(conn, schema, table)
+                if key is None:
+                    log.warning(
+                        f"a backfill needs a key to order its chunks by: {why}; resync the whole table",
+                        table=str(table.name),
+                    )
+                    return
                 barrier = _running(conn)
                 estimate = predicate_rows(conn, table.name, where)
         except ConfigError as exc:  # the table changed since the request was checked
@@ -179,8 +196,19 @@ class ChunkedCopies:
         resume_after = mark.to_json(None, where)  # durable before its first chunk: a restart goes on with it
         ctx.store.record_copy_progress(table_id, CopyProgress(0, estimate, now, now, False, resume_after))
         ctx.states.set(table_id, TableState(TableStateKind.COPYING))
+        order = self._order(schema, key)
         self.copies[table_id] = IncrementalCopy(
-            table_id, key, table_key(schema), None, 0, mark, barrier, where=where, estimate=estimate, started_at=now
+            table_id,
+            key,
+            table_key(schema),
+            None,
+            0,
+            mark,
+            barrier,
+            order,
+            where=where,
+            estimate=estimate,
+            started_at=now,
         )
         log.info("backfilling a table in chunks", table=str(table.name), key=key, where=where, estimate=estimate)
 
@@ -188,16 +216,16 @@ class ChunkedCopies:
         """Go on with a table's incremental copy after the last chunk a run wrote (at a start)."""
         ctx, table = self.ctx, self.stream.tables[table_id]
         schema = ctx.schemas.current(table_id)
-        key = incremental_key(schema, table.partitioned)
         progress = ctx.store.get_copy_progress(table_id)
         recorded = NOTHING_RECORDED
         if progress is not None and progress.resume_after is not None:
             recorded = ChunkMark.from_json(progress.resume_after)
-        if key is None or progress is None or recorded.key not in ((), table_key(schema)):
-            log.info("copying a table again from the start: its key changed since", table=str(table.name))
-            ctx.states.set(table_id, TableState.init())
-            return
         with connect(ctx.config.source) as conn:
+            key, _ = chunk_key(conn, schema, table)
+            if key is None or progress is None or recorded.key not in ((), table_key(schema)):
+                log.info("copying a table again from the start: its key changed since", table=str(table.name))
+                ctx.states.set(table_id, TableState.init())
+                return
             barrier = _running(conn)
             row = conn.execute(f"SELECT {WAL_POSITION}::text").fetchone()
             assert row is not None
@@ -214,6 +242,7 @@ class ChunkedCopies:
             progress.rows,
             recorded.mark,
             barrier,
+            self._order(schema, key),
             where=where,
             estimate=progress.estimate,
             started_at=progress.started_at,
@@ -330,17 +359,17 @@ class ChunkedCopies:
 
     def _copy_here(
         self, copy: IncrementalCopy, table: PublishedTable, chunk: KeyChunk
-    ) -> tuple[int, int | None, bool] | None:
+    ) -> tuple[int, KeyValue | None, bool] | None:
         """Read the chunk in this process and write it as a batch, at its place in the stream: its row count, the key
         the next chunk follows and whether it was the last, durable; ``None`` when it is to be read again later."""
         ctx, schema = self.ctx, self.ctx.schemas.current(copy.table_id)
         connections = ctx.config.copy_.connections
         config, row_filter = ctx.config.source, table.row_filter
-        read, found, rows, chunk = copy_chunk(config, schema, row_filter, chunk, connections=connections)
+        read, found, rows, keys, chunk = copy_chunk(config, schema, row_filter, chunk, connections=connections)
         moved = self._key_moved(copy, found, table)
         if moved or self._missed(copy, read, table) or self._standbys_lack(copy, read, table):
             return None
-        last = copy.chunk_after(rows) if rows.num_rows else None
+        last = keys.last
         copy.mark = copy.mark.next(self.stream.position, rows.num_rows)
         batch = copy.chunk_batch(schema, rows, copy.mark, datetime.now(UTC))
         copy.will_write(last)
@@ -352,7 +381,7 @@ class ChunkedCopies:
 
     def _copy_on_destination(
         self, copier: ChunkCopier, copy: IncrementalCopy, table: PublishedTable, chunk: KeyChunk
-    ) -> tuple[int, int | None, bool] | None:
+    ) -> tuple[int, KeyValue | None, bool] | None:
         """Plan the chunk and have the destination read and write it (``ChunkCopier``): as ``_copy_here``."""
         ctx, schema = self.ctx, self.ctx.schemas.current(copy.table_id)
         parts = ctx.config.copy_.connections
@@ -454,14 +483,26 @@ class ChunkedCopies:
 
 def check_backfill(conn: psycopg.Connection[Any], table: PublishedTable, where: str) -> int:
     """The planner's estimate of the rows a backfill of ``table`` with ``where`` copies; ``EtlError`` saying why
-    there can be none (no one-column integer key to order its chunks by, a predicate the table cannot take)."""
+    there can be none (no key to order its chunks by: ``chunk_key``; a predicate the table cannot take)."""
     schema = table_schema(conn, table.id, table.column_list)
-    if incremental_key(schema, table.partitioned) is None:
+    key, why = chunk_key(conn, schema, table)
+    if key is None:
         raise EtlError(
-            f"--where needs a table with a one-column integer primary key to copy in chunks; {table.name} has none",
+            f"--where needs a table with a key to copy its rows in chunks by; {table.name}: {why}",
             hint=f"copy the whole table again instead: etl resync --table {table.name}",
         )
     return predicate_rows(conn, table.name, where)
+
+
+def chunk_key(
+    conn: psycopg.Connection[Any], schema: TableSchema, table: PublishedTable
+) -> tuple[tuple[str, ...] | None, str]:
+    """The columns an incremental copy of ``table`` orders its chunks by (``incremental_key``, in its index's order:
+    ``key_index_order``), or ``None`` and why it has none, in words."""
+    key = incremental_key(schema, table.partitioned)
+    if table.partitioned:
+        return None, "it is published through its partition root"
+    return key_index_order(conn, table.id, key or ())
 
 
 def _snapshot(conn: psycopg.Connection[Any]) -> XidSnapshot:

@@ -12,9 +12,11 @@ waiting, before the first chunk, until the transactions running when the copy be
 snapshot's ``xip`` and the transactions ``pg_stat_activity`` and ``pg_prepared_xacts`` show at or above its
 ``xmax``, which a snapshot cannot list).
 
-The key is one integer column (``incremental_key``): its order in Postgres and in Arrow is the same, so the stream's
-changes are compared with the last key copied in Arrow. An update that moves a row from a copied key to one not
-yet copied becomes a delete of the copied key (the new key's chunk brings the row).
+The key is the table's replica identity key, of any columns and types (``incremental_key``), chunked in the order of
+its index. Whether a streamed change's key is copied yet is asked of ``KeyOrder``: the source compares it with the
+last key copied (``etl.postgres.key_order``: under the columns' collations), but for a one-column integer key, whose
+order is the same in Arrow (``IntegerKeyOrder``). An update that moves a row from a copied key to one not yet
+copied becomes a delete of the copied key (the new key's chunk brings the row).
 
 A run can die after its destination made a chunk durable and before the store recorded the chunk's last key. The
 next run reads that chunk again, but the destination may still hold rows of it that the source has deleted, or moved
@@ -31,10 +33,10 @@ are, so a change committed after a chunk's read is applied after the chunk. This
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -52,12 +54,13 @@ from etl.events import (
     Event,
     EventBatch,
     InsertEvent,
-    RelationEvent,
     TableChanges,
+    TruncateEvent,
     UpdateEvent,
 )
 from etl.lsn import Lsn
 from etl.postgres.codecs import python_values
+from etl.postgres.key_sql import KeyValue, parse_key
 from etl.postgres.xid_snapshot import XidSnapshot
 from etl.replication.segment import change_schema
 from etl.schema import TableId, TableSchema
@@ -78,13 +81,47 @@ def table_key(schema: TableSchema) -> ChunkKey:
     return tuple((c.name, c.type_oid) for c in schema.key_columns)
 
 
-def incremental_key(schema: TableSchema, partitioned: bool) -> str | None:
-    """The column an incremental copy of the table orders by: its one-column integer key; ``None`` when it has
-    none (or is published through its partition root), and a snapshot copy it gets instead."""
+def incremental_key(schema: TableSchema, partitioned: bool) -> tuple[str, ...] | None:
+    """The columns an incremental copy of the table orders by: its replica identity key (of any columns and types);
+    ``None`` when it has none (or is published through its partition root), and a snapshot copy it gets instead."""
     keys = schema.key_columns
-    if partitioned or len(keys) != 1 or keys[0].type_oid not in INTEGER_KEY_TYPES:
+    if partitioned or not keys:
         return None
-    return keys[0].name
+    return tuple(c.name for c in keys)
+
+
+class KeyOrder(Protocol):
+    """How a table's key orders, as the source orders it."""
+
+    def at_most(self, keys: Sequence[pa.Array | pa.ChunkedArray], bound: KeyValue) -> np.ndarray:
+        """Which rows of ``keys`` (one array per key column) are at most ``bound``; a row with a null: not."""
+        ...
+
+    def not_after(self, value: KeyValue, bound: KeyValue) -> bool:
+        """Whether ``value`` is at most ``bound``."""
+        ...
+
+
+@dataclass(frozen=True)
+class IntegerKeyOrder:
+    """A one-column integer key's order, in Arrow: the same as the source's."""
+
+    def at_most(self, keys: Sequence[pa.Array | pa.ChunkedArray], bound: KeyValue) -> np.ndarray:
+        found: np.ndarray = pc.fill_null(pc.less_equal(keys[0], int(bound[0])), False).to_numpy(zero_copy_only=False)
+        return found
+
+    def not_after(self, value: KeyValue, bound: KeyValue) -> bool:
+        return int(value[0]) <= int(bound[0])
+
+
+def integer_key(schema: TableSchema) -> bool:
+    """Whether the table's key is one integer column (``IntegerKeyOrder`` orders it)."""
+    keys = schema.key_columns
+    return len(keys) == 1 and keys[0].type_oid in INTEGER_KEY_TYPES
+
+
+DROP, KEEP, AS_DELETE, AS_UPDATE = 0, 1, 2, 3
+"""What a copy does with each of the stream's changes to its table (``IncrementalCopy.filtered``)."""
 
 
 @dataclass(frozen=True)
@@ -110,9 +147,9 @@ class ChunkMark:
 
     def to_json(
         self,
-        after: int | None,
+        after: KeyValue | None,
         where: str | None = None,
-        upto: int | None = None,
+        upto: KeyValue | None = None,
         read_before: Lsn = Lsn.ZERO,
         *,
         key: ChunkKey = (),
@@ -120,11 +157,11 @@ class ChunkMark:
     ) -> str:
         return json.dumps(
             {
-                "after": after,
+                "after": None if after is None else list(after),
                 "position": str(self.position),
                 "ordinal": self.ordinal,
                 "where": where,
-                "upto": upto,
+                "upto": None if upto is None else list(upto),
                 "read_before": str(read_before),
                 "key": [list(column) for column in key],
                 "note": note,
@@ -143,16 +180,17 @@ class ChunkMark:
         mark = cls(Lsn.parse(obj["position"]), int(obj["ordinal"]))
         read_before = Lsn.parse(obj.get("read_before") or "0/0")
         key = tuple((str(name), int(type_oid)) for name, type_oid in obj.get("key") or ())
-        return Recorded(obj["after"], mark, obj.get("where"), obj.get("upto"), read_before, key, obj.get("note"))
+        after, upto = (None if obj.get(name) is None else parse_key(obj[name]) for name in ("after", "upto"))
+        return Recorded(after, mark, obj.get("where"), upto, read_before, key, obj.get("note"))
 
 
 class Recorded(NamedTuple):
     """An incremental copy's position as the store holds it (``ChunkMark.to_json``); see ``IncrementalCopy``."""
 
-    after: int | None
+    after: KeyValue | None
     mark: ChunkMark
     where: str | None
-    upto: int | None
+    upto: KeyValue | None
     read_before: Lsn
     key: ChunkKey = ()
     """The table's key the copy orders by (``table_key``); ``()``: not recorded (by an earlier release)."""
@@ -170,10 +208,11 @@ class IncrementalCopy:
     """One table's incremental copy as the apply worker drives it."""
 
     table_id: TableId
-    key: str
+    key: tuple[str, ...]
+    """The key's columns, in the order of its index (``etl.postgres.key_order.key_index_order``)."""
     table_key: ChunkKey
     """The table's key when the copy began (``table_key``); a chunk that finds another starts the copy again."""
-    after: int | None
+    after: KeyValue | None
     """The last key copied; ``None`` before the first chunk."""
     rows: int
     """Rows copied so far, over every run."""
@@ -182,6 +221,8 @@ class IncrementalCopy:
     barrier: frozenset[int] | None
     """The transactions (64-bit ids) running when this run took the copy on, of those not seen ended since; the first
     chunk waits until they have ended."""
+    order: KeyOrder
+    """How the key orders (the source's order)."""
     streamed: set[int] = field(default_factory=set)
     """Transactions the stream delivered since the last chunk read (``misses``)."""
     where: str | None = None
@@ -191,7 +232,7 @@ class IncrementalCopy:
     """Rows the copy is expected to take, as recorded when it began (for ``etl status``)."""
     started_at: datetime | None = None
     """When the copy began, over every run; ``None``: now."""
-    upto: int | None = None
+    upto: KeyValue | None = None
     """The last key a chunk written, or about to be, may have put into the destination (see the module); keys after
     ``after`` up to it are neither copied nor surely absent there."""
     read_before: Lsn = Lsn.ZERO
@@ -219,113 +260,95 @@ class IncrementalCopy:
         ``after`` that a run which died may have written (``upto``)."""
         return self.where is None and self._upto == self.after
 
-    def will_write(self, last: int | None) -> None:
+    def will_write(self, last: KeyValue | None) -> None:
         """Before a chunk whose last key is ``last`` (``None``: an empty one) is written and recorded as written:
         ``upto`` at least that key."""
-        if last is not None:
-            self.upto = last if self.upto is None else max(self.upto, last)
-
-    def chunk_after(self, rows: pa.Table) -> int | None:
-        """The last key of a chunk's rows (they are in key order); ``after`` for an empty chunk."""
-        return int(rows.column(self.key)[-1].as_py()) if rows.num_rows else self.after
+        if last is not None and (self.upto is None or self.order.not_after(self.upto, last)):
+            self.upto = last
 
     # -- the stream's changes ----------------------------------------------------------------------------------
     def filtered(self, batch: EventBatch) -> EventBatch:
         """``batch`` without the changes to keys not copied yet (updates from a copied key to one not yet copied
-        become deletes of the copied key), in its Arrow changes and its events alike; a backfill's all of it."""
+        become deletes of the copied key), in its Arrow changes and its events alike; a backfill's all of it. The
+        events take what the Arrow changes decided, row for row (``DROP`` ... ``AS_UPDATE``)."""
         segments = batch.changes.get(self.table_id)
         if not segments:
             return batch
         changes = dict(batch.changes)
-        changes[self.table_id] = [self._filtered_segment(s) for s in segments]
-        source = batch.events
-        first = self._key_index(segments[0].schema)
+        decided = [self._decide(s) for s in segments]
+        changes[self.table_id] = [_filtered_segment(s, d) for s, d in zip(segments, decided, strict=True)]
+        decisions = np.concatenate(decided)
+        source, table_id = batch.events, self.table_id
 
         def events() -> Iterator[Event]:
-            index = first
+            row = 0
             for event in source():
-                if isinstance(event, RelationEvent) and event.schema.id == self.table_id:
-                    index = self._key_index(event.schema)  # the key's place in the rows that follow
-                kept = self._filtered_event(event, index)
-                if kept is not None:
-                    yield kept
+                if isinstance(event, TruncateEvent) and table_id in event.table_ids:
+                    row += 1  # its row in the table's changes: kept
+                elif isinstance(event, InsertEvent | UpdateEvent | DeleteEvent) and event.table_id == table_id:
+                    decision, row = decisions[row], row + 1
+                    if decision != DROP:
+                        yield _decided_event(event, decision)
+                    continue
+                yield event
 
         return replace(batch, changes=changes, _events=events)
 
-    def _key_index(self, schema: TableSchema) -> int:
-        """The key column's place in ``schema``; a ``TableError`` when a schema change took it away (renamed or
-        dropped): the copy cannot tell copied keys from others any more, and starts again."""
+    def _key_columns(self, schema: TableSchema) -> None:
+        """A ``TableError`` when a schema change took a key column away (renamed or dropped): the copy cannot tell
+        copied keys from others any more, and starts again."""
         names = schema.column_names
-        if self.key not in names:
+        missing = [k for k in self.key if k not in names]
+        if missing:
             raise TableError(
-                f"{schema.name}: its key column {self.key} was renamed or dropped during its incremental copy",
+                f"{schema.name}: its key column {missing[0]} was renamed or dropped during its incremental copy",
                 hint="the table is copied again from its first row",
                 table_id=self.table_id,
                 transient=True,
             )
-        return names.index(self.key)
 
-    def _filtered_segment(self, segment: TableChanges) -> TableChanges:
+    def _decide(self, segment: TableChanges) -> np.ndarray:
+        """What becomes of each change of ``segment`` (``DROP`` ... ``AS_UPDATE``)."""
+        self._key_columns(segment.schema)
         table = segment.table
-        self._key_index(segment.schema)
-        keys, old_keys = table.column(self.key), pc.struct_field(table.column(OLD_COLUMN), self.key)
-        no_old = pc.is_null(old_keys).to_numpy(zero_copy_only=False)
+        old = table.column(OLD_COLUMN)
+        keys = [table.column(k) for k in self.key]
+        old_keys = [pc.struct_field(old, k) for k in self.key]
+        no_old = pc.is_null(old).to_numpy(zero_copy_only=False)
         new = self._at_most(keys, self.after)
-        old = np.where(no_old, self._at_most(keys, self._upto), self._at_most(old_keys, self._upto))
+        upto = self._upto
+        own = new if upto == self.after else self._at_most(keys, upto)
+        moved = self._at_most(old_keys, upto) if not no_old.all() else np.zeros(len(no_old), np.bool_)
         # A change to a key not copied yet whose old key is copied, or may be in the destination, is a delete there.
-        as_deletes = ~new & old
+        as_deletes = ~new & np.where(no_old, own, moved)
         op = table.column(OP_COLUMN)
-        keep = pc.equal(op, "T").to_numpy(zero_copy_only=False) | new | as_deletes
-        if as_deletes.any():
-            table = _as_deletes(table, pa.array(as_deletes))
+        truncates = pc.equal(op, "T").to_numpy(zero_copy_only=False)
         seen = pc.less(table.column(COMMIT_LSN_COLUMN), int(self.read_before)).to_numpy(zero_copy_only=False)
-        upserts = seen & pc.equal(table.column(OP_COLUMN), "I").to_numpy(zero_copy_only=False) & keep
-        if upserts.any():  # the insert of a row a chunk may hold
-            table = table.set_column(
-                table.column_names.index(OP_COLUMN),
-                OP_COLUMN,
-                pc.if_else(pa.array(upserts), "U", table.column(OP_COLUMN)),
-            )
-        return TableChanges(segment.schema, table.filter(pa.array(keep)))
+        inserts = pc.equal(op, "I").to_numpy(zero_copy_only=False)
+        decisions = np.full(table.num_rows, DROP, np.int8)
+        decisions[truncates | new] = KEEP
+        decisions[new & seen & inserts] = AS_UPDATE  # the insert of a row a chunk may hold
+        decisions[as_deletes] = AS_DELETE
+        return decisions
 
     @property
-    def _upto(self) -> int | None:
+    def _upto(self) -> KeyValue | None:
         """The last key that may be in the destination: ``upto`` until the chunks pass it, then ``after``."""
-        known = [key for key in (self.after, self.upto) if key is not None]
-        return max(known) if known else None
+        if self.upto is None or self.after is None:
+            return self.after if self.upto is None else self.upto
+        return self.after if self.order.not_after(self.upto, self.after) else self.upto
 
-    def _at_most(self, keys: pa.ChunkedArray | pa.Array, last: int | None) -> np.ndarray:
+    def _at_most(self, keys: Sequence[pa.Array | pa.ChunkedArray], last: KeyValue | None) -> np.ndarray:
         """Which of ``keys`` are at most ``last`` (``None``: none are; a null key, as in a truncate's row: no); of a
         backfill's, or a finished copy's, every key."""
         if self.where is not None or self.finished:
-            every: np.ndarray = pc.is_valid(keys).to_numpy(zero_copy_only=False)
+            every = np.ones(len(keys[0]), np.bool_)
+            for column in keys:
+                every &= pc.is_valid(column).to_numpy(zero_copy_only=False)
             return every
         if last is None:
-            return np.zeros(len(keys), np.bool_)
-        at_most: np.ndarray = pc.fill_null(pc.less_equal(keys, last), False).to_numpy(zero_copy_only=False)
-        return at_most
-
-    def _filtered_event(self, event: Event, index: int) -> Event | None:
-        if not isinstance(event, InsertEvent | UpdateEvent | DeleteEvent) or event.table_id != self.table_id:
-            return event
-        row = event.old_row if isinstance(event, DeleteEvent) else event.row
-        if self._is_at_most(row[index], self.after):
-            if isinstance(event, InsertEvent) and event.commit_lsn < self.read_before:  # as in _filtered_segment
-                return UpdateEvent(event.start_lsn, event.commit_lsn, event.tx_ordinal, self.table_id, row, None, False)
-            return event
-        old, old_is_key = row, True  # a row's own key identifies it; its other values may be MISSING
-        if isinstance(event, UpdateEvent) and event.old_row is not None:
-            old, old_is_key = event.old_row, event.old_is_key
-        elif isinstance(event, DeleteEvent):
-            old_is_key = event.old_is_key
-        if not self._is_at_most(old[index], self._upto):
-            return None
-        return DeleteEvent(event.start_lsn, event.commit_lsn, event.tx_ordinal, self.table_id, old, old_is_key)
-
-    def _is_at_most(self, key: object, last: int | None) -> bool:
-        if self.where is not None or self.finished:
-            return isinstance(key, int)
-        return last is not None and isinstance(key, int) and key <= last
+            return np.zeros(len(keys[0]), np.bool_)
+        return self.order.at_most(keys, last)
 
     # -- a chunk as a batch ------------------------------------------------------------------------------------
     def chunk_batch(self, schema: TableSchema, rows: pa.Table, mark: ChunkMark, now: datetime) -> EventBatch:
@@ -335,7 +358,11 @@ class IncrementalCopy:
         it moves no progress."""
         n = rows.num_rows
         position, first = mark.position, mark.ordinal - n + 1
-        written = self._at_most(rows.column(self.key), self._upto)  # of a backfill's: all
+        upto = self._upto
+        if self.where is None and upto == self.after:  # no key of it was written before
+            written = np.zeros(n, np.bool_)
+        else:  # of a backfill's: all
+            written = self._at_most([rows.column(k) for k in self.key], upto)
         table = rows.append_column(OP_COLUMN, pa.array(np.where(written, "U", "I"), pa.string()))
         table = table.append_column(COMMIT_LSN_COLUMN, pa.array(np.full(n, int(position), np.uint64)))
         ordinals = np.arange(first, first + n, dtype=np.int64)
@@ -363,6 +390,35 @@ def _rows(
                 yield InsertEvent(position, position, ordinal, table_id, tuple(row))
 
     return events
+
+
+def _filtered_segment(segment: TableChanges, decisions: np.ndarray) -> TableChanges:
+    """``segment`` as ``decisions`` say (``IncrementalCopy._decide``)."""
+    table = segment.table
+    as_deletes = decisions == AS_DELETE
+    if as_deletes.any():
+        table = _as_deletes(table, pa.array(as_deletes))
+    as_updates = decisions == AS_UPDATE
+    if as_updates.any():
+        op = table.column_names.index(OP_COLUMN)
+        table = table.set_column(op, OP_COLUMN, pc.if_else(pa.array(as_updates), "U", table.column(OP_COLUMN)))
+    return TableChanges(segment.schema, table.filter(pa.array(decisions != DROP)))
+
+
+def _decided_event(event: InsertEvent | UpdateEvent | DeleteEvent, decision: int) -> Event:
+    """``event`` as ``decision`` says (not ``DROP``), as ``_filtered_segment`` makes its row."""
+    if decision == KEEP:
+        return event
+    if decision == AS_UPDATE:
+        assert isinstance(event, InsertEvent)
+        return UpdateEvent(event.start_lsn, event.commit_lsn, event.tx_ordinal, event.table_id, event.row, None, False)
+    row = event.old_row if isinstance(event, DeleteEvent) else event.row
+    old, old_is_key = row, True  # a row's own key identifies it; its other values may be MISSING
+    if isinstance(event, UpdateEvent) and event.old_row is not None:
+        old, old_is_key = event.old_row, event.old_is_key
+    elif isinstance(event, DeleteEvent):
+        old_is_key = event.old_is_key
+    return DeleteEvent(event.start_lsn, event.commit_lsn, event.tx_ordinal, event.table_id, old, old_is_key)
 
 
 def _as_deletes(table: pa.Table, rows: pa.Array) -> pa.Table:
