@@ -20,10 +20,10 @@ import pyarrow.compute as pc
 from psycopg.adapt import PyFormat, Transformer
 
 from etl.config import PostgresConnection
-from etl.errors import TableError, TransientError
+from etl.errors import TransientError
 from etl.postgres.codecs import python_values
 from etl.postgres.connection import connect
-from etl.postgres.key_sql import KeyValue
+from etl.postgres.key_sql import KeyValue, key_column_gone
 from etl.schema import TableId, quote_ident
 
 _COLUMNS = """
@@ -132,12 +132,8 @@ class SourceKeyOrder:
             found = {name: (t, c) for name, t, c in self.comparisons.run(_COLUMNS, [self.table_id])}
             missing = [c for c in self.columns if c not in found]
             if missing:
-                raise TableError(
-                    f"the key column {quote_ident(missing[0])} of table oid {self.table_id} is gone from the source",
-                    hint="the table is copied again from its first row",
-                    table_id=self.table_id,
-                    transient=True,
-                )
+                gone = f"the key column {quote_ident(missing[0])} of table oid {self.table_id} is gone from the source"
+                raise key_column_gone(self.table_id, gone)
             self._types = [found[c] for c in self.columns]
         return self._types
 

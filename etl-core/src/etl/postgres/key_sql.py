@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Final, TypeAlias
 
-from etl.schema import quote_ident, quote_literal
+from etl.errors import TableError
+from etl.schema import TableId, quote_ident, quote_literal
 
 KeyValue: TypeAlias = tuple[str, ...]
 """A value of a table's key as an incremental copy records it: each key column's value in Postgres's text form,
@@ -37,3 +38,8 @@ def parse_key(value: object) -> KeyValue:
     if isinstance(value, list):
         return tuple(str(v) for v in value)
     return (str(int(value)),)  # type: ignore[call-overload]
+
+
+def key_column_gone(table_id: TableId, what: str) -> TableError:
+    """The error of an incremental copy whose key column ``what`` says is gone: the table is copied again."""
+    return TableError(what, hint="the table is copied again from its first row", table_id=table_id, transient=True)

@@ -42,7 +42,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etl.errors import TableError
 from etl.events import (
     COMMIT_LSN_COLUMN,
     MISSING_COLUMN,
@@ -60,7 +59,7 @@ from etl.events import (
 )
 from etl.lsn import Lsn
 from etl.postgres.codecs import python_values
-from etl.postgres.key_sql import KeyValue, parse_key
+from etl.postgres.key_sql import KeyValue, key_column_gone, parse_key
 from etl.postgres.xid_snapshot import XidSnapshot
 from etl.replication.segment import change_schema
 from etl.schema import TableId, TableSchema
@@ -300,12 +299,8 @@ class IncrementalCopy:
         names = schema.column_names
         missing = [k for k in self.key if k not in names]
         if missing:
-            raise TableError(
-                f"{schema.name}: its key column {missing[0]} was renamed or dropped during its incremental copy",
-                hint="the table is copied again from its first row",
-                table_id=self.table_id,
-                transient=True,
-            )
+            gone = f"{schema.name}: its key column {missing[0]} was renamed or dropped during its incremental copy"
+            raise key_column_gone(self.table_id, gone)
 
     def _decide(self, segment: TableChanges) -> np.ndarray:
         """What becomes of each change of ``segment`` (``DROP`` ... ``AS_UPDATE``)."""
