@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import pytest
 
 from etl.destination.memory import MemoryDestination
+from etl.errors import TableError
 from etl.events import (
     OLD_IS_KEY_COLUMN,
     OP_COLUMN,
@@ -258,3 +259,15 @@ def test_the_next_transaction_after_a_chunk_is_applied_though_it_commits_where_t
     b = BatchBuilder(lsn=int(ended) - 0x100)  # its next transaction commits at exactly 0x1101
     destination.write_events(b.commit().update(BIG, {"id": 1, "v": "changed after"}).commit().build())
     assert destination.rows("public.big") == [{"id": 1, "v": "changed after"}]
+
+
+def test_a_key_column_renamed_during_the_copy_starts_it_again() -> None:
+    """A batch whose table lost a key column (renamed, say): the copy cannot tell copied keys from others, and the
+    table errors with a transient error, to be copied again from its first row."""
+    renamed = TableSchema(BIG.id, BIG.name, (ColumnSchema("ident", 20, primary_key=True), ColumnSchema("v", 25)))
+    b = BatchBuilder().commit().insert(renamed, {"ident": 5, "v": "renamed"}).commit().build()
+    copy = IncrementalCopy(BIG.id, ("id",), KEY, after=("10",), rows=10, mark=NO_MARK, barrier=None, order=ORDER)
+    with pytest.raises(TableError, match="its key column id was renamed or dropped") as raised:
+        copy.filtered(b)
+    assert raised.value.transient and raised.value.table_id == BIG.id
+    assert "copied again from its first row" in (raised.value.hint or "")
