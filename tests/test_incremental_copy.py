@@ -109,9 +109,10 @@ def test_an_incremental_copy_under_a_workload_equals_the_source(source: TestData
 def test_a_key_of_collated_text_and_uuid_copies_in_chunks_under_a_workload(
     pg_database: TestDatabase, tmp_path: Path
 ) -> None:
-    """A key of (text under ICU's root collation, uuid): the chunks walk its index in the source's order, and the
-    source tells which of the stream's changes are to keys copied, being copied or not copied yet (keys moved both
-    ways across the copy's position): the copy equals the source, though the bytes' order is not the key's."""
+    """A key of (text under a collation whose order is not the bytes', where the server has one; uuid): the chunks
+    walk its index in the source's order, and the source tells which of the stream's changes are to keys copied,
+    being copied or not copied yet (keys moved both ways across the copy's position): the copy equals the
+    source."""
     db = pg_database
     create_keyed_items(db, ROWS)
     db.execute("ANALYZE items; CREATE PUBLICATION pub FOR TABLE items, ledger")
@@ -152,29 +153,65 @@ def test_a_stopped_copy_goes_on_from_its_last_chunk(source: TestDatabase, tmp_pa
         second.shutdown()
 
 
-def test_the_copy_holds_back_no_vacuum(source: TestDatabase, tmp_path: Path) -> None:
-    """While the copy runs, no connection of the pipeline keeps a snapshot older than a chunk's read: a
-    transaction committed before two chunks are read is older than every pipeline backend's xmin (a snapshot
-    copy holds one snapshot, and with it the source's xmin horizon, for the whole table)."""
-    destination = MemoryDestination()
-    pipeline = start(source, destination, tmp_path / "state.sqlite", chunk_rows=100)
+def memory_sink(tmp_path: Path) -> tuple[dict[str, Any] | None, Callable[[], None]]:
+    return None, lambda: None
+
+
+def ducklake_on_a_cluster(tmp_path: Path) -> tuple[dict[str, Any] | None, Callable[[], None]]:
+    if running_master() is not None:
+        stop_spark()
+    lake = {"type": "ducklake", "catalog": f"sqlite:///{tmp_path}/catalog.sqlite", "data_path": f"{tmp_path}/data/"}
+    spark = {"master": "local-cluster[2,1,1024]", "conf": {"spark.sql.shuffle.partitions": "2"}}
+    return lake | {"spark": spark, "driver_copy_max_bytes": 0}, stop_spark  # every chunk by Spark tasks
+
+
+@pytest.mark.parametrize(
+    "sink",
+    [
+        pytest.param(memory_sink, id="memory"),
+        pytest.param(
+            ducklake_on_a_cluster,
+            id="ducklake",
+            marks=[pytest.mark.slow, pytest.mark.xdist_group("local-cluster"), pytest.mark.first_major],
+        ),
+    ],
+)
+def test_the_copy_holds_back_no_vacuum(
+    source: TestDatabase,
+    tmp_path: Path,
+    sink: Callable[[Path], tuple[dict[str, Any] | None, Callable[[], None]]],
+) -> None:
+    """While the copy runs, no backend of the source database keeps a snapshot older than a chunk's read: a
+    transaction committed before two chunks are read is older than every backend's xmin, whoever opened it (the
+    engine, or Spark's tasks reading DuckLake's chunks on executors of their own; a snapshot copy holds one
+    snapshot, and with it the source's xmin horizon, for the whole table)."""
+    lake, stop = sink(tmp_path)
+    into = {} if lake is None else {"destination": lake}
+    config = pipeline_config(source, copy={"method": "incremental", "chunk_rows": 100}, **into)
+    store = SqliteStore(tmp_path / "state.sqlite", pipeline_id=1)
+    pipeline = Pipeline(config, store, MemoryDestination() if lake is None else build_destination(config, store, "t"))
+    pipeline.start()
     checked = 0
     try:
         while table_states(pipeline).get(oid(source, "big")) is not TableStateKind.READY:
             before = copied_rows(pipeline, "public.big")
             committed = int(source.execute("SELECT txid_current()")[0][0])
-            wait_until(lambda b=before: copied_rows(pipeline, "public.big") >= b + 200, "two chunks", pipeline)
+            wait_until(
+                lambda b=before: copied_rows(pipeline, "public.big") >= b + 200, "two chunks", pipeline, timeout=120
+            )
             held = source.execute(
-                "SELECT pid, backend_xmin::text FROM pg_stat_activity WHERE application_name = 'etl'"
-                " AND backend_xmin IS NOT NULL AND age(backend_xmin) >= age(%s::text::xid)",
+                "SELECT pid, application_name, state, query, backend_xmin::text FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL"
+                " AND age(backend_xmin) >= age(%s::text::xid)",
                 (str(committed % 2**32),),
             )
-            assert held == [], f"backends of the pipeline hold snapshots from before xid {committed}: {held}"
+            assert held == [], f"backends hold snapshots from before xid {committed}: {held}"
             checked += 1
             if checked == 5:
                 break
     finally:
         pipeline.shutdown()
+        stop()
     assert checked == 5, "the copy ended before it was checked five times; make the table bigger"
 
 
@@ -415,14 +452,14 @@ TENANTS = ("a", "B", "b", "A", "é", "e", "ab", "Ab")
 
 
 def create_keyed_items(db: TestDatabase, rows: int = MILLIONS) -> None:
-    """``items`` of ``rows`` rows keyed by (tenant text under ICU's root collation, uid uuid), its key's index
-    the copy's order, and a unique ``id`` beside it that the test compares by; ``ledger`` of 2,000 rows."""
+    """``items`` of ``rows`` rows keyed by (tenant text under ``TestDatabase.text_collation``, uid uuid), its key's
+    index the copy's order, and a unique ``id`` beside it that the test compares by; ``ledger`` of 2,000 rows."""
     db.execute(
         f"""
         CREATE TABLE ledger (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, item bigint, delta int);
         INSERT INTO ledger (item, delta) SELECT g % 1000, g % 7 - 3 FROM generate_series(1, 2000) g;
         CREATE TABLE items (
-            tenant text COLLATE "und-x-icu", uid uuid, id bigint NOT NULL UNIQUE, name text, qty int,
+            tenant text COLLATE {db.text_collation()}, uid uuid, id bigint NOT NULL UNIQUE, name text, qty int,
             updated timestamptz, PRIMARY KEY (tenant, uid));
         INSERT INTO items SELECT (ARRAY{list(TENANTS)!r})[1 + g % {len(TENANTS)}], md5(g::text)::uuid, g,
             'item ' || g, g % 100, timestamptz '2026-01-01 00:00+00' + g * interval '1 s'

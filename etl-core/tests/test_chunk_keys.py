@@ -18,15 +18,17 @@ from etl.schema import TableSchema
 from etl.testing.pytest_plugin import TestDatabase
 
 TENANTS = ["a", "B", "b", "A", "é", "e", "ab", "Ab", "z", "ä"]
-"""Under ICU's root collation: a < A < ab < Ab < ä < b < B < e < é < z; bytewise: A < Ab < B < a < ab < b < ..."""
+"""Under ICU's root collation (or en_US): a < A < ab < Ab < ä < b < B < e < é < z; bytewise: A < Ab < B < a < ab <
+b < ..."""
 
 
 def keyed_table(db: TestDatabase, rows: int) -> TableSchema:
-    """``t``: a primary key of (tenant text under ICU's root collation, id uuid), declared in that order but
-    holding the columns the other way round, and a mood enum beside them."""
+    """``t``: a primary key of (tenant text under ``TestDatabase.text_collation``, id uuid), declared in that order
+    but holding the columns the other way round, and a mood enum beside them."""
     db.execute(
         "CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');"
-        ' CREATE TABLE t (id uuid, v text, tenant text COLLATE "und-x-icu", m mood, PRIMARY KEY (tenant, id));'
+        f" CREATE TABLE t (id uuid, v text, tenant text COLLATE {db.text_collation()}, m mood,"
+        " PRIMARY KEY (tenant, id));"
         f" INSERT INTO t SELECT md5(g::text)::uuid, 'v' || g, (ARRAY{TENANTS!r})[1 + g % {len(TENANTS)}],"
         f" (ARRAY['sad', 'ok', 'happy'])[1 + g % 3]::mood FROM generate_series(1, {rows}) g;"
         " CREATE PUBLICATION pub FOR TABLE t"
@@ -90,7 +92,7 @@ def test_a_backfill_chunk_of_a_composite_key_is_bounded_by_the_tables_rows(pg_da
 @pytest.mark.parametrize(
     ("ddl", "values", "bound"),
     [
-        ('k text COLLATE "und-x-icu"', ["a", "B", "b", "A", "ä", "z", None], "b"),
+        ("k text COLLATE {collation}", ["a", "B", "b", "A", "ä", "z", None], "b"),
         ("k mood", ["sad", "happy", "ok", None], "ok"),
         ("k numeric", ["1.5", "-2", "10", "NaN", "1.50"], "1.50"),
         ("k timestamptz", ["2026-01-01 00:00:00+00", "2025-01-01 10:00:00+00", "infinity", "-infinity"], "2025-06-01"),
@@ -104,6 +106,7 @@ def test_the_source_compares_the_streams_keys_under_its_own_order(
     """What ``at_most`` says of each key, decoded as the stream decodes it, is what ``<=`` in the source says of
     it, under the column's collation; a null key is never copied."""
     db = pg_database
+    ddl = ddl.format(collation=db.text_collation())
     db.execute(f"CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy'); CREATE TABLE k ({ddl} PRIMARY KEY)")
     with connect(db.connection()) as conn:
         table_id = int(conn.execute("SELECT 'public.k'::regclass::oid").fetchall()[0][0])
@@ -111,7 +114,7 @@ def test_the_source_compares_the_streams_keys_under_its_own_order(
     type_name = db.execute(
         "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 'k'::regclass AND attname = 'k'"
     )[0][0]
-    collate = ' COLLATE "und-x-icu"' if "COLLATE" in ddl else ""
+    collate = f" COLLATE {db.text_collation()}" if "COLLATE" in ddl else ""
     comparisons = SourceComparisons(db.connection())
     try:
         order = SourceKeyOrder(comparisons, table_id, ("k",))

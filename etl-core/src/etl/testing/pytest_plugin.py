@@ -23,6 +23,7 @@ import pytest
 
 from etl.config import PostgresConnection
 from etl.demo_postgres import find_install, find_installs
+from etl.schema import quote_ident
 from etl.testing.clusters import TemporaryCluster
 
 _counter = itertools.count()
@@ -183,6 +184,16 @@ class TestDatabase:
         none)."""
         cur = self.kept_connection().execute(sql, params)
         return cur.fetchall() if cur.description else []
+
+    def text_collation(self) -> str:
+        """A text collation whose order is not the bytes' where the server has one: ICU's root (``und-x-icu``),
+        else a libc locale's; else ``C`` (a server built without ICU, on a machine without locales, has no
+        other). Quoted, for ``COLLATE``."""
+        found = self.execute(
+            "SELECT collname FROM pg_collation WHERE collname IN ('und-x-icu', 'en_US.utf8', 'en_US.UTF-8')"
+            " AND collencoding IN (-1, pg_char_to_encoding('UTF8')) ORDER BY collprovider DESC LIMIT 1"
+        )
+        return quote_ident(found[0][0]) if found else '"C"'
 
 
 @pytest.fixture
