@@ -24,6 +24,7 @@ from etl.events import (
 )
 from etl.lsn import Lsn
 from etl.postgres.copy_session import KeyChunk
+from etl.postgres.key_sql import integer_key
 from etl.postgres.xid_snapshot import XidSnapshot, running_xids
 from etl.replication.incremental import (
     CHUNK_ORDINAL_BASE,
@@ -33,7 +34,6 @@ from etl.replication.incremental import (
     IntegerKeyOrder,
     Recorded,
     incremental_key,
-    integer_key,
     table_key,
 )
 from etl.schema import ColumnSchema, TableName, TableSchema

@@ -33,6 +33,7 @@ from etl.postgres.copy_session import (
     check_columns,
     put_unless_halted,
 )
+from etl.postgres.key_sql import integer_key
 from etl.postgres.waiting import POLL
 from etl.schema import TableName, TableSchema, quote_literal
 
@@ -67,12 +68,15 @@ def copy_chunk(
         chunk = _bounded(session, source, chunk, "read a chunk")
         step = chunk.limit // max(1, connections)
         split = connections > 1 and step >= MIN_PART_ROWS
-        query = chunk.split_query(source, row_filter, step if split else max(1, chunk.limit))
-        keys = ChunkKeys.parse(session.scalar(query, "read a chunk's keys"))
-        parts = chunk.split(keys.bounds, step) if split else [chunk]
-        if len(parts) == 1:
+        keys = None
+        if split or not integer_key(schema):  # an integer key's last value is read off the rows: no extra scan
+            query = chunk.split_query(source, row_filter, step if split else max(1, chunk.limit))
+            keys = ChunkKeys.parse(session.scalar(query, "read a chunk's keys"))
+        parts = chunk.split(keys.bounds, step) if keys is not None and split else [chunk]
+        if keys is None or len(parts) == 1:
             batches = list(session.copy(schema, source, None, row_filter, max(1, chunk.limit), key_chunk=chunk))
-            return snapshot, table, pa.Table.from_batches(batches, schema=output), keys, chunk
+            rows = pa.Table.from_batches(batches, schema=output)
+            return snapshot, table, rows, keys or ChunkKeys.of_integer_rows(rows, chunk.columns[0]), chunk
         exported = session.scalar(EXPORT, "read a chunk")
         with ThreadPoolExecutor(len(parts) - 1, thread_name_prefix=f"chunk-{source}") as pool:
             others = [

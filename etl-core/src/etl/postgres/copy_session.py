@@ -250,6 +250,13 @@ class ChunkKeys:
         rows, last, bounds = json.loads(text)
         return cls(int(rows), parse_key(last[0]) if last else None, [parse_key(b) for b in bounds])
 
+    @classmethod
+    def of_integer_rows(cls, rows: pa.Table, column: str) -> ChunkKeys:
+        """What ``parse`` would find of a chunk's ``rows`` (in key order, not split) keyed by one integer
+        ``column`` (``key_sql.integer_key``)."""
+        last = (str(rows.column(column)[-1].as_py()),) if rows.num_rows else None
+        return cls(rows.num_rows, last, [])
+
 
 class CopySession:
     """One connection in a read-only ``REPEATABLE READ`` transaction on the snapshot; copies ranges.

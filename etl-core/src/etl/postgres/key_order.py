@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import psycopg
@@ -151,6 +151,10 @@ ORDER BY k.n
 """
 
 
+NO_KEY: Final = "it has no primary key or replica identity index"
+"""Why a table without a key gets a snapshot copy."""
+
+
 def key_index_order(
     conn: psycopg.Connection[Any], table_id: TableId, key: Sequence[str] | None = None
 ) -> tuple[tuple[str, ...] | None, str]:
@@ -159,10 +163,14 @@ def key_index_order(
     such index, or one that does not order as ``ORDER BY`` does (an operator class or a collation of its own)."""
     found = conn.execute(_INDEX_COLUMNS, [table_id]).fetchall()
     if not found or (key is not None and sorted(name for name, _ in found) != sorted(key)):
-        return None, "it has no primary key or replica identity index"
+        return None, NO_KEY
     if not all(usual for _, usual in found):
         return None, "its key's index orders by an operator class or a collation of its own"
     return tuple(name for name, _ in found), ""
+
+
+PARTITION_ROOT: Final = "it is published through its partition root"
+"""Why a partitioned table published through its root gets a snapshot copy: chunks read ``ONLY`` one table."""
 
 
 def snapshot_copy_reason(conn: psycopg.Connection[Any], table_id: TableId) -> str:
@@ -170,5 +178,5 @@ def snapshot_copy_reason(conn: psycopg.Connection[Any], table_id: TableId) -> st
     it would not (as ``replication.chunked_copy.chunk_key`` decides)."""
     row = conn.execute("SELECT relkind FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) %s", [table_id])
     if (found := row.fetchone()) is not None and found[0] == "p":
-        return "it is published through its partition root"
+        return PARTITION_ROOT
     return key_index_order(conn, table_id)[1]

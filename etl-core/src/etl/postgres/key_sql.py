@@ -5,15 +5,24 @@ from __future__ import annotations
 from typing import Final, TypeAlias
 
 from etl.errors import TableError
-from etl.schema import TableId, quote_ident, quote_literal
+from etl.schema import TableId, TableSchema, quote_ident, quote_literal
 
 KeyValue: TypeAlias = tuple[str, ...]
 """A value of a table's key as an incremental copy records it: each key column's value in Postgres's text form,
 which the source reads back into the column's type (an unknown-typed literal compared with the column): so keys are
 compared by the source, under the column's collation, never in Python."""
 
+INTEGER_KEY_TYPES: Final = frozenset({20, 21, 23})
+"""int8, int2 and int4: the key types whose order and text form the engine knows without asking the source."""
 GT: Final = "OPERATOR(pg_catalog.>)"
 LE: Final = "OPERATOR(pg_catalog.<=)"
+
+
+def integer_key(schema: TableSchema) -> bool:
+    """Whether the table's key is one integer column: Arrow orders it as the source does, and ``str`` of a value is
+    its text form."""
+    keys = schema.key_columns
+    return len(keys) == 1 and keys[0].type_oid in INTEGER_KEY_TYPES
 
 
 def key_row(columns: tuple[str, ...]) -> str:

@@ -26,8 +26,14 @@ from etl.postgres.catalog import (
 from etl.postgres.connection import connect
 from etl.postgres.copy import copy_chunk, plan_chunk
 from etl.postgres.copy_session import ChunkSnapshot, ChunkTable, KeyChunk
-from etl.postgres.key_order import SourceComparisons, SourceKeyOrder, key_index_order
-from etl.postgres.key_sql import KeyValue
+from etl.postgres.key_order import (
+    NO_KEY,
+    PARTITION_ROOT,
+    SourceComparisons,
+    SourceKeyOrder,
+    key_index_order,
+)
+from etl.postgres.key_sql import KeyValue, integer_key
 from etl.postgres.predicate import predicate_rows
 from etl.postgres.standby_slots import wait_for_standbys
 from etl.postgres.xid_snapshot import XidSnapshot, running_xids
@@ -40,7 +46,6 @@ from etl.replication.incremental import (
     IntegerKeyOrder,
     KeyOrder,
     incremental_key,
-    integer_key,
     table_key,
 )
 from etl.replication.tablesync import empty_table
@@ -500,9 +505,9 @@ def chunk_key(
     """The columns an incremental copy of ``table`` orders its chunks by (``incremental_key``, in its index's order:
     ``key_index_order``), or ``None`` and why it has none, in words."""
     key = incremental_key(schema, table.partitioned)
-    if table.partitioned:
-        return None, "it is published through its partition root"
-    return key_index_order(conn, table.id, key or ())
+    if key is None:
+        return None, PARTITION_ROOT if table.partitioned else NO_KEY
+    return key_index_order(conn, table.id, key)
 
 
 def _snapshot(conn: psycopg.Connection[Any]) -> XidSnapshot:

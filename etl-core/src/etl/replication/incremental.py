@@ -67,8 +67,6 @@ from etl.schema import TableId, TableSchema
 if TYPE_CHECKING:
     from etl.postgres.copy_session import ChunkKey
 
-INTEGER_KEY_TYPES: Final = frozenset({20, 21, 23})
-"""int8, int2 and int4: the key types an incremental copy orders by."""
 CHUNK_ORDINAL_BASE: Final = 1 << 40
 """Chunk rows sit after every change of the transaction the stream was at, whose ordinals count from 0."""
 
@@ -103,7 +101,7 @@ class KeyOrder(Protocol):
 
 @dataclass(frozen=True)
 class IntegerKeyOrder:
-    """A one-column integer key's order, in Arrow: the same as the source's."""
+    """A one-column integer key's order (``key_sql.integer_key``), in Arrow: the same as the source's."""
 
     def at_most(self, keys: Sequence[pa.Array | pa.ChunkedArray], bound: KeyValue) -> np.ndarray:
         found: np.ndarray = pc.fill_null(pc.less_equal(keys[0], int(bound[0])), False).to_numpy(zero_copy_only=False)
@@ -111,12 +109,6 @@ class IntegerKeyOrder:
 
     def not_after(self, value: KeyValue, bound: KeyValue) -> bool:
         return int(value[0]) <= int(bound[0])
-
-
-def integer_key(schema: TableSchema) -> bool:
-    """Whether the table's key is one integer column (``IntegerKeyOrder`` orders it)."""
-    keys = schema.key_columns
-    return len(keys) == 1 and keys[0].type_oid in INTEGER_KEY_TYPES
 
 
 DROP, KEEP, AS_DELETE, AS_UPDATE = 0, 1, 2, 3
