@@ -6,7 +6,7 @@ copy settings: the snapshot method, 2 COPY connections per table), timed from ``
 null destination counted every row; its peak RSS is the child process's ``VmHWM``. ``--incremental`` also runs
 the incremental method each time (``--chunk-rows``) and reports it beside the snapshot copy.
 
-    .venv/bin/python bench/bench_copy.py [--rows 2000000] [--major 18] [--repeat 2] [--incremental]
+    .tox/tests/bin/python bench/bench_copy.py [--rows 2000000] [--major 18] [--repeat 2] [--incremental]
 """
 
 from __future__ import annotations

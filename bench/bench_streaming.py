@@ -18,7 +18,7 @@ Both read a backlog, so neither waits for the workload generator, and both start
 walsender. The CPU seconds of each side's walsender are sampled from ``/proc``; the engine's own CPU
 seconds and peak RSS (``VmHWM``) come from its child process.
 
-    .venv/bin/python bench/bench_streaming.py [--rows 1000000] [--shapes small,large] [--major 18]
+    .tox/tests/bin/python bench/bench_streaming.py [--rows 1000000] [--shapes small,large] [--major 18]
         [--metrics off|on|both]
 
 ``--metrics on`` serves ``[metrics]`` and scrapes ``/metrics`` every second while the engine runs (the

@@ -13,7 +13,7 @@ to wait for. DuckLake is measured three ways:
 
 Each lake is read back with DuckDB: it must hold the table's rows. The target (issue 33): under 10 s.
 
-    .venv/bin/python bench/cold_start.py [--rows 20] [--major 18]
+    .tox/tests/bin/python bench/cold_start.py [--rows 20] [--major 18]
 """
 
 from __future__ import annotations

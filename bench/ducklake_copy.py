@@ -25,7 +25,7 @@ sides alternate ``--repeat`` times; the best run of each is reported.
 The lake has no Parquet options unless ``--compression`` sets ``parquet_compression`` (through DuckDB, which
 then creates the lake), so data files are snappy, as DuckDB writes them by default.
 
-    .venv/bin/python bench/ducklake_copy.py [--rows 2000000] [--catalog sqlite|postgres] [--repeat 1]
+    .tox/tests/bin/python bench/ducklake_copy.py [--rows 2000000] [--catalog sqlite|postgres] [--repeat 1]
         [--masters 'local[2]' 'local-cluster[2,1,1024]'] [--compression zstd] [--incremental 50000]
 """
 
@@ -65,6 +65,8 @@ class WriteStats:
     changed_rows: int = 0
     writes: int = 0
     write_seconds: float = 0.0
+    each: list[tuple[int, float]] = field(default_factory=list)
+    """Every write's changes and seconds, in order."""
     reached: threading.Event = field(default_factory=threading.Event)
 
 
@@ -87,9 +89,11 @@ class CountingDuckLake(DuckLakeDestination):
     def _count(self, started: float, changed: int) -> None:
         with self._lock:
             stats = self.stats
+            seconds = time.perf_counter() - started
             stats.changed_rows += changed
             stats.writes += 1
-            stats.write_seconds += time.perf_counter() - started
+            stats.write_seconds += seconds
+            stats.each.append((changed, seconds))
             if stats.changed_rows >= self.target:
                 stats.reached.set()
 
@@ -131,11 +135,15 @@ def lake(
 
 
 def pipeline_config(
-    src: benchlib.Source, pipeline_id: int, copy: dict[str, Any] | None = None, **batch: Any
+    src: benchlib.Source,
+    pipeline_id: int,
+    copy: dict[str, Any] | None = None,
+    publication: str = PUBLICATION,
+    **batch: Any,
 ) -> PipelineConfig:
     return PipelineConfig.model_validate(
         {
-            "pipeline": {"id": pipeline_id, "publication": PUBLICATION},
+            "pipeline": {"id": pipeline_id, "publication": publication},
             "source": src.connection().model_dump(),
             "batch": batch,
             "copy": copy or {},

@@ -8,7 +8,7 @@ holds), the active data and delete files, the files scheduled for deletion and t
 from the catalog. At the end it stops the workload, waits until the lake holds every change, and has
 DuckDB 1.5.5 read the table: its rows (id, score, name) must equal the source's, row for row.
 
-    .venv/bin/python bench/ducklake_maintenance.py [--minutes 30] [--rate 50] [--base 100000]
+    .tox/tests/bin/python bench/ducklake_maintenance.py [--minutes 30] [--rate 50] [--base 100000]
 """
 
 from __future__ import annotations

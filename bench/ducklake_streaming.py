@@ -23,7 +23,7 @@ Afterwards DuckDB 1.5.5 reads every lake's row counts back; they must equal the 
 Data files are snappy, as DuckDB writes them, unless ``--compression`` sets the lakes' ``parquet_compression``
 (runs before 2026-11-27 wrote zstd).
 
-    .venv/bin/python bench/ducklake_streaming.py [--rows 500000] [--base 200000] [--tables 1] [--compression zstd]
+    .tox/tests/bin/python bench/ducklake_streaming.py [--rows 500000] [--base 200000] [--tables 1] [--compression zstd]
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Sessions of the benchmark database commit with ``synchronous_commit = on`` (``--
 the throwaway cluster's default ``off`` lets a commit return before its WAL is flushed, and a walsender
 sends only flushed WAL, so every change would wait for the WAL writer (up to ``wal_writer_delay``).
 
-    .venv/bin/python bench/latency.py [--rate 1000] [--seconds 30] [--clients 4] [--max-fill-ms 1000]
+    .tox/tests/bin/python bench/latency.py [--rate 1000] [--seconds 30] [--clients 4] [--max-fill-ms 1000]
         [--synchronous-commit on|off] [--destination null|ducklake] [--major 18] [--port N]
 """
 

@@ -430,3 +430,36 @@ def test_deletes_of_a_keyless_table_that_find_fewer_stored_rows_say_so(lake: Any
     (warning,) = [e for e in logs if e["log_level"] == "warning" and e.get("table") == "public.log"]
     assert (warning["removes"], warning["found"]) == (2, 1)
     assert "etl resync" in warning["hint"] and "lacked rows" in warning["event"]
+
+
+@pytest.mark.parametrize("inline_row_limit", [0, 100], ids=["files", "inlined"])
+def test_inserts_into_a_keyless_table_are_written_on_the_driver(
+    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch, inline_row_limit: int
+) -> None:
+    """A batch that only inserts into a table without a key (a log, a history) adds its rows, repeated ones as
+    repeated copies, as data files or inlined rows, with no Spark job: no stored row changes."""
+    destination = kit.make_destination(lake, inline_row_limit=inline_row_limit)
+    reference = MemoryDestination()
+    for target in (destination, reference):
+        target.write_table_rows(LOG, kit.rows_table(LOG, [{"a": "dup", "b": 1}, {"a": "kept", "b": 2}]))
+
+    def no_spark(self: Any, table: Any, columns: Any) -> Any:
+        raise AssertionError("a batch of inserts into a keyless table went through Spark")
+
+    monkeypatch.setattr(type(destination.lake), "to_spark", no_spark)
+    b = kit.BatchBuilder()
+    batches = [
+        b.commit()
+        .insert(LOG, {"a": "dup", "b": 1})
+        .insert(LOG, {"a": "dup", "b": 1})
+        .insert(LOG, {"a": None, "b": 3})
+        .build(),
+        b.commit().insert(LOG, {"a": "kept", "b": 2}).commit().insert(LOG, {"a": "new", "b": None}).build(),
+    ]
+    for batch in batches:
+        for target in (destination, reference):
+            target.write_events(batch)
+        assert lake_rows(lake, LOG) == reference.rows("public.log")
+    assert len(lake_rows(lake, LOG)) == 7
+    inlined = lake.query("SELECT count(*) FROM ducklake_list_files('lake', 'log', schema => 'public')")[0][0]
+    assert (inlined > 1) == (inline_row_limit == 0)  # the copy's file, and one per batch when not inlined

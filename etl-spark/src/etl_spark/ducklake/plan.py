@@ -389,13 +389,15 @@ def _plan_rows(
             stored = lake.catalog.inlined_rows(inlined_tables, needed, Form.SPARK, keys=wanted)
             plan.ended_inlined = _inlined_of_keys(stored, collapsed.select(key), columns)
         upserts = collapsed.filter(pc.equal(collapsed[ACTION], UPSERT)).select(names)
-        if upserts.num_rows and inline and upserts.num_rows <= inline_limit:
-            plan.inline = upserts
-        elif upserts.num_rows:
-            plan.files = lake.storage.write_rows(_spec(lake, plan, columns), upserts)
-            key_column = next(c for c in columns if c.name == key[0])
-            if len(key) == 1 and searchable(key_column):
-                plan.written_keys = (key_column.column_id, upserts[key[0]])
+        _place_rows(lake, plan, columns, upserts, inline and upserts.num_rows <= inline_limit)
+        key_column = next(c for c in columns if c.name == key[0])
+        if plan.files and len(key) == 1 and searchable(key_column):
+            plan.written_keys = (key_column.column_id, upserts[key[0]])
+        return
+    if not key and only_inserts:
+        # An append-only table without a key (a log, a history): each insert is one more copy of its row, and
+        # no stored row changes, so the rows are written as they came, on the driver.
+        _place_rows(lake, plan, columns, changes.select(names), inline and changes.num_rows <= inline_limit)
         return
     # Unchanged TOAST values to fill, or no key: collapsed in Spark, kept in memory for its two uses.
     inlined_rows = None
@@ -431,6 +433,16 @@ def _plan_rows(
             plan.files = lake.storage.write_frame(rows, _spec(lake, plan, columns))
     finally:
         collapsed.unpersist()
+
+
+def _place_rows(lake: Lake, plan: TablePlan, columns: list[LakeColumn], rows: pa.Table, inlined: bool) -> None:
+    """Inline ``rows`` into the catalog when ``inlined``, else write them as data files on the driver."""
+    if not rows.num_rows:
+        return
+    if inlined:
+        plan.inline = rows
+    else:
+        plan.files = lake.storage.write_rows(_spec(lake, plan, columns), rows)
 
 
 def _check_removed(plan: TablePlan, removes: int) -> None:
