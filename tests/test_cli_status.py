@@ -97,6 +97,7 @@ def test_status_json_holds_each_tables_state_and_copy(source: TestDatabase, tmp_
     assert report["pipeline_id"] == 5 and report["publication"] == "pub"
     assert report["store"] == {"type": "sqlite", "durable": True}
     assert report["problems"] == [] and report["notes"] == []
+    assert report["destination"] is None  # the null destination records no position of its own
     tables = tables_by_name(report)
     assert set(tables) == {"public.t", 'public."Empty"'}
     full, empty = tables["public.t"], tables['public."Empty"']

@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from etl.config import PipelineConfig
 from etl.errors import ConfigError, DestinationError
 from etl.factory import build_destination, build_store
 from etl.lsn import Lsn
 from etl.pipeline import Pipeline
+from etl.status import DestinationStatus, StatusReport, destination_status, status_report, text_lines
 from etl.store.base import APPLY_WORKER
+from etl.testing import free_port
 from etl.testing.pipelines import all_ready, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.ducklake.config import DuckLakeConfig
@@ -34,6 +37,19 @@ def start(db: TestDatabase, tmp_path: Path, catalog: str) -> Pipeline:
     pipeline = Pipeline(config, store, build_destination(config, store, "test"))
     pipeline.start()
     return pipeline
+
+
+def status(db: TestDatabase, tmp_path: Path, catalog: str) -> StatusReport:
+    config = pipeline_config(
+        db,
+        store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
+        destination={"type": "ducklake", "catalog": catalog, "data_path": f"{tmp_path}/data/", "spark": SPARK},
+    )
+    store = build_store(config, "test")
+    try:
+        return status_report(config, store)
+    finally:
+        store.close()
 
 
 def progress(tmp_path: Path, db: TestDatabase) -> object:
@@ -132,6 +148,11 @@ def test_a_catalog_restored_from_an_older_backup_stops_the_start(pg_database: Te
     recorded = json.loads(info)
     assert recorded["pipeline_id"] == 1 and Lsn.parse(recorded["lsn"]) >= Lsn.parse(streamed)
     assert recorded["lsn"] in message
+    report = status(db, tmp_path, catalog)  # etl status shows the same, and no problem
+    assert report.destination is not None and report.destination.position is not None
+    assert report.destination.position.lsn == latest and report.problems == ()
+    assert report.destination.to_json()["lsn"] == str(latest)
+    assert f"destination position: {latest} (DuckLake snapshot {at})" in text_lines(report)[0]
 
     shutil.copy(path, tmp_path / "latest.sqlite")
     shutil.copy(tmp_path / "backup.sqlite", path)
@@ -139,6 +160,11 @@ def test_a_catalog_restored_from_an_older_backup_stops_the_start(pg_database: Te
         start(db, tmp_path, catalog)
     assert f"behind {latest}," in error.value.message and "etl reset --recopy" in (error.value.hint or "")
     assert progress(tmp_path, db) == latest
+    report = status(db, tmp_path, catalog)  # etl status says so before a start fails on it
+    assert report.destination is not None and report.destination.position is not None
+    assert report.destination.position.lsn < latest
+    (problem,) = report.problems
+    assert problem.kind == "destination_behind" and f"behind {latest}" in problem.message
 
     shutil.copy(tmp_path / "latest.sqlite", path)  # the latest catalog again: nothing was lost
     pipeline = start(db, tmp_path, catalog)
@@ -156,3 +182,22 @@ def test_a_relative_sqlite_catalog_is_refused() -> None:
             DuckLakeConfig.model_validate({"catalog": url, "data_path": "/var/lake/data/"})
     config = DuckLakeConfig.model_validate({"catalog": "sqlite:////var/lake/catalog.sqlite", "data_path": "/d/"})
     assert config.catalog.get_secret_value() == "sqlite:////var/lake/catalog.sqlite"
+
+
+def test_status_reads_the_lakes_position_without_creating_or_leaking_anything(
+    pg_database: TestDatabase, tmp_path: Path
+) -> None:
+    """A lake not made yet has no position, and reading it creates no catalog; an unreachable one is reported as
+    unknown, with its password masked, and the rest of the status stands."""
+
+    def config(catalog: str) -> PipelineConfig:
+        destination = {"type": "ducklake", "catalog": catalog, "data_path": f"{tmp_path}/data/", "spark": SPARK}
+        return pipeline_config(pg_database, destination=destination)
+
+    missing = tmp_path / "not-yet.sqlite"
+    assert destination_status(config(f"sqlite:///{missing}"), "test") == DestinationStatus("ducklake", None)
+    assert not missing.exists()
+    unreachable = destination_status(config(f"postgresql://etl:s3cret@127.0.0.1:{free_port()}/lake"), "test")
+    assert unreachable is not None and unreachable.position is None and unreachable.error is not None
+    assert "cannot read the DuckLake catalog" in unreachable.error and "s3cret" not in unreachable.error
+    assert unreachable.line().startswith("destination position: unknown (cannot read the DuckLake catalog")

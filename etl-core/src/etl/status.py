@@ -21,9 +21,12 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from etl.config import PipelineConfig
+from etl.destination.base import DestinationPosition, PositionedDestination
 from etl.errors import EtlError
+from etl.factory import validate_plugin
 from etl.lsn import Lsn
 from etl.pipeline import apply_slot_lost, slot_lost_error
+from etl.plugins import Registry, load_registry
 from etl.postgres.catalog import WAL_POSITION
 from etl.postgres.connection import connect
 from etl.postgres.key_order import snapshot_copy_reason
@@ -111,6 +114,32 @@ class SlotStatus:
 
 
 @dataclass(frozen=True)
+class DestinationStatus:
+    """The position the destination recorded for the pipeline (``PositionedDestination``)."""
+
+    type: str
+    position: DestinationPosition | None
+    """``None`` before the pipeline's first batch, or when it could not be read (``error``)."""
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        position = self.position
+        return {
+            "type": self.type,
+            "lsn": None if position is None else str(position.lsn),
+            "detail": None if position is None else position.detail,
+            "error": self.error,
+        }
+
+    def line(self) -> str:
+        if self.error is not None:
+            return f"destination position: unknown ({self.error})"
+        if self.position is None:
+            return "destination position: none recorded yet"
+        return f"destination position: {self.position.lsn} ({self.position.detail})"
+
+
+@dataclass(frozen=True)
 class Problem:
     """Something that stops the pipeline or loses data unless someone acts (``etl status`` exits 1)."""
 
@@ -137,6 +166,8 @@ class StatusReport:
     generated_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     notes: tuple[str, ...] = ()
     """Remarks for the reader that are not problems."""
+    destination: DestinationStatus | None = None
+    """Where the destination says it stands; ``None`` for a destination that records no position."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -149,6 +180,7 @@ class StatusReport:
             "slots": [s.to_json() for s in self.slots],
             "problems": [p.to_json() for p in self.problems],
             "notes": list(self.notes),
+            "destination": None if self.destination is None else self.destination.to_json(),
         }
 
 
@@ -188,8 +220,12 @@ def copy_note(progress: CopyProgress) -> str | None:
     return None if progress.resume_after is None else ChunkMark.from_json(progress.resume_after).note
 
 
-def status_report(config: PipelineConfig, store: Store, *, config_path: str | None = None) -> StatusReport:
-    """The pipeline's status from ``store`` and from the source's replication slots.
+def status_report(
+    config: PipelineConfig, store: Store, *, config_path: str | None = None, registry: Registry | None = None
+) -> StatusReport:
+    """The pipeline's status from ``store``, from the source's replication slots, and from the destination's own
+    record of its position when its plugin keeps one (``PositionedDestination``; plugins from ``registry``, by
+    default the installed ones).
 
     ``config_path`` names the pipeline file in hints. Raises ``EtlError`` when the source cannot be reached.
     """
@@ -240,6 +276,9 @@ def status_report(config: PipelineConfig, store: Store, *, config_path: str | No
             key=lambda t: (t.name is None, t.label, t.id),
         )
     )
+    destination = destination_status(config, config_path or "the pipeline file", registry)
+    problems = _problems(config, apply_state, store, config_path)
+    problems += _destination_behind(destination, apply_progress, config_path)
     return StatusReport(
         pipeline_id=config.pipeline.id,
         publication=config.pipeline.publication,
@@ -248,9 +287,45 @@ def status_report(config: PipelineConfig, store: Store, *, config_path: str | No
         apply_progress=apply_progress,
         tables=tables,
         slots=slots,
-        problems=tuple(_problems(config, apply_state, store, config_path)),
+        problems=tuple(problems),
         notes=by_snapshot,
+        destination=destination,
     )
+
+
+def destination_status(
+    config: PipelineConfig, source: str, registry: Registry | None = None
+) -> DestinationStatus | None:
+    """The position the pipeline's destination recorded, when its plugin keeps one; a failure to read it is
+    reported in the result, not raised (the rest of the status stands without it)."""
+    try:
+        cls, options = validate_plugin(registry or load_registry(), "destination", config.destination, source)
+    except EtlError:
+        return None  # etl check and etl run say what is wrong with the section
+    if not isinstance(cls, PositionedDestination):
+        return None
+    try:
+        return DestinationStatus(config.destination.type, cls.recorded_position(options, config.pipeline.id))
+    except EtlError as exc:
+        return DestinationStatus(config.destination.type, None, exc.message)
+
+
+def _destination_behind(
+    destination: DestinationStatus | None, progress: Lsn | None, config_path: str | None
+) -> list[Problem]:
+    """The destination's position behind the store's progress: the start will fail on it."""
+    position = None if destination is None else destination.position
+    if position is None or progress is None or position.lsn >= progress:
+        return []
+    problem = Problem(
+        "destination_behind",
+        f"the destination stands at {position.lsn} ({position.detail}), behind {progress},"
+        " which the store says the pipeline wrote into it: it is older than what the pipeline wrote (restored from a"
+        " backup, say), and the pipeline will not start on it",
+        "point the destination at the one the pipeline wrote; to copy every table again into this one, stop the"
+        f" pipeline and run etl reset --recopy -c {config_path or '<pipeline file>'}",
+    )
+    return [problem]
 
 
 def _snapshot_copies(
@@ -343,6 +418,7 @@ def text_lines(report: StatusReport) -> tuple[list[str], list[list[str]], list[l
     heading = [
         f"pipeline {report.pipeline_id} (store: {report.store_type})",
         f"apply worker durable progress: {report.apply_progress if report.apply_progress is not None else 'none'}",
+        *([report.destination.line()] if report.destination is not None else []),
         *(f"note: {note}" for note in report.notes),
     ]
     tables = [

@@ -160,5 +160,27 @@ class PreviewableDestination(Protocol):
         """The table's row count and first ``limit`` rows; ``KeyError`` when the table is not there (yet)."""
 
 
+@dataclass(frozen=True)
+class DestinationPosition:
+    """Where a destination says it stands in the source's stream, as it recorded it itself."""
+
+    lsn: Lsn
+    """The end of the last batch of the pipeline the destination holds."""
+    detail: str
+    """What holds it, for people: ``"DuckLake snapshot 42"``."""
+
+
+@runtime_checkable
+class PositionedDestination(Protocol):
+    """Optional for destination classes: read the position the destination recorded for a pipeline, without
+    starting it (``etl status`` shows it beside the store's progress)."""
+
+    @classmethod
+    def recorded_position(cls, config: Any, pipeline_id: int) -> DestinationPosition | None:
+        """The position recorded for ``pipeline_id`` in the destination ``config`` names; ``None`` before its first
+        batch. Read-only; an ``EtlError`` when the destination cannot be read."""
+        ...
+
+
 DestinationFactory = PluginFactory[DestinationContext, Destination]
 """What a destination plugin registers: a class with ``name``, ``Config`` and ``from_config(config, context)``."""

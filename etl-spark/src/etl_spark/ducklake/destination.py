@@ -32,6 +32,7 @@ from etl.api import (
     CopyPlan,
     DestinationContext,
     DestinationError,
+    DestinationPosition,
     EventBatch,
     Lsn,
     Store,
@@ -55,6 +56,7 @@ from etl_spark.ducklake.catalog import (
     Transaction,
     redacted,
 )
+from etl_spark.ducklake.catalog.positions import read_position
 from etl_spark.ducklake.config import SPARK_CONF, DuckLakeConfig
 from etl_spark.ducklake.copy_job import copy_files
 from etl_spark.ducklake.inline_flush import FlushTimer, flush_inlined
@@ -130,6 +132,14 @@ class DuckLakeDestination:
     def deep_preflight(cls, config: DuckLakeConfig) -> list[Check]:
         """``etl check --deep``: a Spark job, and a probe written under a remote data path and removed."""
         return deep_preflight(config.data_path, config.spark, SPARK_CONF)
+
+    @classmethod
+    def recorded_position(cls, config: DuckLakeConfig, pipeline_id: int) -> DestinationPosition | None:
+        """The lake's position for the pipeline (``catalog.positions``), as ``etl status`` shows it."""
+        position = read_position(config.catalog.get_secret_value(), pipeline_id)
+        if position is None:
+            return None
+        return DestinationPosition(position.lsn, f"DuckLake snapshot {position.snapshot_id}")
 
     def __repr__(self) -> str:
         return f"DuckLakeDestination({redacted(self.config.catalog.get_secret_value())!r}, {self.config.data_path!r})"

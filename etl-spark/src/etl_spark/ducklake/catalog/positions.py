@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from etl.api import Lsn
+from etl.api import DestinationError, Lsn
 from etl_spark.ducklake.catalog.ddl import POSITION_TABLE, TABLES
+from etl_spark.ducklake.catalog.engine import engine_for, masked, redacted
 
 
 @dataclass(frozen=True)
@@ -69,3 +71,23 @@ def recorded(conn: Connection, pipeline_id: int) -> LakePosition | None:
         {"p": int(pipeline_id)},
     ).one_or_none()
     return None if row is None else LakePosition(Lsn(int(row.commit_lsn)), int(row.snapshot_id))
+
+
+def read_position(url: str, pipeline_id: int) -> LakePosition | None:
+    """The pipeline's recorded position in the catalog at ``url``, read without opening the lake (no migration, no
+    file created); ``None`` when the catalog, its position table or the pipeline's row is not there yet."""
+    engine = engine_for(url)
+    try:
+        if engine.dialect.name == "sqlite" and not Path(engine.url.database or "").is_file():
+            return None
+        with engine.connect() as conn:
+            if not sa.inspect(conn).has_table(POSITION_TABLE):
+                return None
+            return recorded(conn, pipeline_id)
+    except sa.exc.SQLAlchemyError as exc:
+        raise DestinationError(
+            f"cannot read the DuckLake catalog {redacted(url)}: {masked(str(getattr(exc, 'orig', None) or exc), url)}",
+            hint="check that the catalog database exists and is reachable with these credentials",
+        ) from None
+    finally:
+        engine.dispose()
