@@ -139,6 +139,7 @@ def pipeline_config(
     pipeline_id: int,
     copy: dict[str, Any] | None = None,
     publication: str = PUBLICATION,
+    metrics: dict[str, Any] | None = None,
     **batch: Any,
 ) -> PipelineConfig:
     return PipelineConfig.model_validate(
@@ -147,6 +148,7 @@ def pipeline_config(
             "source": src.connection().model_dump(),
             "batch": batch,
             "copy": copy or {},
+            **({"metrics": metrics} if metrics is not None else {}),
         }
     )
 
