@@ -162,7 +162,7 @@ class DuckLakeDestination:
         self._storage = LakeStorage(self.catalog.data_path, self.metrics, self.config.key_cache_bytes)
         if self._store is not None:
             self._warming.clear()
-            self._warm_up = start_warming(self.catalog, self._storage, self._store, self._warming)
+            self._warm_up = start_warming(self.catalog, self._storage, self._store, lambda: self.spark, self._warming)
         for table_id in self.catalog.tables_with_inlined_rows():
             self._flush_timer.inlined(table_id)
         self._planner = ThreadPoolExecutor(self.config.planning_threads, thread_name_prefix=_PLANNER)

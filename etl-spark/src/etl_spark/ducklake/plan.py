@@ -353,9 +353,11 @@ def _plan_rows(
     inline_limit: int,
 ) -> None:
     """Plan the rows of ``changes`` (after the watermark and the last truncate): find the stored rows they
-    replace or delete, and write or inline the rows they leave."""
-    from pyspark.sql import functions as sf
+    replace or delete, and write or inline the rows they leave.
 
+    pyspark is imported only where Spark works, once the session is asked for: its start imports pyspark on a thread
+    of its own (``session.start_in_background``), and a second thread importing it at the same time can find it half
+    initialized. A batch that needs no Spark imports none."""
     schema = plan.schema
     names = schema.column_names
     key = [c.name for c in schema.key_columns]
@@ -379,7 +381,10 @@ def _plan_rows(
             found = lake.storage.positions_of_keys(lookup, candidates, collapsed[key[0]].combine_chunks())
             plan.deletes = file_positions(found, candidates, lake.storage)
         elif candidates:
-            touched = sf.broadcast(lake.to_spark(collapsed.select(key), columns))
+            frame = lake.to_spark(collapsed.select(key), columns)
+            from pyspark.sql import functions as sf
+
+            touched = sf.broadcast(frame)
             stored = read_rows(lake.spark, lake.storage, needed, [f.path for f in candidates]).join(
                 touched, key, "inner"
             )
@@ -406,6 +411,8 @@ def _plan_rows(
     has_inlined = inlined_rows is not None and inlined_rows.num_rows > 0
     live = live_rows(lake, needed, data_files, inlined_rows if has_inlined else None) if scan or has_inlined else None
     frame = lake.to_spark(changes, columns)
+    from pyspark.sql import functions as sf
+
     if key:
         collapsed = last_change_per_key(frame, names, key, toast).cache()
         upserts = collapsed.filter(collapsed[ACTION] == UPSERT)
