@@ -32,8 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import benchlib
 from bench_streaming import LIMIT_SLOT, engine, limit, ready
@@ -95,6 +95,19 @@ LIVE_P99_S = 5.0
 """The issue's bound on commit to durable while pgbench runs beside the pipeline."""
 
 
+@dataclass(frozen=True)
+class Load:
+    """What pgbench runs beside a live pipeline."""
+
+    title: str
+    seconds: int
+    options: tuple[str, ...]
+    """pgbench's options but ``-n`` and ``-T``: clients, rate, script."""
+    tables: tuple[str, ...]
+    """The published tables, whose lake files are counted."""
+    changes_per_transaction: int
+
+
 def behind(src: benchlib.Source, store: SqliteStore) -> int:
     """Bytes of WAL between the server's insert position and the pipeline's progress in its store (what its
     destination holds; the slot's confirmed position follows it only at the next status update)."""
@@ -102,11 +115,17 @@ def behind(src: benchlib.Source, store: SqliteStore) -> int:
     return int(src.scalar(f"SELECT greatest(pg_current_wal_insert_lsn() - '{progress or Lsn(0)}'::pg_lsn, 0)::bigint"))
 
 
-def live(src: benchlib.Source, config: PipelineConfig, lake_config: DuckLakeConfig, workdir: str, args: Any) -> None:
-    """Run the lake's pipeline while pgbench runs beside it at its full rate; print how far behind it fell."""
+def live(
+    src: benchlib.Source,
+    config: PipelineConfig,
+    lake_config: DuckLakeConfig,
+    workdir: str,
+    load: Load,
+) -> None:
+    """Run the lake's pipeline while pgbench runs ``load`` beside it; print how far behind it fell."""
     pipeline_id = config.pipeline.id
     metrics = {"listen": f"127.0.0.1:{free_port()}", "sample_interval_s": 1}
-    config = pipeline_config(src, pipeline_id, publication=PUBLICATION, metrics=metrics)
+    config = pipeline_config(src, pipeline_id, publication=config.pipeline.publication, metrics=metrics)
     destination = CountingDuckLake(lake_config, pipeline_id, target=0)
     pipeline = Pipeline(config, lake_store(workdir, pipeline_id), destination)
     pipeline.start()
@@ -114,30 +133,16 @@ def live(src: benchlib.Source, config: PipelineConfig, lake_config: DuckLakeConf
         progress = lake_store(workdir, pipeline_id)  # read beside the pipeline's own; the backlog was drained
         registry = pipeline.metrics.registry
         before, writes_before = histogram(registry), len(destination.stats.each)
-        load = subprocess.Popen(
-            src.client(
-                "pgbench",
-                "-n",
-                "-c",
-                str(args.clients),
-                "-j",
-                str(args.clients),
-                "-T",
-                str(args.live),
-                benchlib.DATABASE,
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        command = src.client("pgbench", "-n", "-T", str(load.seconds), *load.options, benchlib.DATABASE)
+        running = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         cpu_before, most_behind = benchlib.cpu_seconds(os.getpid()), 0
-        while load.poll() is None:
+        while running.poll() is None:
             most_behind = max(most_behind, behind(src, progress))
             if pipeline.wait(timeout=0.25):
                 raise RuntimeError("the pipeline stopped while pgbench ran")
-        output = load.stdout.read() if load.stdout else ""
-        if load.returncode != 0:
-            raise RuntimeError(f"pgbench failed ({load.returncode}):\n{output}")
+        output = running.stdout.read() if running.stdout else ""
+        if running.returncode != 0:
+            raise RuntimeError(f"pgbench failed ({running.returncode}):\n{output}")
         match = re.search(r"number of transactions actually processed: (\d+)", output)
         transactions = int(match.group(1)) if match else 0
         stopped = time.perf_counter()
@@ -150,16 +155,17 @@ def live(src: benchlib.Source, config: PipelineConfig, lake_config: DuckLakeConf
         pipeline.shutdown(timeout=120)
     window = [(upper, count - base) for (upper, count), (_, base) in zip(after, before, strict=True)]
     p50, p99 = histogram_quantile(0.5, window), histogram_quantile(0.99, window)
-    files = sum(lake_count(lake_config, table)[1] for table in TABLES)
-    print(f"\nlive: pgbench at its full rate ({args.clients} clients, {args.live} s) beside the pipeline into DuckLake")
+    files = [lake_count(lake_config, table)[1] for table in load.tables]
+    print(f"\nlive: {load.title}, beside the pipeline into DuckLake")
     print(
-        f"  pgbench: {transactions:,} transactions ({transactions / args.live:,.0f} tx/s,"
-        f" {transactions * CHANGES_PER_TRANSACTION:,} changes);"
+        f"  pgbench: {transactions:,} transactions ({transactions / load.seconds:,.0f} tx/s,"
+        f" {transactions * load.changes_per_transaction:,} changes);"
         f" this process (the pipeline, Spark's JVM apart) used {cpu:.1f} CPU s"
     )
     print(
         f"  replication lag at most {most_behind / 2**20:,.1f} MiB; every transaction durable in the lake"
-        f" {caught_up:.1f} s after pgbench stopped; {files:,} data files in the lake"
+        f" {caught_up:.1f} s after pgbench stopped; {sum(files):,} data files in the lake, at most {max(files):,}"
+        " in a table"
     )
     verdict = "meets" if p99 < LIVE_P99_S else "ABOVE"
     print(
@@ -240,7 +246,10 @@ def main() -> int:
         if pipelines and args.live:
             master, config, lake_config = pipelines[0]
             start_spark(lake_config.spark)
-            live(src, config, lake_config, workdir, args)
+            clients = str(args.clients)
+            title = f"pgbench at its full rate ({args.clients} clients, {args.live} s)"
+            load = Load(title, args.live, ("-c", clients, "-j", clients), TABLES, CHANGES_PER_TRANSACTION)
+            live(src, config, lake_config, workdir, load)
         src.drop_slots()
     return 0
 
