@@ -9,6 +9,7 @@ from structlog.testing import capture_logs
 
 from etl.destination.memory import MemoryDestination
 from etl.pipeline import Pipeline
+from etl.replication import apply as apply_module
 from etl.store.memory import MemoryStore
 from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
@@ -96,3 +97,25 @@ def test_durable_batches_say_what_they_wrote(source: TestDatabase) -> None:
     assert sum(line["inserts"] for line in lines) == 2
     assert sum(line["deletes"] for line in lines) == 4
     assert sum(line["updates"] + line["truncates"] for line in lines) == 0
+
+
+def test_a_freed_sync_worker_takes_the_next_table_at_once(
+    pg_database: TestDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one sync worker, each table's copy starts when the one before it ended, not at the next re-read of the
+    publication (which no longer comes here: only the first one starts a worker)."""
+    db = pg_database
+    tables = [f"public.t{i}" for i in range(4)]
+    for name in tables:
+        db.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v text); INSERT INTO {name} VALUES (1, '{name}')")
+    db.execute(f"CREATE PUBLICATION pub FOR TABLE {', '.join(tables)}")
+    monkeypatch.setattr(apply_module, "REFRESH_INTERVAL_S", 3600.0)
+    destination = MemoryDestination()
+    config = pipeline_config(db, pipeline={"table_sync_workers": 1})
+    pipeline = Pipeline(config, MemoryStore(pipeline_id=1), destination)
+    pipeline.start()
+    try:
+        wait_until(lambda: all_ready(pipeline, len(tables)), "every table ready, one after the other", pipeline)
+        assert destination_matches(db, destination, *tables)
+    finally:
+        pipeline.shutdown()

@@ -105,6 +105,11 @@ class ApplyWorker(StreamWorker):
     def tick(self) -> None:
         if time.monotonic() >= self._next_refresh:
             self.refresh()
+        elif any(not worker.thread.is_alive() for worker in self.sync_workers.values()):
+            # A table's copy ended: the next table's starts now, not at the next refresh (tables of a thousand rows
+            # each waited up to REFRESH_INTERVAL_S for a free worker).
+            self._reap_sync_workers()
+            self._start_sync_workers()
         self.chunked.copy_chunks()
         if self.ctx.config.copy_.mode == "initial_only" and not self.copies_done and self.nothing_pending():
             # Nothing pending: no write is left that could still error a table after the copies count as done.
