@@ -70,19 +70,18 @@ class WriteStats:
     reached: threading.Event = field(default_factory=threading.Event)
 
 
-class CountingDuckLake(DuckLakeDestination):
-    """The ducklake destination, counting streamed changes and timing their writes; ``stats.reached`` is set
+class Counting:
+    """Mixed into a destination class: counts streamed changes and times their writes; ``stats.reached`` is set
     once ``target`` changes were written."""
 
-    def __init__(self, config: DuckLakeConfig, pipeline_id: int, target: int) -> None:
-        super().__init__(config, pipeline_id)
+    def count_to(self, target: int) -> None:
         self.target = target
         self.stats = WriteStats()
         self._lock = threading.Lock()
 
     def write_events(self, batch: EventBatch) -> WriteResult:
         started = time.perf_counter()
-        result = super().write_events(batch)
+        result: WriteResult = super().write_events(batch)  # type: ignore[misc]  # the destination's
         self._count(started, changed=batch.row_count())
         return result
 
@@ -96,6 +95,14 @@ class CountingDuckLake(DuckLakeDestination):
             stats.each.append((changed, seconds))
             if stats.changed_rows >= self.target:
                 stats.reached.set()
+
+
+class CountingDuckLake(Counting, DuckLakeDestination):
+    """The ducklake destination, counting (``Counting``)."""
+
+    def __init__(self, config: DuckLakeConfig, pipeline_id: int, target: int) -> None:
+        super().__init__(config, pipeline_id)
+        self.count_to(target)
 
 
 SPARK = SparkSettings(master="local[*]")
@@ -153,12 +160,12 @@ def pipeline_config(
     )
 
 
-def start_spark(settings: SparkSettings = SPARK) -> float:
-    """Start a session (stopping one of other settings) and run one small Arrow job on its executors (the
-    first job loads Spark's classes and starts the Python workers)."""
+def start_spark(settings: SparkSettings = SPARK, conf: dict[str, str] = SPARK_CONF) -> float:
+    """Start a session (stopping one of other settings) with a destination's ``conf`` (DuckLake's by default) and run
+    one small Arrow job on its executors (the first job loads Spark's classes and starts the Python workers)."""
     started = time.perf_counter()
     stop_spark()
-    spark = get_spark(settings, SPARK_CONF)
+    spark = get_spark(settings, conf)
     spark.createDataFrame(pa.table({"x": list(range(1000))})).mapInArrow(lambda b: b, "x long").collect()
     return time.perf_counter() - started
 
@@ -184,7 +191,11 @@ def run_ducklake(
 ) -> tuple[float, WriteStats]:
     """Run a pipeline into DuckLake until its copy is durable (``stop_when="copied"``: every table past
     its copy, whose last rows the engine's flush wrote) or ``target`` streamed changes were written."""
-    destination = CountingDuckLake(lake_config, config.pipeline.id, target)
+    return run_counted(config, CountingDuckLake(lake_config, config.pipeline.id, target), store, stop_when)
+
+
+def run_counted(config: PipelineConfig, destination: Any, store: Store, stop_when: str) -> tuple[float, WriteStats]:
+    """``run_ducklake`` for any ``Counting`` destination."""
     pipeline = Pipeline(config, store, destination)
     started = time.perf_counter()
     pipeline.start()

@@ -14,13 +14,17 @@ workload runs; then each consumer drains the same backlog from its own slot:
    into its own lake before the workload; restarted, timed from ``Pipeline.start()`` until its destination wrote
    every change (the Spark session started and warmed before, as a running pipeline's is). Its first write after
    the start is reported apart from the steady ones. DuckDB then reads every lake table's row count back;
+   with ``--bigquery``, the same into the local BigQuery emulator (Spark ``local[2]``, engine and destination
+   defaults, ``min_apply_interval_s`` included); the emulator counts every table's rows back. Its figures are the
+   emulator's (DuckDB under a Python server, a few hundred changes a second here), not BigQuery's: give it a small
+   backlog (``--scale 2 --seconds 10``);
 4. live (``--live SECONDS``, 0 to skip): the first lake's pipeline runs, caught up, while pgbench runs again at its
    full rate beside it on the same machine; reported are the replication lag at most (sampled every 0.25 s), how
    long after pgbench stopped the lake had every change, and ``etl_commit_to_durable_seconds`` over the run (p50
    and p99 interpolated within buckets, as Prometheus's ``histogram_quantile`` does), against the issue's p99 < 5 s.
 
     .tox/tests/bin/python bench/oltp.py [--scale 20] [--clients 4] [--seconds 60] [--major 18] [--profile DIR]
-        [--masters 'local[2]' 'local-cluster[2,1,1024]'] [--live 60]
+        [--masters 'local[2]' 'local-cluster[2,1,1024]'] [--bigquery] [--live 60]
 """
 
 from __future__ import annotations
@@ -39,11 +43,13 @@ import benchlib
 from bench_streaming import LIMIT_SLOT, engine, limit, ready
 from benchlib import Line
 from ducklake_copy import (
+    Counting,
     CountingDuckLake,
     WriteStats,
     lake,
     lake_count,
     pipeline_config,
+    run_counted,
     run_ducklake,
     show,
     start_spark,
@@ -53,10 +59,16 @@ from latency import histogram, histogram_max, histogram_quantile, ms
 from etl.config import PipelineConfig
 from etl.lsn import Lsn
 from etl.pipeline import Pipeline
+from etl.schema import TableName
 from etl.store.base import APPLY_WORKER
 from etl.testing import free_port
+from etl_spark.bigquery.config import SPARK_CONF as BIGQUERY_SPARK_CONF
+from etl_spark.bigquery.config import BigQueryConfig
+from etl_spark.bigquery.destination import BigQueryDestination
+from etl_spark.bigquery.names import table_id
 from etl_spark.ducklake.config import DuckLakeConfig
 from etl_spark.session import SparkSettings
+from etl_spark.testing.bigquery_emulator import PROJECT, BigQueryEmulator, running_emulator
 from etl_store_sqlite.store import SqliteStore
 
 PUBLICATION = "oltp_pub"
@@ -181,7 +193,46 @@ def live(
     print(f"  load average now {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
-def ducklake_line(master: str, seconds: float, stats: WriteStats) -> Line:
+class CountingBigQuery(Counting, BigQueryDestination):
+    """The bigquery destination, counting (``Counting``)."""
+
+    def __init__(self, config: BigQueryConfig, pipeline_id: int, target: int) -> None:
+        super().__init__(config, pipeline_id)
+        self.count_to(target)
+
+
+def bigquery_config(emulator: BigQueryEmulator) -> BigQueryConfig:
+    return BigQueryConfig.model_validate(
+        {
+            "project": PROJECT,
+            "dataset": "oltp",
+            "staging_uri": "gs://staging/etl",
+            "staging_local_dir": str(emulator.bucket_dir("staging")),
+            "endpoint": emulator.endpoint,
+            "spark": LOCAL_2.model_dump(),
+        }
+    )
+
+
+def bigquery_counts(emulator: BigQueryEmulator) -> list[int]:
+    client = emulator.client()
+    try:
+        return [
+            int(next(iter(client.query_and_wait(f"SELECT count(*) FROM `{PROJECT}.oltp.{bigquery_table(t)}`")))[0])
+            for t in TABLES
+        ]
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+
+
+def bigquery_table(table: str) -> str:
+    return table_id(TableName("public", table))
+
+
+LOCAL_2 = SparkSettings(master="local[2]")
+
+
+def drain_line(name: str, seconds: float, stats: WriteStats) -> Line:
     """The drain into a lake, its first write after the start set apart from the steady ones."""
     (first_changes, first_seconds), steady = stats.each[0], stats.each[1:]
     note = f"first write {first_changes:,} changes in {first_seconds:.2f} s"
@@ -190,7 +241,7 @@ def ducklake_line(master: str, seconds: float, stats: WriteStats) -> Line:
         each = first_changes * spent / max(changes, 1)
         note += f" (a steady write of as many: {each:.2f} s); then {len(steady)} writes"
         note += f", {changes / spent:,.0f} changes/s"
-    return Line(f"engine -> DuckLake, {master}", stats.changed_rows, seconds, note=note)
+    return Line(name, stats.changed_rows, seconds, note=note)
 
 
 def main() -> int:
@@ -201,6 +252,9 @@ def main() -> int:
     masters = ["local[2]", "local-cluster[2,1,1024]"]
     parser.add_argument("--masters", nargs="*", default=masters, help="Spark masters of the DuckLake runs")
     parser.add_argument("--live", type=int, default=60, help="seconds of pgbench beside the first lake's pipeline")
+    parser.add_argument(
+        "--bigquery", action="store_true", help="drain into the BigQuery emulator too (slow: see above)"
+    )
     args = parser.parse_args()
     with (
         benchlib.source(args) as src,
@@ -222,6 +276,17 @@ def main() -> int:
             run_ducklake(config, lake_config, 0, lake_store(workdir, pipeline_id), "copied")
             print(f"  DuckLake, {master}: copied and ready in {time.perf_counter() - started:.1f} s", flush=True)
             pipelines.append((master, config, lake_config))
+        bigquery = None
+        if args.bigquery:
+            emulator = lakes.enter_context(running_emulator(Path(workdir) / "bigquery"))
+            bigquery = (pipeline_config(src, len(pipelines) + 2, publication=PUBLICATION), bigquery_config(emulator))
+            start_spark(LOCAL_2, BIGQUERY_SPARK_CONF)
+            started = time.perf_counter()
+            config, bq = bigquery
+            run_counted(
+                config, CountingBigQuery(bq, config.pipeline.id, 0), lake_store(workdir, config.pipeline.id), "copied"
+            )
+            print(f"  BigQuery (emulator): copied and ready in {time.perf_counter() - started:.1f} s", flush=True)
         src.execute(f"SELECT pg_create_logical_replication_slot('{LIMIT_SLOT}', 'pgoutput')")
         transactions, seconds = workload(src, args.clients, args.seconds)
         changes = transactions * CHANGES_PER_TRANSACTION
@@ -240,9 +305,18 @@ def main() -> int:
             counted = [lake_count(lake_config, table)[0] for table in TABLES]
             if counted != expected:
                 raise RuntimeError(f"DuckDB reads {counted} rows in the lake ({master}), the tables have {expected}")
-            lines.append(ducklake_line(master, seconds, stats))
+            lines.append(drain_line(f"engine -> DuckLake, {master}", seconds, stats))
+        if bigquery is not None:
+            config, bq = bigquery
+            start_spark(LOCAL_2, BIGQUERY_SPARK_CONF)
+            progress = lake_store(workdir, config.pipeline.id)
+            seconds, stats = run_counted(config, CountingBigQuery(bq, config.pipeline.id, changes), progress, "changed")
+            counted = bigquery_counts(emulator)
+            if counted != expected:
+                raise RuntimeError(f"the emulator counts {counted} rows, the tables have {expected}")
+            lines.append(drain_line("engine -> BigQuery (emulator)", seconds, stats))
         if lines:
-            show(title + ", into DuckLake (ratios to null)", engine_line, *lines)
+            show(title + ", into DuckLake and BigQuery (ratios to null)", engine_line, *lines)
         if pipelines and args.live:
             master, config, lake_config = pipelines[0]
             start_spark(lake_config.spark)
