@@ -3,6 +3,7 @@ state the source really had, across all its tables."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from etl.pipeline import Pipeline
 from etl.testing.pipelines import all_ready, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.workload import concurrent_transactions
-from etl_spark.ducklake.reader import open_lake
+from etl_spark.ducklake.reader import latest_consistent, open_lake
 from etl_spark.testing import lake_matches, latest_snapshot
 
 pytestmark = pytest.mark.slow
@@ -85,6 +86,14 @@ def test_every_snapshot_while_streaming_holds_whole_transactions(pg_database: Te
 
     con = open_lake(catalog)
     try:
+        marks = {
+            int(s): json.loads(info)["consistent"]
+            for s, info in con.execute(
+                "SELECT snapshot_id, commit_extra_info FROM ducklake_snapshots('lake')"
+            ).fetchall()
+            if info is not None
+        }
+        latest = latest_consistent(con, 1)
         snapshots = [s for (s,) in con.execute("SELECT snapshot_id FROM ducklake_snapshots('lake')").fetchall()]
         streamed = [s for s in snapshots if s > copied]
         broken = []
@@ -101,3 +110,9 @@ def test_every_snapshot_while_streaming_holds_whole_transactions(pg_database: Te
         con.close()
     assert len(streamed) >= 10, f"only {len(streamed)} snapshots: too few batches to tell"
     assert not broken, f"{len(broken)} of {len(streamed)} snapshots hold part of a transaction: {broken[:5]}"
+    # Each streamed batch's snapshot says it is a state the source had; none before every table was ready does
+    # (the copies' snapshots record no position, the catch-ups' batches say false).
+    streamed_marks = {s: m for s, m in marks.items() if s > copied}
+    assert len(streamed_marks) >= 10 and all(streamed_marks.values()), streamed_marks
+    assert not any(m for s, m in marks.items() if s <= copied), marks
+    assert latest == max(streamed_marks)

@@ -29,9 +29,11 @@ class CountingDestination(MemoryDestination):
     def __init__(self) -> None:
         super().__init__()
         self.batches = 0
+        self.ends_in_transaction: list[bool] = []
 
     def write_events(self, batch: EventBatch) -> WriteResult:
         self.batches += 1
+        self.ends_in_transaction.append(batch.ends_in_transaction)
         return super().write_events(batch)
 
 
@@ -130,6 +132,8 @@ def test_a_burst_ends_when_the_batch_is_full(pg_database: TestDatabase) -> None:
         rows = worker.destination.rows("public.t")
         assert sorted(r["id"] for r in rows) == list(range(1, 51))
         assert worker.destination.batches > 5  # a batch of about 2000 bytes at a time, not one for the burst
+        # each batch but the last ends inside the transaction, and says so
+        assert worker.destination.ends_in_transaction == [True] * (worker.destination.batches - 1) + [False]
 
 
 class BrokenDestination(CountingDestination):

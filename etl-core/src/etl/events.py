@@ -156,6 +156,12 @@ class EventBatch:
     commit_timestamps: Mapping[int, datetime] = field(default_factory=dict)
     """Source commit time by commit LSN (``_etl_commit_lsn``) of every transaction with changes in the batch,
     also of one that began in an earlier batch or commits in a later one (Postgres sends it at BEGIN)."""
+    ends_in_transaction: bool = False
+    """The batch ends inside a transaction larger than a batch, whose rest comes in the next ones."""
+    all_tables_ready: bool = False
+    """Every published table was ready when the stream cut the batch: copied and caught up, none errored, no copy
+    or backfill in chunks under way. A destination that applies the batch in one step, after every earlier one,
+    then holds a state the source had (unless ``ends_in_transaction``)."""
 
     def events(self) -> Iterator[Event]:
         return self._events()

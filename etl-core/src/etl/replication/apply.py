@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -77,7 +78,15 @@ class ApplyWorker(StreamWorker):
         self.chunked.began(xid)
 
     def prepared(self, batch: EventBatch) -> EventBatch:
-        return self.chunked.prepared(batch)
+        batch = self.chunked.prepared(batch)
+        return replace(batch, all_tables_ready=True) if self._all_tables_ready() else batch
+
+    def _all_tables_ready(self) -> bool:
+        """Every published table ready, and no table copied or backfilled in chunks or by a sync worker."""
+        if self.chunked.copies or self.sync_workers or not self.tables:
+            return False
+        states = self.ctx.states
+        return all((s := states.get(t)) is not None and s.kind is TableStateKind.READY for t in self.tables)
 
     def awaiting_position(self) -> bool:
         return self.ctx.states.waiting_on_apply

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -415,6 +415,8 @@ class StreamWorker:
                 self.table_failed(exc.table_id, exc)
                 self.builder.discard_table(exc.table_id)
         self._batch_started = None
+        if self.in_transaction:
+            batch = replace(batch, ends_in_transaction=True)
         self.submit(self.prepared(batch))
 
     def prepared(self, batch: EventBatch) -> EventBatch:

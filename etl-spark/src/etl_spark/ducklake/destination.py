@@ -344,7 +344,7 @@ class DuckLakeDestination:
 
     def _commit_copy(self, plan: TablePlan) -> None:
         try:
-            self.catalog.commit(partial(_apply_all, [plan], self.storage, None))
+            self.catalog.commit(partial(_apply_all, [plan], self.storage, None, False))
         except BaseException:
             plan.discard(self.storage)
             raise
@@ -354,12 +354,13 @@ class DuckLakeDestination:
         which records the batch's end as the lake's position (``catalog.positions``): alone when it changes none."""
         rounds = max((len(segments) for segments in batch.changes.values()), default=0)
         position = batch.last_commit_lsn or None
+        consistent = batch.all_tables_ready and not batch.ends_in_transaction
         recorded = False
         with self._writing.batch():
             for index in range(rounds):
                 segments = [segs[index] for segs in batch.changes.values() if index < len(segs)]
                 at = position if index == rounds - 1 else None
-                plans = self._commit_plans(partial(self._plan_all, segments), at)
+                plans = self._commit_plans(partial(self._plan_all, segments), at, consistent)
                 recorded = bool(plans) and at is not None
                 self._after_commit(plans)
             if position is not None and not recorded:
@@ -442,11 +443,11 @@ class DuckLakeDestination:
 
     # -- helpers ---------------------------------------------------------------------------------
     def _commit_plans(
-        self, make: Callable[[], Iterable[TablePlan | None]], position: Lsn | None = None
+        self, make: Callable[[], Iterable[TablePlan | None]], position: Lsn | None = None, consistent: bool = False
     ) -> list[TablePlan]:
         """Make the plans (Spark work, data files written) and commit them as one snapshot (standing at the stream's
-        ``position``, if any); recompute on conflict, and after flushing a table's inlined rows before its schema
-        changes. Return the committed plans.
+        ``position``, if any, and marked ``consistent`` when it then holds a state the source had); recompute on
+        conflict, and after flushing a table's inlined rows before its schema changes. Return the committed plans.
 
         Data files of plans that do not get committed, a failure half-way through making them included, are
         removed.
@@ -460,7 +461,7 @@ class DuckLakeDestination:
                 if not plans:
                     return []
                 self.catalog.commit(
-                    partial(_apply_all, plans, self.storage, position),
+                    partial(_apply_all, plans, self.storage, position, consistent),
                     base_snapshot=base,
                     tables=[p.handle.table.table_id for p in plans if p.handle is not None],
                 )
@@ -496,12 +497,14 @@ class DuckLakeDestination:
         )
 
 
-def _apply_all(plans: list[TablePlan], storage: LakeStorage, position: Lsn | None, txn: Transaction) -> None:
+def _apply_all(
+    plans: list[TablePlan], storage: LakeStorage, position: Lsn | None, consistent: bool, txn: Transaction
+) -> None:
     """Apply the plans in one transaction, each to its lake table as read at the start of it, standing at the
-    stream's ``position``. So a table that an earlier plan parked (another source table of the batch took its
-    name) is not renamed back by its own plan, which would park the other in turn: both held the name during the
-    batch, and its next change names it."""
-    txn.position = position
+    stream's ``position`` (``consistent``: a state the source had). So a table that an earlier plan parked (another
+    source table of the batch took its name) is not renamed back by its own plan, which would park the other in
+    turn: both held the name during the batch, and its next change names it."""
+    txn.position, txn.consistent = position, consistent
     current = txn.tables([plan.handle.table.table_id for plan in plans if plan.handle is not None])
     for plan in plans:
         with naming_table(plan.schema.id):

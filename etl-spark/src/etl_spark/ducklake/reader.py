@@ -204,6 +204,22 @@ SNAPSHOT_AT: Final = (
 """The DuckDB SQL of ``snapshot_at`` (parameters: the lake's alias, the pipeline id, the LSN as an integer)."""
 
 
+LATEST_CONSISTENT: Final = (
+    "SELECT max(snapshot_id) FROM ducklake_snapshots(?) WHERE commit_extra_info IS NOT NULL"
+    " AND json_extract(commit_extra_info, '$.pipeline_id')::BIGINT = ?"
+    " AND coalesce(json_extract(commit_extra_info, '$.consistent')::BOOLEAN, false)"
+)
+"""The DuckDB SQL of ``latest_consistent`` (parameters: the lake's alias, the pipeline id)."""
+
+
+def latest_consistent(con: duckdb.DuckDBPyConnection, pipeline_id: int, alias: str = "lake") -> int | None:
+    """The latest snapshot of the lake attached as ``alias`` that pipeline ``pipeline_id`` marked as a state the
+    source had, across all its tables (``"consistent": true`` in its ``commit_extra_info``); ``None`` before the
+    first (while tables are still copied or catching up)."""
+    row = con.execute(LATEST_CONSISTENT, [alias, int(pipeline_id)]).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
 def snapshot_at(con: duckdb.DuckDBPyConnection, pipeline_id: int, lsn: Lsn, alias: str = "lake") -> int | None:
     """The first snapshot of the lake attached as ``alias`` that holds everything pipeline ``pipeline_id`` streamed
     up to ``lsn`` (it stands at ``lsn`` or past it: ``catalog.positions``); ``None`` while the lake is behind it.

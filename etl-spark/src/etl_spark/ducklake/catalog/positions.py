@@ -32,9 +32,10 @@ class LakePosition:
     snapshot_id: int
 
 
-def commit_info(pipeline_id: int, lsn: Lsn) -> dict[str, str]:
-    """The ``ducklake_snapshot_changes`` columns that say where a snapshot of a batch stands."""
-    extra = {"pipeline_id": int(pipeline_id), "lsn": str(lsn), "lsn_int": int(lsn)}
+def commit_info(pipeline_id: int, lsn: Lsn, consistent: bool = False) -> dict[str, str]:
+    """The ``ducklake_snapshot_changes`` columns that say where a snapshot of a batch stands, and whether it holds a
+    state the source had (``consistent``: every table of the pipeline ready, the batch ending at a commit)."""
+    extra = {"pipeline_id": int(pipeline_id), "lsn": str(lsn), "lsn_int": int(lsn), "consistent": consistent}
     return {
         "commit_message": f"etl pipeline {int(pipeline_id)}: the source through {lsn}",
         "commit_extra_info": json.dumps(extra, separators=(",", ":")),

@@ -65,6 +65,8 @@ class SnapshotCommit:
     changes: list[str] = field(default_factory=list)
     position: Lsn | None = None
     """The stream's position the snapshot brings the lake to (a batch's end: ``positions``); ``None`` for others."""
+    consistent: bool = False
+    """With a ``position``: the snapshot holds a state the source had, across all the pipeline's tables."""
     _schema_changed: set[int] = field(default_factory=set)
     _ddl: bool = False
 
@@ -212,7 +214,11 @@ class SnapshotCommit:
                 "next_file_id": self.next_file_id,
             },
         )
-        info = {} if self.position is None else positions.commit_info(self.catalog.pipeline_id, self.position)
+        info = (
+            {}
+            if self.position is None
+            else positions.commit_info(self.catalog.pipeline_id, self.position, self.consistent)
+        )
         self._insert(
             "ducklake_snapshot_changes",
             {
