@@ -7,9 +7,12 @@ from collections.abc import Iterator
 import pytest
 from structlog.testing import capture_logs
 
+from etl.destination.base import WriteResult
 from etl.destination.memory import MemoryDestination
+from etl.events import EventBatch
 from etl.pipeline import Pipeline
 from etl.replication import apply as apply_module
+from etl.schema import TableName
 from etl.store.memory import MemoryStore
 from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
@@ -119,3 +122,39 @@ def test_a_freed_sync_worker_takes_the_next_table_at_once(
         assert destination_matches(db, destination, *tables)
     finally:
         pipeline.shutdown()
+
+
+class FlagRecordingDestination(MemoryDestination):
+    """The memory destination, keeping ``all_tables_ready`` of each batch with changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ready_flags: list[bool] = []
+
+    def write_events(self, batch: EventBatch) -> WriteResult:
+        if batch.row_count():
+            self.ready_flags.append(batch.all_tables_ready)
+        return super().write_events(batch)
+
+
+@pytest.mark.parametrize("skipped", [False, True], ids=["all-copied", "one-skipped"])
+def test_batches_say_when_every_table_is_copied_and_ready(pg_database: TestDatabase, skipped: bool) -> None:
+    """Once every table is copied and ready, the apply worker's batches say so; never while a table ``[copy]``
+    leaves uncopied is published (its older rows are missing from the destination)."""
+    db = pg_database
+    db.execute(
+        "CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY); INSERT INTO b VALUES (0);"
+        " CREATE PUBLICATION pub FOR TABLE a, b"
+    )
+    destination = FlagRecordingDestination()
+    copy = {"skip": ["public.b"]} if skipped else {}
+    pipeline = Pipeline(pipeline_config(db, copy=copy), MemoryStore(pipeline_id=1), destination)
+    pipeline.start()
+    try:
+        wait_until(lambda: all_ready(pipeline, 2), "both tables ready", pipeline)
+        for i in range(1, 4):
+            db.execute(f"INSERT INTO a VALUES ({i}); INSERT INTO b VALUES ({i})")
+        wait_until(lambda: len(destination.rows(TableName.parse("public.a"))) == 3, "the inserts", pipeline)
+    finally:
+        pipeline.shutdown()
+    assert destination.ready_flags and all(flag is not skipped for flag in destination.ready_flags)

@@ -7,6 +7,7 @@ destination that fails, named as such below); the store is the memory store.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -39,9 +40,11 @@ class FailingDestination(MemoryDestination):
         super().__init__()
         self.failures = failures
         self.calls: list[set[int]] = []
+        self.ready: list[bool] = []
 
     def write_events(self, batch: EventBatch) -> WriteResult:
         self.calls.append(set(batch.changes))
+        self.ready.append(batch.all_tables_ready)
         if self.failures:
             raise self.failures.pop(0)
         return super().write_events(batch)
@@ -93,11 +96,15 @@ def test_a_destination_error_that_may_pass_is_retried(store: MemoryStore) -> Non
 def test_tables_that_fail_together_are_errored_in_one_go(store: MemoryStore) -> None:
     failures = [TableError("bad a", table_id=101), TableError("bad b", table_id=102)]
     destination = FailingDestination([TableErrors(failures)])
-    writer, errored = write(destination, store)
+    errored: dict[int, TableError] = {}
+    writer = BatchWriter(destination, store, APPLY_WORKER, errored.__setitem__)
+    destination.startup()
+    writer.submit(replace(one_row_each(), all_tables_ready=True))
     writer.wait()
     writer.close()
     assert {t: e.message for t, e in errored.items()} == {101: "bad a", 102: "bad b"}
     assert destination.calls == [{101, 102, 103}, {103}]  # one more write, with the table that did not fail
+    assert destination.ready == [True, False]  # without the failed tables, no longer every table's state
     assert [r["v"] for r in destination.rows("public.c")] == ["c"]
 
 

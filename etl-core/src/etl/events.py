@@ -185,7 +185,7 @@ class EventBatch:
         return by_table
 
     def without_table(self, table_id: TableId) -> EventBatch:
-        """The same batch minus one table's changes (after that table failed)."""
+        """The same batch minus one table's changes (after that table failed: so no longer ``all_tables_ready``)."""
         source = self._events
 
         def events() -> Iterator[Event]:
@@ -198,7 +198,7 @@ class EventBatch:
                     yield event
 
         changes = {t: segs for t, segs in self.changes.items() if t != table_id}
-        return replace(self, changes=changes, _events=events)
+        return replace(self, changes=changes, _events=events, all_tables_ready=False)
 
     def row_count(self) -> int:
         return sum(seg.table.num_rows for segs in self.changes.values() for seg in segs)

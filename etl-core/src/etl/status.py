@@ -308,6 +308,10 @@ def destination_status(
         return DestinationStatus(config.destination.type, cls.recorded_position(options, config.pipeline.id))
     except EtlError as exc:
         return DestinationStatus(config.destination.type, None, exc.message)
+    except Exception as exc:  # a plugin's bug must not take the rest of the status with it; its text may hold secrets
+        return DestinationStatus(
+            config.destination.type, None, f"the destination plugin failed to read it ({type(exc).__name__})"
+        )
 
 
 def _destination_behind(

@@ -60,6 +60,8 @@ class ApplyWorker(StreamWorker):
         self.tables: dict[TableId, PublishedTable] = {}
         self.sync_workers = sync_workers  # outlives this worker: it is kept across reconnects
         self._next_refresh = 0.0
+        self._uncopied: set[TableId] = set()
+        """Published tables ``[copy]`` takes on without a copy."""
         self.chunked = ChunkedCopies(ctx, self, writer.wait)
         """Tables copied in chunks (``[copy] method = "incremental"``)."""
         self.copies_done = False
@@ -78,12 +80,17 @@ class ApplyWorker(StreamWorker):
         self.chunked.began(xid)
 
     def prepared(self, batch: EventBatch) -> EventBatch:
-        batch = self.chunked.prepared(batch)
+        return self.chunked.prepared(batch)
+
+    def marked(self, batch: EventBatch) -> EventBatch:
+        # Once the earlier writes ended: a table one of them errored is no longer ready. No copy starts while this
+        # batch is written (_start_sync_workers waits for it; chunks and copies again are written between batches).
         return replace(batch, all_tables_ready=True) if self._all_tables_ready() else batch
 
     def _all_tables_ready(self) -> bool:
-        """Every published table ready, and no table copied or backfilled in chunks or by a sync worker."""
-        if self.chunked.copies or self.sync_workers or not self.tables:
+        """Every published table copied and ready, and no table copied or backfilled in chunks or by a sync worker.
+        A pipeline with tables ``[copy]`` leaves uncopied never is: their rows from before it started are missing."""
+        if self.chunked.copies or self.sync_workers or not self.tables or self._uncopied:
             return False
         states = self.ctx.states
         return all((s := states.get(t)) is not None and s.kind is TableStateKind.READY for t in self.tables)
@@ -114,9 +121,10 @@ class ApplyWorker(StreamWorker):
     def tick(self) -> None:
         if time.monotonic() >= self._next_refresh:
             self.refresh()
-        elif any(not worker.thread.is_alive() for worker in self.sync_workers.values()):
+        elif self._a_sync_worker_succeeded():
             # A table's copy ended: the next table's starts now, not at the next refresh (tables of a thousand rows
-            # each waited up to REFRESH_INTERVAL_S for a free worker).
+            # each waited up to REFRESH_INTERVAL_S for a free worker). One that failed is started again by the
+            # refresh, which paces its retries.
             self._reap_sync_workers()
             self._start_sync_workers()
         self.chunked.copy_chunks()
@@ -184,6 +192,7 @@ class ApplyWorker(StreamWorker):
             if table_id in self.tables:
                 self.ctx.metrics.forget_tables([str(self.tables[table_id].name)])
         self.tables = published
+        self._uncopied = {t for t, table in published.items() if not self.ctx.config.copy_.copies(table.name)}
         self._reap_sync_workers()
         requests = self.ctx.store.take_resync_requests()
         self._copy_again([t for t, where in requests.items() if where is None], why="requested")
@@ -281,6 +290,15 @@ class ApplyWorker(StreamWorker):
         with ReplicationConnection.connect(self.ctx.config.source) as rconn:
             rconn.drop_slot_if_exists(table_sync_slot(self.ctx.pipeline_id, table_id))
 
+    def _a_sync_worker_succeeded(self) -> bool:
+        """A sync worker's thread ended with its table caught up (or ready)."""
+        for table_id, worker in self.sync_workers.items():
+            if not worker.thread.is_alive():
+                state = self.ctx.states.get(table_id)
+                if state is not None and state.kind in (TableStateKind.SYNC_DONE, TableStateKind.READY):
+                    return True
+        return False
+
     def _reap_sync_workers(self) -> None:
         for table_id, worker in list(self.sync_workers.items()):
             if not worker.thread.is_alive():
@@ -296,6 +314,8 @@ class ApplyWorker(StreamWorker):
                 incremental = self.ctx.config.copy_.method == "incremental" and state.kind is TableStateKind.INIT
                 if copies and incremental and self.chunked.take_on(table_id):
                     continue
+                if not self.sync_workers:  # the write in flight may be marked all_tables_ready: it ends first
+                    self.wait_for_writer()
                 worker = TableSyncWorker(self.ctx, self.tables[table_id], copies)
                 self.sync_workers[table_id] = worker
                 worker.thread.start()

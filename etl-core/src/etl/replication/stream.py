@@ -405,6 +405,7 @@ class StreamWorker:
         """Hand the current batch to the writer (waiting for the write in flight first)."""
         if self.builder.is_empty and not self.builder.has_commits:
             return
+        splits = self.builder.splits_a_transaction
         while True:
             try:
                 batch = self.builder.build()
@@ -415,7 +416,7 @@ class StreamWorker:
                 self.table_failed(exc.table_id, exc)
                 self.builder.discard_table(exc.table_id)
         self._batch_started = None
-        if self.in_transaction:
+        if splits:
             batch = replace(batch, ends_in_transaction=True)
         self.submit(self.prepared(batch))
 
@@ -423,11 +424,19 @@ class StreamWorker:
         """The batch to hand over, made from what the stream gave (the apply worker leaves out what it copies)."""
         return batch
 
+    def marked(self, batch: EventBatch) -> EventBatch:
+        """The batch as written, once every earlier write has ended (the apply worker marks it then)."""
+        return batch
+
     def submit(self, batch: EventBatch) -> None:
         """Hand ``batch`` to the writer once the write in flight has ended."""
+        self.wait_for_writer()
+        self.writer.submit(self.marked(batch))
+
+    def wait_for_writer(self) -> None:
+        """Until the write in flight, if any, has ended."""
         while not self.writer.wait(timeout=1.0):  # backpressure: keep the server informed meanwhile
             self.send_status()
-        self.writer.submit(batch)
 
     def table_failed(self, table_id: TableId, error: TableError) -> None:
         raise error

@@ -70,7 +70,7 @@ from etl_spark.ducklake.reader import open_lake
 from etl_spark.ducklake.storage import LakeStorage
 from etl_spark.ducklake.table_state import TableState, read_states
 from etl_spark.ducklake.upkeep_thread import UPKEEP_SECONDS, Step, Turns, Upkeep
-from etl_spark.ducklake.warm_up import start_warming
+from etl_spark.ducklake.warm_up import WarmUp
 from etl_spark.session import get_spark, require_java, start_in_background
 
 if TYPE_CHECKING:
@@ -111,9 +111,8 @@ class DuckLakeDestination:
         self._copies_lock = threading.Lock()
         self._upkeep: Upkeep | None = None
         self._planner: ThreadPoolExecutor | None = None
-        self._warming = threading.Event()
-        """Set to stop the read-ahead of a start (``warm_up``)."""
-        self._warm_up: threading.Thread | None = None
+        self._warm_up: WarmUp | None = None
+        """A start's read-ahead and warm-up (``warm_up``)."""
         self._pool = threading.local()
         """The fair scheduler pool a planning thread set (``spark``)."""
 
@@ -161,8 +160,7 @@ class DuckLakeDestination:
             raise
         self._storage = LakeStorage(self.catalog.data_path, self.metrics, self.config.key_cache_bytes)
         if self._store is not None:
-            self._warming.clear()
-            self._warm_up = start_warming(self.catalog, self._storage, self._store, lambda: self.spark, self._warming)
+            self._warm_up = WarmUp(self.catalog, self._storage, self._store, lambda: self.spark).start()
         for table_id in self.catalog.tables_with_inlined_rows():
             self._flush_timer.inlined(table_id)
         self._planner = ThreadPoolExecutor(self.config.planning_threads, thread_name_prefix=_PLANNER)
@@ -211,9 +209,8 @@ class DuckLakeDestination:
             )
 
     def shutdown(self) -> None:
-        self._warming.set()
         if self._warm_up is not None:  # it reads the catalog: done before the catalog closes
-            self._warm_up.join(timeout=30)
+            self._warm_up.stop(self._spark)
             self._warm_up = None
         if self._upkeep is not None:
             self._upkeep.stop()

@@ -109,25 +109,44 @@ def _import_task_modules(catalog_url: str, _rows: Iterable[int]) -> Iterator[int
     yield 1
 
 
-def start_warming(
-    catalog: Catalog,
-    storage: LakeStorage,
-    store: Store,
-    spark: Callable[[], SparkSession],
-    stop: threading.Event,
-) -> threading.Thread:
-    """``warm_arrow``, ``warm_lookups`` and ``warm_workers`` on a daemon thread; a failure only costs the speed it
-    would have bought."""
+class WarmUp:
+    """The start's warm-up, on a daemon thread (``start``): ``warm_arrow``, ``warm_lookups``, then ``warm_workers``. A
+    failure only costs the speed it would have bought."""
 
-    def run() -> None:
+    def __init__(self, catalog: Catalog, storage: LakeStorage, store: Store, spark: Callable[[], SparkSession]) -> None:
+        self._catalog, self._storage, self._store, self._spark = catalog, storage, store, spark
+        self._task_url = catalog.task_url  # read now: the Spark part may outlive the catalog's connection
+        self._stopping = threading.Event()
+        self._read_ahead = threading.Event()
+        """Set once the thread no longer reads the catalog."""
+        self._thread = threading.Thread(target=self._run, name="ducklake-warm-up", daemon=True)
+
+    def start(self) -> WarmUp:
+        self._thread.start()
+        return self
+
+    def stop(self, session: SparkSession | None) -> None:
+        """Stop: wait until the catalog is no longer read (so it may close), and cancel the workers' job, if any, on
+        ``session``; a session still starting is left to the daemon thread."""
+        self._stopping.set()
+        self._read_ahead.wait(timeout=30)
+        if session is not None:
+            try:
+                session.sparkContext.cancelJobGroup(WARM_UP_GROUP)
+            except Exception:  # the session is gone already
+                log.debug("could not cancel the warm-up job", exc_info=True)
+
+    def _run(self) -> None:
         try:
-            warm_arrow()
-            warm_lookups(catalog, storage, store, stop)
-            if not stop.is_set():
-                warm_workers(spark(), catalog.task_url)
+            try:
+                warm_arrow()
+                warm_lookups(self._catalog, self._storage, self._store, self._stopping)
+            finally:
+                self._read_ahead.set()
+            if not self._stopping.is_set():
+                session = self._spark()
+                if not self._stopping.is_set():
+                    warm_workers(session, self._task_url)
         except Exception:  # the first batch or task does what is missing itself
-            log.warning("warming up ahead of the first batch failed; the first batch does it", exc_info=True)
-
-    thread = threading.Thread(target=run, name="ducklake-warm-up", daemon=True)
-    thread.start()
-    return thread
+            if not self._stopping.is_set():
+                log.warning("warming up ahead of the first batch failed; the first batch does it", exc_info=True)

@@ -43,8 +43,9 @@ def writing(engine: Engine) -> Iterator[Connection]:
         yield conn
 
 
-def engine_for(url: str) -> Engine:
-    """An engine for a ``sqlite:///`` or ``postgresql://`` URL (psycopg 3 driver).
+def engine_for(url: str, connect_timeout: int | None = None) -> Engine:
+    """An engine for a ``sqlite:///`` or ``postgresql://`` URL (psycopg 3 driver); ``connect_timeout`` seconds at
+    most to connect to a Postgres catalog (libpq's default otherwise: none).
 
     SQLite transactions of ``writing`` begin with ``BEGIN IMMEDIATE``: a writer takes the write lock before it
     reads the latest snapshot, so two writers serialize instead of failing on upgrade. Reads begin a deferred
@@ -57,7 +58,8 @@ def engine_for(url: str) -> Engine:
         raise ConfigError("the DuckLake catalog is not a valid URL", hint=_URL_HINT) from None
     backend = parsed.get_backend_name()
     if backend == "postgresql":
-        engine = sa.create_engine(parsed.set(drivername="postgresql+psycopg"), pool_pre_ping=True)
+        timeout = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
+        engine = sa.create_engine(parsed.set(drivername="postgresql+psycopg"), pool_pre_ping=True, connect_args=timeout)
     elif backend == "sqlite":
         if not (parsed.database or "").startswith("/"):
             # A relative file would be found from the working directory: started from another one, a pipeline

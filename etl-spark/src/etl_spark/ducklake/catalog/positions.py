@@ -74,10 +74,14 @@ def recorded(conn: Connection, pipeline_id: int) -> LakePosition | None:
     return None if row is None else LakePosition(Lsn(int(row.commit_lsn)), int(row.snapshot_id))
 
 
+READ_TIMEOUT_S = 10
+"""How long ``read_position`` waits for a Postgres catalog to answer a connection (``etl status``)."""
+
+
 def read_position(url: str, pipeline_id: int) -> LakePosition | None:
     """The pipeline's recorded position in the catalog at ``url``, read without opening the lake (no migration, no
     file created); ``None`` when the catalog, its position table or the pipeline's row is not there yet."""
-    engine = engine_for(url)
+    engine = engine_for(url, connect_timeout=READ_TIMEOUT_S)
     try:
         if engine.dialect.name == "sqlite" and not Path(engine.url.database or "").is_file():
             return None
@@ -85,7 +89,7 @@ def read_position(url: str, pipeline_id: int) -> LakePosition | None:
             if not sa.inspect(conn).has_table(POSITION_TABLE):
                 return None
             return recorded(conn, pipeline_id)
-    except sa.exc.SQLAlchemyError as exc:
+    except (sa.exc.SQLAlchemyError, OSError) as exc:
         raise DestinationError(
             f"cannot read the DuckLake catalog {redacted(url)}: {masked(str(getattr(exc, 'orig', None) or exc), url)}",
             hint="check that the catalog database exists and is reachable with these credentials",
