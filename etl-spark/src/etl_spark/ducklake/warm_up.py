@@ -13,7 +13,7 @@ the tables the store says are copied, as far as the cache holds them.
 A Python worker of Spark's imports the modules of the first task of ours it runs (the catalog's, SQLAlchemy's and
 its driver's for a flush of inlined rows, the writers' for a copy), seconds of CPU that the first such task (the
 first flush after a start: 7 s of a 100,000-row flush, 0.8 s later) would spend while the stream waits for it. So
-a small job imports them in the workers once the session is up.
+a small job imports them in the workers, ``WORKERS_AFTER_S`` after the start.
 """
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = structlog.get_logger(__name__)
+
+WORKERS_AFTER_S = 20.0
+"""How long after the start the workers are warmed: once the start's own work (the session's start, the copies'
+planning, the first batches) is done, and well before a first flush of inlined rows is due. A pipeline that stops
+sooner warms none."""
 
 TASK_MODULES = ("etl_spark.ducklake.inline_flush", "etl_spark.ducklake.storage", "etl_spark.ducklake.copy_job")
 """What our tasks' functions come from: a worker imports them (and what they import) to unpickle its first task."""
@@ -143,7 +148,7 @@ class WarmUp:
                 warm_lookups(self._catalog, self._storage, self._store, self._stopping)
             finally:
                 self._read_ahead.set()
-            if not self._stopping.is_set():
+            if not self._stopping.wait(WORKERS_AFTER_S):
                 session = self._spark()
                 if not self._stopping.is_set():
                     warm_workers(session, self._task_url)
