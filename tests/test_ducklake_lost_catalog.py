@@ -27,12 +27,17 @@ from etl_spark.testing import lake_matches
 SPARK = {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "2"}}
 
 
-def start(db: TestDatabase, tmp_path: Path, catalog: str) -> Pipeline:
-    config = pipeline_config(
+def lake_config(db: TestDatabase, tmp_path: Path, catalog: str) -> PipelineConfig:
+    """The pipeline into the DuckLake ``catalog``, its store in ``tmp_path``."""
+    return pipeline_config(
         db,
         store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
         destination={"type": "ducklake", "catalog": catalog, "data_path": f"{tmp_path}/data/", "spark": SPARK},
     )
+
+
+def start(db: TestDatabase, tmp_path: Path, catalog: str) -> Pipeline:
+    config = lake_config(db, tmp_path, catalog)
     store = build_store(config, "test")
     pipeline = Pipeline(config, store, build_destination(config, store, "test"))
     pipeline.start()
@@ -40,11 +45,7 @@ def start(db: TestDatabase, tmp_path: Path, catalog: str) -> Pipeline:
 
 
 def status(db: TestDatabase, tmp_path: Path, catalog: str) -> StatusReport:
-    config = pipeline_config(
-        db,
-        store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
-        destination={"type": "ducklake", "catalog": catalog, "data_path": f"{tmp_path}/data/", "spark": SPARK},
-    )
+    config = lake_config(db, tmp_path, catalog)
     store = build_store(config, "test")
     try:
         return status_report(config, store)
