@@ -463,3 +463,79 @@ def test_inserts_into_a_keyless_table_are_written_on_the_driver(
     assert len(lake_rows(lake, LOG)) == 7
     inlined = lake.query("SELECT count(*) FROM ducklake_list_files('lake', 'log', schema => 'public')")[0][0]
     assert (inlined > 1) == (inline_row_limit == 0)  # the copy's file, and one per batch when not inlined
+
+
+def toasted(key_type: int) -> TableSchema:
+    return TableSchema(
+        16520 + key_type,
+        TableName("public", f"toasted_{key_type}"),
+        (
+            ColumnSchema("id", key_type, nullable=False, primary_key=True),
+            ColumnSchema("note", 25),
+            ColumnSchema("body", 25),
+        ),
+    )
+
+
+@pytest.mark.parametrize("key_type", [pytest.param(20, id="bigint-key"), pytest.param(2950, id="uuid-key")])
+def test_unchanged_toast_values_come_from_the_row_they_stem_from(
+    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch, key_type: int
+) -> None:
+    """Values an update left unchanged (TOAST) come from the stored row the key's row stems from: in a file (of
+    several row groups) or inlined, under the same key or one an update moved the row from, or from an earlier
+    change of the batch, through a moved key too. A one-column integer or text key reads them on the driver, with
+    no Spark job; another key (a uuid) joins the stored rows in Spark."""
+    con = lake.duckdb_bare()
+    try:  # the stored rows in several row groups (DuckDB creates the lake)
+        con.execute(f"ATTACH 'ducklake:{lake.duckdb_target}' AS lake (DATA_PATH '{lake.data_path}')")
+        con.execute("CALL lake.set_option('parquet_row_group_size', 2)")
+    finally:
+        con.close()
+    schema = toasted(key_type)
+    key = (lambda i: i) if key_type == 20 else (lambda i: f"00000000-0000-0000-0000-{i:012d}")
+    destination = kit.make_destination(lake)
+    reference = MemoryDestination()
+
+    def row(i: int, note: str, body: str | None = None) -> dict[str, Any]:
+        return {"id": key(i), "note": note, "body": body}
+
+    stored = [row(i, "stored", f"body {i}") for i in (1, 2, 3, 4, 6)]
+    for target in (destination, reference):
+        target.write_table_rows(schema, kit.rows_table(schema, stored))  # a data file
+    b = kit.BatchBuilder()
+    inlined = b.commit().insert(schema, row(7, "inlined", "body 7")).insert(schema, row(8, "inlined", "body 8")).build()
+    for target in (destination, reference):
+        target.write_events(inlined)
+    if key_type == 20:
+
+        def no_spark(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("unchanged TOAST values of an integer key were filled in Spark")
+
+        monkeypatch.setattr(type(destination.lake), "to_spark", no_spark)
+        monkeypatch.setattr(plan_module, "read_rows", no_spark)
+        monkeypatch.setattr(plan_module, "live_rows", no_spark)
+    unchanged = ("body",)
+    changes = (
+        b.commit()
+        .update(schema, row(1, "same key, from a file"), missing=unchanged)
+        .update(schema, row(40, "moved, from a file"), old={"id": key(4)}, missing=unchanged)
+        .update(schema, row(40, "moved, then updated"), missing=unchanged)
+        .update(schema, row(7, "same key, inlined"), missing=unchanged)
+        .update(schema, row(80, "moved, inlined"), old={"id": key(8)}, missing=unchanged)
+        .commit()
+        .insert(schema, row(5, "inserted", "body 5"))
+        .update(schema, row(50, "inserted, then moved"), old={"id": key(5)}, missing=unchanged)
+        .update(schema, row(6, "new body", "body 6b"))
+        .update(schema, row(6, "new body kept"), missing=unchanged)
+        .build()
+    )
+    for target in (destination, reference):
+        target.write_events(changes)
+
+    def by_id(rows: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+        return {str(r["id"]): (r["note"], r["body"]) for r in rows}
+
+    assert by_id(lake_rows(lake, schema)) == by_id(reference.rows(str(schema.name)))
+    bodies = {i: body for i, (_, body) in by_id(lake_rows(lake, schema)).items()}
+    expected = {1: "body 1", 2: "body 2", 3: "body 3", 40: "body 4", 7: "body 7", 80: "body 8", 50: "body 5"}
+    assert bodies == {str(key(i)): body for i, body in (expected | {6: "body 6b"}).items()}

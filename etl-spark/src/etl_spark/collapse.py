@@ -1,26 +1,24 @@
 """Collapse a batch of changes to its net effect, for destinations that apply batches as set operations.
 
-Two steps, both column-wise:
+Column-wise, on the driver (a batch is in its memory already, in stream order; a Spark job would cost about a
+second whatever its size):
 
-- in Arrow, on the driver (cheap): drop changes at or below a watermark, and cut the batch at its
-  last truncate (what came before it no longer matters);
-- in Spark: for tables with a replica identity key, the last change per key ordered by
-  ``(commit_lsn, tx_ordinal)`` decides the key's final state (an update that changes the key is a
-  delete of the old key plus an upsert of the new one); for ``REPLICA IDENTITY FULL`` tables
-  without a key, the net count of each whole-row image (inserts minus deletes), which is order
-  independent because Postgres only deletes rows that exist.
+- drop changes at or below a watermark, and cut the batch at its last truncate (what came before it no
+  longer matters);
+- for tables with a replica identity key, the last change per key in stream order decides the key's final
+  state (an update that changes the key is a delete of the old key plus an upsert of the new one):
+  ``last_change_per_key_arrow``. Unchanged TOAST values (named in ``_etl_missing``) are filled from the key's
+  earlier images in the batch, through the keys an update moved the row from; what remains missing is left for
+  the destination to take from the stored row named by ``PRIOR_KEY``.
 
-A batch is already in driver memory, in stream order, so ``last_change_per_key_arrow`` computes the
-same last change per key there, in Arrow, with no Spark job (a Spark job costs about a second
-whatever its size); it serves batches without unchanged TOAST values.
-
-Unchanged TOAST values (named in ``_etl_missing``) are filled from the key's previous image in the
-same batch; what remains missing is left for the destination to take from its stored row.
+For ``REPLICA IDENTITY FULL`` tables without a key, Spark counts each whole-row image (inserts minus deletes,
+order independent because Postgres only deletes rows that exist): ``net_changes_without_key``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import reduce
 from typing import TYPE_CHECKING, Final
 
@@ -31,7 +29,7 @@ import pyarrow.compute as pc
 from etl.api import COMMIT_LSN_COLUMN, MISSING_COLUMN, OLD_COLUMN, OP_COLUMN, TX_ORDINAL_COLUMN
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import DataFrame
 
 ACTION: Final = "_etl_action"
 """``upsert`` (the row must hold this image) or ``delete`` (the key must be absent)."""
@@ -86,14 +84,18 @@ def missing_columns(changes: pa.Table) -> list[str]:
     return sorted(v for v in pc.unique(names).to_pylist() if v is not None)
 
 
-def last_change_per_key_arrow(changes: pa.Table, columns: Sequence[str], key: Sequence[str]) -> pa.Table:
-    """``last_change_per_key`` for a batch without unchanged TOAST values, in Arrow: ``columns`` and ``ACTION``.
+def last_change_per_key_arrow(
+    changes: pa.Table, columns: Sequence[str], key: Sequence[str], toast: Sequence[str] = ()
+) -> pa.Table:
+    """Per key, the row image or deletion that is its net effect: ``columns`` and ``ACTION``; with ``toast`` (the
+    batch's unchanged TOAST columns, ``missing_columns``) also ``_etl_missing`` (what is still missing after filling
+    from the batch) and ``PRIOR_KEY`` (the key of the stored row that holds it).
 
     ``changes`` are in stream order (no truncates), so a key's last change is its last touch in the
     table; an update that changes the key also touches the old key, with a delete.
     """
-    if missing_columns(changes):
-        raise ValueError("last_change_per_key_arrow does not fill unchanged TOAST values; use last_change_per_key")
+    if not set(missing_columns(changes)) <= set(toast):
+        raise ValueError("unchanged TOAST values in columns not named in toast")
     op = changes[OP_COLUMN]
     order = pa.array(np.arange(changes.num_rows, dtype=np.int64))
     action = pc.if_else(pc.equal(op, "D"), DELETE, UPSERT)
@@ -109,11 +111,155 @@ def last_change_per_key_arrow(changes: pa.Table, columns: Sequence[str], key: Se
     )
     moved = moved.append_column(ACTION, pa.array([DELETE] * count, pa.string()))
     moved = moved.append_column("_etl_order", order.filter(moves))
+    if toast:
+        prior = [pc.if_else(old.is_valid(), old_key[k], changes[k]) for k in key]
+        images = images.append_column(PRIOR_KEY, pa.StructArray.from_arrays(_combined(prior), list(key)))
+        images = images.append_column(MISSING_COLUMN, _missing_lists(changes))
+        moved_prior = [old_key[k].filter(moves) for k in key]
+        moved = moved.append_column(PRIOR_KEY, pa.StructArray.from_arrays(_combined(moved_prior), list(key)))
+        moved = moved.append_column(MISSING_COLUMN, pa.array([[]] * count, pa.list_(pa.string())))
     touches = pa.concat_tables([images, moved]).sort_by("_etl_order")
+    if toast:
+        touches = _fill_from_earlier(touches, key, toast)
     position = pa.array(np.arange(touches.num_rows, dtype=np.int64))
     last = pa.table([comparable(touches[k]) for k in key], names=list(key)).append_column("_etl_position", position)
     winners = last.group_by(list(key), use_threads=False).aggregate([("_etl_position", "max")])
     return touches.take(winners["_etl_position_max"]).drop_columns(["_etl_order"])
+
+
+def _combined(arrays: Sequence[pa.Array | pa.ChunkedArray]) -> list[pa.Array]:
+    return [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
+
+
+def _missing_lists(changes: pa.Table) -> pa.Array:
+    """Each change's ``_etl_missing``, a list (empty where null)."""
+    missing = changes[MISSING_COLUMN].combine_chunks().cast(pa.list_(pa.string()))
+    return pc.if_else(missing.is_valid(), missing, pa.scalar([], pa.list_(pa.string())))
+
+
+def _storage(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """An extension type's values (``uuid``) as their storage, which pyarrow sorts."""
+    values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    return values.storage if isinstance(values, pa.ExtensionArray) else values
+
+
+def missing_matrix(missing: pa.Array, toast: Sequence[str]) -> np.ndarray:
+    """``[row, i]``: whether row's ``_etl_missing`` names ``toast[i]``."""
+    found = np.zeros((len(missing), len(toast)), np.bool_)
+    if len(missing) == 0:
+        return found
+    parents = pc.list_parent_indices(missing).to_numpy()
+    names = pc.list_flatten(missing)
+    for i, name in enumerate(toast):
+        found[parents[pc.fill_null(pc.equal(names, name), False).to_numpy(zero_copy_only=False)], i] = True
+    return found
+
+
+def _fill_from_earlier(touches: pa.Table, key: Sequence[str], toast: Sequence[str]) -> pa.Table:
+    """``touches`` (in stream order) with each missing value taken from the key's latest earlier image in the
+    batch that holds it (through the keys an update moved it from), ``_etl_missing`` naming only what is still
+    missing, and ``PRIOR_KEY``, where some is, naming the stored row it comes from: the key of the row before the
+    batch that the key's images stem from."""
+    n = touches.num_rows
+    if n == 0:
+        return touches
+    keys = pa.table([_storage(comparable(touches[k])) for k in key], names=[f"k{i}" for i in range(len(key))])
+    upsert = pc.equal(touches[ACTION], UPSERT).to_numpy(zero_copy_only=False)
+    missing = missing_matrix(touches[MISSING_COLUMN].combine_chunks(), toast)
+    fill = _within_keys(keys, upsert, missing)
+    moves = _moves(touches, upsert)
+    if moves:
+        _through_moves(keys, upsert, missing, moves, fill)
+    sources, stems, remaining = fill.sources, fill.stems, fill.remaining
+    for i, name in enumerate(toast):
+        if (sources[i] != np.arange(n)).any():
+            touches = touches.set_column(touches.column_names.index(name), name, touches[name].take(sources[i]))
+    if (stems != np.arange(n)).any():
+        touches = touches.set_column(touches.column_names.index(PRIOR_KEY), PRIOR_KEY, touches[PRIOR_KEY].take(stems))
+    offsets = np.concatenate([[0], np.cumsum(remaining.sum(axis=1))]).astype(np.int32)
+    names = [toast[int(i)] for i in np.nonzero(remaining)[1]]
+    lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array(names, pa.string()))
+    return touches.set_column(touches.column_names.index(MISSING_COLUMN), MISSING_COLUMN, lists)
+
+
+@dataclass
+class _Fill:
+    """Where each touch takes its missing values from (``_fill_from_earlier``)."""
+
+    sources: np.ndarray
+    """``[i, row]``: the row whose value of the i-th toast column the row takes."""
+    stems: np.ndarray
+    """``[row]``: the row whose ``PRIOR_KEY`` the row takes."""
+    remaining: np.ndarray
+    """``[row, i]``: whether the row still misses the i-th toast column."""
+
+
+def _within_keys(keys: pa.Table, upsert: np.ndarray, missing: np.ndarray) -> _Fill:
+    """Each row's values filled from the latest earlier image of the same key that holds them, among the images it
+    had in a row (since the batch began, or since its last delete), whose first names the stored row."""
+    n = len(upsert)
+    order = pc.sort_indices(
+        keys.append_column("_etl_order", pa.array(np.arange(n, dtype=np.int64))),
+        [(name, "ascending") for name in keys.column_names] + [("_etl_order", "ascending")],
+    ).to_numpy()
+    ordered = keys.take(order)
+    starts = np.zeros(n, np.bool_)
+    starts[0] = True
+    starts[1:] = ~upsert[order][:-1]  # after a delete
+    for name in ordered.column_names:
+        column = ordered[name]
+        if n > 1:
+            starts[1:] |= ~_equal_null_safe(column.slice(1), column.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    indices = np.arange(n)
+    run_first = np.maximum.accumulate(np.where(starts, indices, 0))
+    missing_sorted, upsert_sorted = missing[order], upsert[order]
+    sources = np.tile(np.arange(n), (missing.shape[1], 1))
+    remaining = missing.copy()
+    for i in range(missing.shape[1]):
+        latest = np.maximum.accumulate(np.where(upsert_sorted & ~missing_sorted[:, i], indices, -1))
+        fill = missing_sorted[:, i] & (latest >= run_first)
+        sources[i, order] = np.where(fill, order[np.maximum(latest, 0)], order)
+        remaining[order, i] &= ~fill
+    stems = np.arange(n)
+    stems[order] = np.where(remaining[order].any(axis=1), order[run_first], order)
+    return _Fill(sources, stems, remaining)
+
+
+def _moves(touches: pa.Table, upsert: np.ndarray) -> dict[int, int]:
+    """The rows of images that moved their key (an update that changed it), each with the row of its moved delete
+    (the old key's), as ``last_change_per_key_arrow`` lays them out: the delete right after its image."""
+    order = touches["_etl_order"].to_numpy()
+    deletes = np.nonzero(~upsert[1:] & upsert[:-1] & (order[1:] == order[:-1]))[0] + 1
+    return {int(row) - 1: int(row) for row in deletes}
+
+
+def _through_moves(
+    keys: pa.Table,
+    upsert: np.ndarray,
+    missing: np.ndarray,
+    moves: dict[int, int],
+    fill: _Fill,
+) -> None:
+    """``_within_keys``' answers for the keys that moves connect, replaced by a pass in stream order that follows
+    each value through the keys it moved from (the other keys' images depend on their own key only)."""
+    values = list(zip(*(keys[name].to_pylist() for name in keys.column_names), strict=True))
+    moved = {values[row] for pair in moves.items() for row in pair}
+    state: dict[tuple[object, ...], tuple[list[int | None], int]] = {}  # a key's value rows and stem row
+    for row in (r for r in range(len(values)) if values[r] in moved):
+        if not upsert[row]:
+            state.pop(values[row], None)
+            continue
+        came_from = values[moves[row]] if row in moves else values[row]
+        before = state.pop(came_from, None)
+        held: list[int | None] = [None if missing[row, i] else row for i in range(missing.shape[1])]
+        if before is not None:
+            held = [mine if mine is not None else theirs for mine, theirs in zip(held, before[0], strict=True)]
+        stem = row if before is None else before[1]
+        state[values[row]] = (held, stem)
+        for i, source in enumerate(held):
+            fill.sources[i, row] = row if source is None else source
+            fill.remaining[row, i] = source is None
+        fill.stems[row] = stem if fill.remaining[row].any() else row
 
 
 def comparable(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
@@ -154,75 +300,6 @@ def _element_bytes(values: pa.Array) -> pa.Array:
 def _equal_null_safe(left: pa.Array | pa.ChunkedArray, right: pa.Array | pa.ChunkedArray) -> pa.Array:
     both_null = pc.and_(pc.is_null(left), pc.is_null(right))
     return pc.or_(pc.fill_null(pc.equal(left, right), False), both_null)
-
-
-def _key_equal(left: Sequence[Column], right: Sequence[Column]) -> Column:
-    return reduce(lambda a, b: a & b, [lc.eqNullSafe(rc) for lc, rc in zip(left, right, strict=True)])
-
-
-def last_change_per_key(
-    changes: DataFrame, columns: Sequence[str], key: Sequence[str], toast: Sequence[str] = ()
-) -> DataFrame:
-    """Per key, the row image or deletion that is its net effect.
-
-    ``changes`` holds the row columns and the ``_etl_*`` metadata columns (no truncates). The result
-    has the row columns, ``ACTION``, ``PRIOR_KEY`` and ``_etl_missing`` (columns still missing after
-    filling ``toast`` columns from earlier images of the key in the batch).
-    """
-    from pyspark.sql import Window
-    from pyspark.sql import functions as sf
-
-    op, old = sf.col(OP_COLUMN), sf.col(OLD_COLUMN)
-    new_key = [sf.col(k) for k in key]
-    old_key = [old[k] for k in key]
-    has_old = old.isNotNull()
-    position = [sf.col(COMMIT_LSN_COLUMN), sf.col(TX_ORDINAL_COLUMN)]
-    missing = sf.coalesce(sf.col(MISSING_COLUMN), sf.array().cast("array<string>"))
-    prior = sf.when(has_old, sf.struct(*[o.alias(k) for o, k in zip(old_key, key, strict=True)])).otherwise(
-        sf.struct(*new_key)
-    )
-    images = changes.select(
-        *[sf.col(c) for c in columns],
-        sf.when(op == "D", sf.lit(DELETE)).otherwise(sf.lit(UPSERT)).alias(ACTION),
-        prior.alias(PRIOR_KEY),
-        missing.alias(MISSING_COLUMN),
-        *position,
-    )
-    moved = changes.filter((op == "U") & has_old & ~_key_equal(old_key, new_key)).select(
-        *[(old[c] if c in key else sf.lit(None).cast(changes.schema[c].dataType)).alias(c) for c in columns],
-        sf.lit(DELETE).alias(ACTION),
-        sf.struct(*[o.alias(k) for o, k in zip(old_key, key, strict=True)]).alias(PRIOR_KEY),
-        sf.array().cast("array<string>").alias(MISSING_COLUMN),
-        *position,
-    )
-    touches = images.unionByName(moved)
-    if toast:
-        earlier = Window.partitionBy(*key).orderBy(*position).rowsBetween(Window.unboundedPreceding, Window.currentRow)
-        for name in toast:
-            known = (sf.col(ACTION) == UPSERT) & ~sf.array_contains(sf.col(MISSING_COLUMN), name)
-            latest = sf.last(sf.when(known, sf.struct(sf.col(name).alias("v"))), ignorenulls=True).over(earlier)
-            touches = touches.withColumn(f"_etl_fill_{name}", latest)
-        for name in toast:
-            fill = sf.col(f"_etl_fill_{name}")
-            touches = touches.withColumn(name, sf.when(fill.isNotNull(), fill["v"]).otherwise(sf.col(name)))
-        remaining = sf.filter(sf.col(MISSING_COLUMN), lambda m: ~_filled(m, toast))
-        touches = touches.withColumn(MISSING_COLUMN, remaining).drop(*[f"_etl_fill_{n}" for n in toast])
-    latest_first = Window.partitionBy(*key).orderBy(*[p.desc() for p in position], sf.col(ACTION).desc())
-    return (
-        touches.withColumn("_etl_rank", sf.row_number().over(latest_first))
-        .filter(sf.col("_etl_rank") == 1)
-        .drop("_etl_rank", COMMIT_LSN_COLUMN, TX_ORDINAL_COLUMN)
-    )
-
-
-def _filled(name: Column, toast: Sequence[str]) -> Column:
-    from pyspark.sql import functions as sf
-
-    checks = [(name == sf.lit(t)) & sf.col(f"_etl_fill_{t}").isNotNull() for t in toast]
-    result = checks[0]
-    for check in checks[1:]:
-        result = result | check
-    return result
 
 
 def net_changes_without_key(changes: DataFrame, columns: Sequence[str]) -> DataFrame:

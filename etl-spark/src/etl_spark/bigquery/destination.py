@@ -63,7 +63,6 @@ from etl_spark.collapse import (
     Position,
     after,
     after_last_truncate,
-    last_change_per_key,
     last_change_per_key_arrow,
     last_position,
     missing_columns,
@@ -306,10 +305,10 @@ class BigQueryDestination:
         if changes.num_rows and key:
             toast = missing_columns(changes)
             table = staged_rows(schema, changes, changes=True)
+            collapsed = last_change_per_key_arrow(table, names, key, toast)  # on the driver: no Spark job
             if toast:
-                frame = flatten_changes(last_change_per_key(self.spark.createDataFrame(table), names, key, toast), key)
-            else:  # the common case, collapsed on the driver in Arrow: no Spark job
-                collapsed = last_change_per_key_arrow(table, names, key)
+                frame = flatten_changes(self.spark.createDataFrame(collapsed), key)
+            else:
                 key_range = integer_key_range(schema, collapsed)
                 frame = self.spark.createDataFrame(collapsed)
         elif changes.num_rows:

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.api import COMMIT_LSN_COLUMN, OLD_COLUMN, TX_ORDINAL_COLUMN
+from etl_spark.collapse import PRIOR_KEY
 from etl_spark.ducklake.catalog import Catalog, LakeColumn, LakeOptions, LakeTable
 from etl_spark.ducklake.parquet_files import DataFileSpec, ParquetOptions
 from etl_spark.ducklake.storage import LakeStorage
@@ -59,7 +60,7 @@ class Lake:
             values = table[name]
             if name in by_name:
                 values = convert(values, by_name[name], Form.SPARK)
-            elif name == OLD_COLUMN:
+            elif name in (OLD_COLUMN, PRIOR_KEY):
                 values = _convert_struct(values.combine_chunks(), by_name)
             elif name in (COMMIT_LSN_COLUMN, TX_ORDINAL_COLUMN):
                 values = pc.cast(values, pa.int64())

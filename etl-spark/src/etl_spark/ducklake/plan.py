@@ -27,7 +27,6 @@ from etl_spark.collapse import (
     Position,
     after,
     after_last_truncate,
-    last_change_per_key,
     last_change_per_key_arrow,
     last_position,
     missing_columns,
@@ -54,6 +53,7 @@ from etl_spark.ducklake.scan import read_rows
 from etl_spark.ducklake.schema_diff import SchemaDiff, diff
 from etl_spark.ducklake.storage import LakeStorage
 from etl_spark.ducklake.stored_rows import (
+    StoredValues,
     copies,
     file_positions,
     fill_from_lake,
@@ -366,17 +366,19 @@ def _plan_rows(
     needed = [c for c in columns if c.name in [*key, *toast]] if key else columns
     scan = bool(data_files) and not only_inserts
     inline = inlinable(columns)
-    if key and not toast:
-        # The common case. The batch is collapsed on the driver, in Arrow; one Spark job finds the
-        # stored rows of its keys (few next to the table's, so broadcast into the scan), the
-        # positions already deleted are dropped on the driver, and the upserts are inlined or
+    collapsed = last_change_per_key_arrow(changes, names, key, toast) if key else None
+    if collapsed is not None and scan and len(key) == 1:  # files whose key bounds hold no touched key: skipped
+        column = next(c for c in columns if c.name == key[0])
+        data_files = may_hold(key_bounds(column.column_id), column, collapsed[key[0]], data_files)
+    candidates = data_files if scan else []
+    lookup = _driver_lookup(columns, key, candidates) if key else None
+    if collapsed is not None and (not toast or (_driver_fill(columns, key) and (lookup is not None or not candidates))):
+        # The common case. The batch is collapsed on the driver, in Arrow; the stored rows of its keys are found
+        # on the driver (by the key columns' values, from the key cache) or by one Spark job (few keys next to
+        # the table's, so broadcast into the scan), the positions already deleted are dropped on the driver, the
+        # values an update left unchanged (TOAST) are read from the rows found, and the upserts are inlined or
         # written as files, on the driver.
-        collapsed = last_change_per_key_arrow(changes, names, key)
-        if scan and len(key) == 1:  # files whose key bounds hold no touched key: skipped
-            column = next(c for c in columns if c.name == key[0])
-            data_files = may_hold(key_bounds(column.column_id), column, collapsed[key[0]], data_files)
-        candidates = data_files if scan else []
-        lookup = _driver_lookup(columns, key, candidates)
+        found = None
         if lookup is not None:
             found = lake.storage.positions_of_keys(lookup, candidates, collapsed[key[0]].combine_chunks())
             plan.deletes = file_positions(found, candidates, lake.storage)
@@ -389,11 +391,16 @@ def _plan_rows(
                 touched, key, "inner"
             )
             plan.deletes = matched_positions(stored, candidates, lake.storage)
+        inlined_rows = None
         if inlined_tables and not only_inserts:
             wanted = _integer_key(columns, key, collapsed)  # then only the inlined rows of touched keys are read
-            stored = lake.catalog.inlined_rows(inlined_tables, needed, Form.SPARK, keys=wanted)
-            plan.ended_inlined = _inlined_of_keys(stored, collapsed.select(key), columns)
-        upserts = collapsed.filter(pc.equal(collapsed[ACTION], UPSERT)).select(names)
+            inlined_rows = lake.catalog.inlined_rows(inlined_tables, needed, Form.SPARK, keys=wanted)
+            plan.ended_inlined = _inlined_of_keys(inlined_rows, collapsed.select(key), columns)
+        upserts = collapsed.filter(pc.equal(collapsed[ACTION], UPSERT))
+        if toast:
+            stored_values = StoredValues(lake.storage, candidates, found, inlined_rows)
+            upserts = stored_values.fill(upserts, next(c for c in columns if c.name == key[0]), columns, toast)
+        upserts = upserts.select(names)
         _place_rows(lake, plan, columns, upserts, inline and upserts.num_rows <= inline_limit)
         key_column = next(c for c in columns if c.name == key[0])
         if plan.files and len(key) == 1 and searchable(key_column):
@@ -404,34 +411,33 @@ def _plan_rows(
         # no stored row changes, so the rows are written as they came, on the driver.
         _place_rows(lake, plan, columns, changes.select(names), inline and changes.num_rows <= inline_limit)
         return
-    # Unchanged TOAST values to fill, or no key: collapsed in Spark, kept in memory for its two uses.
+    # Unchanged TOAST values of a key the driver cannot search, or no key: stored rows joined in Spark.
     inlined_rows = None
     if inlined_tables and not only_inserts:
         inlined_rows = lake.catalog.inlined_rows(inlined_tables, needed, Form.SPARK)
     has_inlined = inlined_rows is not None and inlined_rows.num_rows > 0
     live = live_rows(lake, needed, data_files, inlined_rows if has_inlined else None) if scan or has_inlined else None
-    frame = lake.to_spark(changes, columns)
     from pyspark.sql import functions as sf
 
-    if key:
-        collapsed = last_change_per_key(frame, names, key, toast).cache()
-        upserts = collapsed.filter(collapsed[ACTION] == UPSERT)
+    if collapsed is not None:
+        frame = lake.to_spark(collapsed, columns).cache()
+        upserts = frame.filter(frame[ACTION] == UPSERT)
         if live is not None:
             upserts = fill_from_lake(upserts, live, key, toast)
-            touched = sf.broadcast(collapsed.select(*key))
+            touched = sf.broadcast(frame.select(*key))
             plan.deletes, plan.ended_inlined = matched_positions_and_inlined(
                 live.join(touched, key, "inner"), data_files, lake.storage
             )
         rows = upserts.select(*names)
     else:
-        collapsed = net_changes_without_key(frame, names).cache()
+        frame = net_changes_without_key(lake.to_spark(changes, columns), names).cache()
         if live is not None:
             plan.deletes, plan.ended_inlined = matched_positions_and_inlined(
-                occurrences(live, collapsed, names), data_files, lake.storage
+                occurrences(live, frame, names), data_files, lake.storage
             )
         if not only_inserts:
-            _check_removed(plan, removed_copies(collapsed))
-        rows = copies(collapsed, names)
+            _check_removed(plan, removed_copies(frame))
+        rows = copies(frame, names)
     try:
         if inline and changes.num_rows <= inline_limit:  # no more rows than changes
             inlined_upserts = rows.toArrow()
@@ -439,7 +445,13 @@ def _plan_rows(
         else:
             plan.files = lake.storage.write_frame(rows, _spec(lake, plan, columns))
     finally:
-        collapsed.unpersist()
+        frame.unpersist()
+
+
+def _driver_fill(columns: Sequence[LakeColumn], key: list[str]) -> bool:
+    """Whether the values an update left unchanged are filled on the driver: a key of one integer or text column,
+    whose stored rows the driver finds by value (``StoredValues``)."""
+    return len(key) == 1 and searchable(next(c for c in columns if c.name == key[0]))
 
 
 def _place_rows(lake: Lake, plan: TablePlan, columns: list[LakeColumn], rows: pa.Table, inlined: bool) -> None:

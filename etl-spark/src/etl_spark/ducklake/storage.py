@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
@@ -39,7 +40,7 @@ from etl_spark.ducklake.parquet_files import (
     metadata_batch,
     write_data_files,
 )
-from etl_spark.ducklake.types import FIELD_ID
+from etl_spark.ducklake.types import FIELD_ID, Form, arrow_of, convert
 from etl_spark.task_setup import prepare_task
 
 if TYPE_CHECKING:
@@ -218,13 +219,37 @@ class LakeStorage:
             values = self.lookups.get(cached, functools.partial(self._column, path, column))
             if values is None:  # a file from before the column existed: its rows hold NULL there
                 continue
-            hits = pc.indices_nonzero(pc.is_in(pc.cast(values, keys.type), value_set=keys))
+            values = pc.cast(values, keys.type)
+            hits = pc.indices_nonzero(pc.is_in(values, value_set=keys))
             if len(hits):
                 file = pa.array([path.rsplit("/", 1)[-1]] * len(hits), pa.string())
-                found.append(pa.table({"_etl_file": file, "_etl_pos": pc.cast(hits, pa.int64())}))
+                key = values.take(hits)
+                found.append(pa.table({"_etl_file": file, "_etl_pos": pc.cast(hits, pa.int64()), "_etl_key": key}))
         if not found:
-            return pa.table({"_etl_file": pa.array([], pa.string()), "_etl_pos": pa.array([], pa.int64())})
+            empty = [pa.array([], pa.string()), pa.array([], pa.int64()), pa.array([], keys.type)]
+            return pa.table(empty, names=["_etl_file", "_etl_pos", "_etl_key"])
         return pa.concat_tables(found)
+
+    def values_at(self, path: str, positions: np.ndarray, columns: Sequence[LakeColumn]) -> list[pa.Array]:
+        """A data file's values of ``columns`` (found by field id, in their file form; null where the file does not
+        hold the column) at ``positions`` (ascending), reading only the row groups that hold them."""
+        with self.fs.open_input_file(self._local(path)) as handle:
+            parquet = pq.ParquetFile(handle)
+            meta = parquet.metadata
+            starts = np.cumsum([0] + [meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
+            group_of = np.searchsorted(starts, positions, side="right") - 1
+            groups = np.unique(group_of)
+            sizes = starts[groups + 1] - starts[groups]
+            read_before = np.concatenate([[0], np.cumsum(sizes)[:-1]])  # rows of the groups read before each
+            local = pa.array(positions - starts[group_of] + read_before[np.searchsorted(groups, group_of)])
+            names = [_name_of_field(parquet.schema_arrow, c.column_id) for c in columns]
+            read = parquet.read_row_groups(groups.tolist(), columns=[n for n in names if n is not None])
+        return [
+            pa.nulls(len(positions), arrow_of(c, Form.FILE))
+            if name is None
+            else convert(read[name].take(local).combine_chunks(), c, Form.FILE)
+            for c, name in zip(columns, names, strict=True)
+        ]
 
     def warm(self, column: LakeColumn, files: Sequence[DataFile], stop: threading.Event) -> bool:
         """Read into ``lookups`` what ``positions_of_keys`` reads of ``files`` (their values of ``column``, their

@@ -1,24 +1,29 @@
-"""The lake's stored rows that a batch's changes touch, read with Spark for ``plan``.
+"""The lake's stored rows that a batch's changes touch, for ``plan``: read on the driver, or with Spark.
 
 Which data files may hold the changed keys (their column statistics), the table's live rows (its files less
-their deletes, and its live inlined rows), unchanged TOAST values filled from the stored rows, the stored
-occurrences a keyless delete removes, and the positions of all of these per data file for its delete file.
+their deletes, and its live inlined rows), unchanged TOAST values filled from the stored rows (``StoredValues`` on
+the driver, ``fill_from_lake`` in Spark), the stored occurrences a keyless delete removes, and the positions of all
+of these per data file for its delete file.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etl_spark.collapse import NET, PRIOR_KEY
+from etl.api import MISSING_COLUMN
+from etl_spark.collapse import NET, PRIOR_KEY, missing_matrix
 from etl_spark.ducklake.catalog import DataFile, LakeColumn
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.scan import file_name, read_live
 from etl_spark.ducklake.storage import LakeStorage
+from etl_spark.ducklake.types import Form, arrow_of, convert
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -43,6 +48,68 @@ def may_hold(
         return bool(np.searchsorted(wanted, low) < np.searchsorted(wanted, high, side="right"))
 
     return [f for f in data_files if holds(f)]
+
+
+@dataclass(frozen=True)
+class StoredValues:
+    """Where the driver reads a batch's stored rows from: the candidate data files, the rows of them that hold the
+    batch's keys (``LakeStorage.positions_of_keys``: ``None`` when no file is a candidate) and the live inlined
+    rows of those keys (in their Spark form)."""
+
+    storage: LakeStorage
+    data_files: list[DataFile]
+    found: pa.Table | None
+    inlined_rows: pa.Table | None
+
+    def fill(self, upserts: pa.Table, key: LakeColumn, columns: Sequence[LakeColumn], toast: Sequence[str]) -> pa.Table:
+        """``upserts`` (``last_change_per_key_arrow``'s, of a one-column key) with the values still missing taken
+        from the live stored row of their ``PRIOR_KEY``, in their file form (``NULL`` where the lake holds no such
+        row, as a Spark join leaves them); only the row groups holding those rows are read."""
+        missing = missing_matrix(upserts[MISSING_COLUMN].combine_chunks(), toast)
+        wanting = missing.any(axis=1)
+        if not wanting.any():
+            return upserts
+        prior = upserts[PRIOR_KEY].combine_chunks().field(key.name).filter(pa.array(wanting))
+        by_name = {c.name: c for c in columns}
+        stored = self._stored(prior, key.name, [by_name[name] for name in toast])
+        rows = pa.table({"_etl_key": prior, "_etl_row": pa.array(np.nonzero(wanting)[0])})
+        joined = rows.join(stored, "_etl_key", join_type="left outer").sort_by("_etl_row")
+        for i, name in enumerate(toast):
+            mask = missing[:, i]
+            if not mask.any():
+                continue
+            values = joined[name].filter(pa.array(missing[wanting, i]))
+            column = convert(upserts[name], by_name[name], Form.FILE).combine_chunks()
+            filled = pc.replace_with_mask(column, pa.array(mask), values.combine_chunks().cast(column.type))
+            upserts = upserts.set_column(upserts.column_names.index(name), name, filled)
+        return upserts
+
+    def _stored(self, keys: pa.Array, key: str, columns: list[LakeColumn]) -> pa.Table:
+        """``_etl_key`` and the values of ``columns`` (file form) of the live stored rows of ``keys``."""
+        names = ["_etl_key", *(c.name for c in columns)]
+        parts = []
+        if self.found is not None and self.found.num_rows:
+            found = self.found.filter(pc.is_in(self.found["_etl_key"], value_set=keys))
+            by_name = {file_name(f.path): f for f in self.data_files}
+            for name in pc.unique(found["_etl_file"]).to_pylist():
+                rows = found.filter(pc.equal(found["_etl_file"], name)).sort_by("_etl_pos")
+                data_file = by_name[name]
+                if data_file.delete is not None:
+                    deleted = self.storage.deleted(data_file.delete)["pos"]
+                    rows = rows.filter(pc.invert(pc.is_in(rows["_etl_pos"], value_set=deleted)))
+                if rows.num_rows:
+                    values = self.storage.values_at(data_file.path, rows["_etl_pos"].to_numpy(), columns)
+                    parts.append(pa.table([rows["_etl_key"].combine_chunks(), *values], names=names))
+        if self.inlined_rows is not None and self.inlined_rows.num_rows:
+            inlined = self.inlined_rows
+            stored_keys = pc.cast(inlined[key], keys.type)
+            inlined = inlined.filter(pc.is_in(stored_keys, value_set=keys))
+            values = [convert(inlined[c.name], c, Form.FILE).combine_chunks() for c in columns]
+            parts.append(pa.table([pc.cast(inlined[key], keys.type).combine_chunks(), *values], names=names))
+        if not parts:
+            empty = [pa.array([], keys.type), *(pa.array([], arrow_of(c, Form.FILE)) for c in columns)]
+            return pa.table(empty, names=names)
+        return pa.concat_tables(parts)
 
 
 def live_rows(
