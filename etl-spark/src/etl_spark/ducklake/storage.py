@@ -232,22 +232,25 @@ class LakeStorage:
 
     def values_at(self, path: str, positions: np.ndarray, columns: Sequence[LakeColumn]) -> list[pa.Array]:
         """A data file's values of ``columns`` (found by field id, in their file form; null where the file does not
-        hold the column) at ``positions`` (ascending), reading only the row groups that hold them."""
+        hold the column) at ``positions`` (ascending), reading only the row groups that hold them, one at a time
+        (a row group of a large column is what the driver holds at once)."""
         with self.fs.open_input_file(self._local(path)) as handle:
             parquet = pq.ParquetFile(handle)
             meta = parquet.metadata
             starts = np.cumsum([0] + [meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
             group_of = np.searchsorted(starts, positions, side="right") - 1
-            groups = np.unique(group_of)
-            sizes = starts[groups + 1] - starts[groups]
-            read_before = np.concatenate([[0], np.cumsum(sizes)[:-1]])  # rows of the groups read before each
-            local = pa.array(positions - starts[group_of] + read_before[np.searchsorted(groups, group_of)])
             names = [_name_of_field(parquet.schema_arrow, c.column_id) for c in columns]
-            read = parquet.read_row_groups(groups.tolist(), columns=[n for n in names if n is not None])
+            present = [n for n in names if n is not None]
+            parts: dict[str, list[pa.Array]] = {n: [] for n in present}
+            for group in np.unique(group_of) if present else []:
+                read = parquet.read_row_group(int(group), columns=present)
+                local = pa.array(positions[group_of == group] - starts[group])
+                for name in present:
+                    parts[name].append(read[name].take(local).combine_chunks())
         return [
             pa.nulls(len(positions), arrow_of(c, Form.FILE))
             if name is None
-            else convert(read[name].take(local).combine_chunks(), c, Form.FILE)
+            else convert(pa.concat_arrays(parts[name]), c, Form.FILE)
             for c, name in zip(columns, names, strict=True)
         ]
 
