@@ -178,6 +178,9 @@ def setup(
             "spark": {"master": spark_master, "conf": {"spark.sql.shuffle.partitions": "2"}},
             "driver_copy_max_bytes": 0,  # the tables are small; their copies are killed in the middle of Spark jobs
             "inline_flush_rows": 20_000,
+            # Flushes by Spark tasks, whose files stay staged long enough to be killed in; one on the driver writes
+            # its file as a batch's upserts are, which the streaming phase kills in the middle of.
+            "driver_flush_max_rows": 0,
             "maintenance": {
                 "every_seconds": 1,
                 "merge_min_files": 4,

@@ -351,9 +351,10 @@ def test_inlined_rows_are_flushed_on_the_timer_also_after_a_restart(lake: Any, k
     assert lake.query("SELECT a, b FROM lake.public.pairs") == [("x", 1)]
 
 
-def three_kinds_inlined(lake: Any, kit: Any) -> tuple[Any, MemoryDestination]:
-    """A destination whose kinds table holds three inlined rows, and the memory destination fed the same."""
-    destination = kit.make_destination(lake)
+def three_kinds_inlined(lake: Any, kit: Any, **options: Any) -> tuple[Any, MemoryDestination]:
+    """A destination (of ``options``) whose kinds table holds three inlined rows, and the memory destination fed the
+    same."""
+    destination = kit.make_destination(lake, **options)
     reference = MemoryDestination()
     b = kit.BatchBuilder()
     batch = b.commit().insert(KINDS, kind_row(1)).insert(KINDS, kind_row(2)).insert(KINDS, kind_row(3)).build()
@@ -369,8 +370,8 @@ def test_a_flush_that_finds_its_rows_changed_starts_over_and_loses_nothing(
     real_write = inline_flush.write_flush
     writes = []
 
-    def write_then_another_writer_changes_the_rows(lake_: Any, table: Any, name: str) -> Any:
-        flush = real_write(lake_, table, name)
+    def write_then_another_writer_changes_the_rows(lake_: Any, table: Any, name: str, driver_rows: int) -> Any:
+        flush = real_write(lake_, table, name, driver_rows)
         writes.append(flush)
         if len(writes) == 1:  # another writer ends row 2 and inlines a row after the flush read the rows
             later = kit.BatchBuilder(lsn=0x9000).commit().delete(KINDS, {"id": 2}).insert(KINDS, kind_row(4)).build()
@@ -394,8 +395,9 @@ def test_a_flush_that_finds_its_rows_changed_starts_over_and_loses_nothing(
 def test_a_flushs_rows_go_from_the_catalog_to_the_file_in_a_spark_task(
     lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The driver reads only the rows' ids and snapshots; the task reads their values from the catalog."""
-    destination = kit.make_destination(lake)
+    """A flush of more than ``driver_flush_max_rows`` rows: the driver reads only the rows' ids and snapshots; the
+    task reads their values from the catalog."""
+    destination = kit.make_destination(lake, driver_flush_max_rows=0)
     reference = MemoryDestination()
     b = kit.BatchBuilder()
     batch = b.commit().insert(KINDS, kind_row(1)).insert(KINDS, kind_row(2)).delete(KINDS, {"id": 1}).build()
@@ -422,23 +424,56 @@ def test_a_flushs_rows_go_from_the_catalog_to_the_file_in_a_spark_task(
     assert lake_rows(lake, KINDS) == expected(reference, KINDS)
 
 
-def test_rows_gone_before_the_flush_task_read_them_start_the_flush_over(
+def test_a_small_flush_is_written_on_the_driver_with_no_spark_job(
     lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """DuckDB flushes the rows after the driver read their ids, before the task reads them: the task writes
-    fewer rows than the driver read (none), so the flush starts over, and finds none left to flush."""
+    """Up to ``driver_flush_max_rows`` rows are read from the catalog and written on the driver: no Spark job (a task
+    costs seconds, and a flush inside a batch makes the stream wait for it)."""
     destination, reference = three_kinds_inlined(lake, kit)
-    real_job = LakeStorage.write_job
+    context = destination.lake.spark.sparkContext
+    group = f"flush-{uuid.uuid4()}"
+    context.setJobGroup(group, "the flush under test")
+    try:
+        destination.flush_inlined(destination.catalog.handle(KINDS.id).table)
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert context.statusTracker().getJobIdsForGroup(group) == []
+    assert inlined_rows(lake, live=False) == 0
+    assert lake_rows(lake, KINDS) == expected(reference, KINDS)
+
+
+@pytest.mark.parametrize("where", ["spark", "driver"])
+def test_rows_gone_before_the_flush_read_them_start_the_flush_over(
+    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """DuckDB flushes the rows after the driver read their ids, before their values are read (by the Spark task,
+    or on the driver): fewer rows are written than the driver read (none), so the flush starts over, and finds
+    none left to flush."""
+    destination, reference = three_kinds_inlined(lake, kit, driver_flush_max_rows=0 if where == "spark" else 10)
     tasks = []
 
-    def duckdb_flushes_first(storage: LakeStorage, *args: Any) -> Any:
+    def duckdb_flushes(*args: Any) -> None:
         tasks.append(args)
         con = lake.duckdb()
         con.execute("CALL ducklake_flush_inlined_data('lake')")
         con.close()
-        return real_job(storage, *args)
 
-    monkeypatch.setattr(LakeStorage, "write_job", duckdb_flushes_first)
+    if where == "spark":  # before the task is handed its rows to read
+        real_job = LakeStorage.write_job
+
+        def job(storage: LakeStorage, *args: Any) -> Any:
+            duckdb_flushes(*args)
+            return real_job(storage, *args)
+
+        monkeypatch.setattr(LakeStorage, "write_job", job)
+    else:  # before the driver reads their values
+        real_read = inline_flush.FlushRows.__call__
+
+        def read(rows: inline_flush.FlushRows, index: int) -> Any:
+            duckdb_flushes(index)
+            return real_read(rows, index)
+
+        monkeypatch.setattr(inline_flush.FlushRows, "__call__", read)
     destination.flush_inlined(destination.catalog.handle(KINDS.id).table)
     assert len(tasks) == 1  # the second attempt found no inlined rows left
     assert inlined_rows(lake, live=False) == 0

@@ -69,6 +69,14 @@ class DuckLakeConfig(BaseModel):
         ge=1,
         description="A table's inlined rows (live and ended) are flushed into a data file once there are this many.",
     )
+    driver_flush_max_rows: Integer = Field(
+        250_000,
+        ge=0,
+        description="A flush of at most this many inlined rows (live and ended) reads them from the catalog and writes"
+        " their data file on the driver, without a Spark job (100,000 rows: about half a second, where a Spark task"
+        " takes seconds, which a flush inside a batch makes the stream wait for); a larger one runs as a Spark task."
+        " 0 flushes every table with Spark.",
+    )
     inline_flush_seconds: Integer = Field(
         300,
         ge=1,

@@ -381,7 +381,7 @@ class DuckLakeDestination:
 
     def flush_inlined(self, table: LakeTable) -> None:
         """Flush the table's inlined rows into data files."""
-        rows = flush_inlined(self.lake, table, self.config.commit_attempts)
+        rows = flush_inlined(self.lake, table, self.config.commit_attempts, self.config.driver_flush_max_rows)
         self._flush_timer.flushed(table.table_id)
         if rows:
             self.metrics.inline_flush_rows.observe(rows)

@@ -7,9 +7,11 @@ The ended rows are deleted by a delete file that records the snapshot that ended
 to any earlier snapshot reads what it read before, and the change feed stays whole. The catalog rows
 go in the same snapshot (``inline_flush:<table id>``).
 
-The file is written by one Spark task, which reads the rows from the catalog itself (``FlushRows``): they
-never pass through the driver, which reads only their ids and snapshots, for the delete file and the
-commit's check that the rows are still as they were read.
+The rows are read from the catalog (``FlushRows``) and written where that costs least: up to
+``driver_flush_max_rows`` of them on the driver, where reading 100,000 rows takes about half a second and a Spark
+task about four (a flush runs between two batches, or inside one: the stream waits for it); more by one Spark
+task, so they never pass through the driver, which reads only their ids and snapshots, for the delete file
+and the commit's check that the rows are still as they were read.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ from etl_spark.ducklake.types import Form
 log = structlog.get_logger(__name__)
 
 
-def write_flush(lake: Lake, table: LakeTable, name: str) -> InlinedFlush | None:
-    """Write the rows of inlined data table ``name`` to a data file (and a delete file for the ended ones);
-    ``None`` when it holds none. ``CommitConflict`` when the task found other rows than the driver read."""
+def write_flush(lake: Lake, table: LakeTable, name: str, driver_rows: int) -> InlinedFlush | None:
+    """Write the rows of inlined data table ``name`` to a data file (and a delete file for the ended ones), on the
+    driver when they are at most ``driver_rows``; ``None`` when it holds none. ``CommitConflict`` when the read
+    of their values found other rows than the driver's read of their ids."""
     rows = lake.catalog.inlined_rows([name], [], Form.FILE, live=False)  # ids and snapshots only
     if rows.num_rows == 0:
         return None
@@ -53,8 +56,11 @@ def write_flush(lake: Lake, table: LakeTable, name: str) -> InlinedFlush | None:
     last_row_id = rows["row_id"][-1].as_py()
     spec = lake.table_spec(table, [*table.columns, ROW_ID, SNAPSHOT], ONE_FILE)
     task = FlushRows(lake.catalog.task_url, name, tuple(table.columns), last_row_id)
-    description = f"flush inlined rows of {table.schema_name}.{table.name}"
-    files = lake.storage.write_job(lake.spark, spec, 1, task, description)
+    if shape[0] <= driver_rows:
+        files = lake.storage.write_rows(spec, task(0)[0])
+    else:
+        description = f"flush inlined rows of {table.schema_name}.{table.name}"
+        files = lake.storage.write_job(lake.spark, spec, 1, task, description)
     if [f.record_count for f in files] != [shape[0]]:  # removed meanwhile (DuckDB flushed them, say)
         lake.storage.remove(table.directory, files)
         raise CommitConflict(f"inlined rows of DuckLake table {table.table_id} changed while the task read them")
@@ -80,8 +86,8 @@ def write_flush(lake: Lake, table: LakeTable, name: str) -> InlinedFlush | None:
 
 @dataclass(frozen=True)
 class FlushRows:
-    """A flush task's rows: those of an inlined data table up to a row id, read from the catalog in the task,
-    with their ids and the snapshots that inserted them. Pickled into the task."""
+    """A flush's rows: those of an inlined data table up to a row id, read from the catalog (in the Spark task,
+    which it is pickled into, or on the driver), with their ids and the snapshots that inserted them."""
 
     catalog_url: str = field(repr=False)
     name: str
@@ -99,13 +105,14 @@ class FlushRows:
         return [values.append_column(ROW_ID.name, rows["row_id"]).append_column(SNAPSHOT.name, rows["begin_snapshot"])]
 
 
-def flush_inlined(lake: Lake, table: LakeTable, attempts: int) -> int:
+def flush_inlined(lake: Lake, table: LakeTable, attempts: int, driver_rows: int) -> int:
     """Flush the table's inlined rows, one snapshot per inlined data table; how many it flushed (live and
     ended)."""
-    return sum(flush_inlined_table(lake, table, name, attempts) for name in lake.catalog.inlined_tables(table))
+    names = lake.catalog.inlined_tables(table)
+    return sum(flush_inlined_table(lake, table, name, attempts, driver_rows) for name in names)
 
 
-def flush_inlined_table(lake: Lake, table: LakeTable, name: str, attempts: int) -> int:
+def flush_inlined_table(lake: Lake, table: LakeTable, name: str, attempts: int, driver_rows: int) -> int:
     """Flush the rows of inlined data table ``name`` in one snapshot; how many it flushed.
 
     A writer that changes the rows meanwhile (DuckDB flushing them itself) makes it start over; rows inserted
@@ -116,7 +123,7 @@ def flush_inlined_table(lake: Lake, table: LakeTable, name: str, attempts: int) 
         base = lake.catalog.latest_snapshot()
         flush = None
         try:
-            flush = write_flush(lake, table, name)
+            flush = write_flush(lake, table, name, driver_rows)
             if flush is None:
                 return 0
             lake.catalog.commit(
