@@ -411,25 +411,15 @@ def test_a_flushs_rows_go_from_the_catalog_to_the_file_in_a_spark_task(
         return real_read(conn, name, columns, *args, **kwargs)
 
     monkeypatch.setattr(inlined, "read", recorded)
-    context = destination.lake.spark.sparkContext
-    group = f"flush-{uuid.uuid4()}"
-    context.setJobGroup(group, "the flush under test")
-    try:
-        destination.flush_inlined(destination.catalog.handle(KINDS.id).table)
-    finally:
-        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    jobs = flush_jobs(destination)
     assert read_on_driver == [[]]  # row ids and snapshots only
-    assert len(context.statusTracker().getJobIdsForGroup(group)) == 1  # one Spark job
+    assert len(jobs) == 1  # one Spark job
     assert inlined_rows(lake, live=False) == 0
     assert lake_rows(lake, KINDS) == expected(reference, KINDS)
 
 
-def test_a_small_flush_is_written_on_the_driver_with_no_spark_job(
-    lake: Any, kit: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Up to ``driver_flush_max_rows`` rows are read from the catalog and written on the driver: no Spark job (a task
-    costs seconds, and a flush inside a batch makes the stream wait for it)."""
-    destination, reference = three_kinds_inlined(lake, kit)
+def flush_jobs(destination: Any) -> list[int]:
+    """Flush the kinds table's inlined rows; the Spark jobs the flush ran."""
     context = destination.lake.spark.sparkContext
     group = f"flush-{uuid.uuid4()}"
     context.setJobGroup(group, "the flush under test")
@@ -437,7 +427,14 @@ def test_a_small_flush_is_written_on_the_driver_with_no_spark_job(
         destination.flush_inlined(destination.catalog.handle(KINDS.id).table)
     finally:
         context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-    assert context.statusTracker().getJobIdsForGroup(group) == []
+    return list(context.statusTracker().getJobIdsForGroup(group))
+
+
+def test_a_small_flush_is_written_on_the_driver_with_no_spark_job(lake: Any, kit: Any) -> None:
+    """Up to ``driver_flush_max_rows`` rows are read from the catalog and written on the driver: no Spark job (a task
+    costs seconds, and a flush inside a batch makes the stream wait for it)."""
+    destination, reference = three_kinds_inlined(lake, kit)
+    assert flush_jobs(destination) == []
     assert inlined_rows(lake, live=False) == 0
     assert lake_rows(lake, KINDS) == expected(reference, KINDS)
 
