@@ -473,6 +473,7 @@ def toasted(key_type: int) -> TableSchema:
             ColumnSchema("id", key_type, nullable=False, primary_key=True),
             ColumnSchema("note", 25),
             ColumnSchema("body", 25),
+            ColumnSchema("tags", 1007),  # int[]: an array is TOASTed as any large value
         ),
     )
 
@@ -497,7 +498,7 @@ def test_unchanged_toast_values_come_from_the_row_they_stem_from(
     reference = MemoryDestination()
 
     def row(i: int, note: str, body: str | None = None) -> dict[str, Any]:
-        return {"id": key(i), "note": note, "body": body}
+        return {"id": key(i), "note": note, "body": body, "tags": None if body is None else [i, len(body)]}
 
     stored = [row(i, "stored", f"body {i}") for i in (1, 2, 3, 4, 6)]
     for target in (destination, reference):
@@ -514,7 +515,7 @@ def test_unchanged_toast_values_come_from_the_row_they_stem_from(
         monkeypatch.setattr(type(destination.lake), "to_spark", no_spark)
         monkeypatch.setattr(plan_module, "read_rows", no_spark)
         monkeypatch.setattr(plan_module, "live_rows", no_spark)
-    unchanged = ("body",)
+    unchanged = ("body", "tags")
     changes = (
         b.commit()
         .update(schema, row(1, "same key, from a file"), missing=unchanged)
@@ -532,10 +533,10 @@ def test_unchanged_toast_values_come_from_the_row_they_stem_from(
     for target in (destination, reference):
         target.write_events(changes)
 
-    def by_id(rows: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
-        return {str(r["id"]): (r["note"], r["body"]) for r in rows}
+    def by_id(rows: list[dict[str, Any]]) -> dict[str, tuple[str, str, list[int]]]:
+        return {str(r["id"]): (r["note"], r["body"], r["tags"]) for r in rows}
 
     assert by_id(lake_rows(lake, schema)) == by_id(reference.rows(str(schema.name)))
-    bodies = {i: body for i, (_, body) in by_id(lake_rows(lake, schema)).items()}
+    bodies = {i: body for i, (_, body, _) in by_id(lake_rows(lake, schema)).items()}
     expected = {1: "body 1", 2: "body 2", 3: "body 3", 40: "body 4", 7: "body 7", 80: "body 8", 50: "body 5"}
     assert bodies == {str(key(i)): body for i, body in (expected | {6: "body 6b"}).items()}

@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from etl.destination.base import DestinationContext
@@ -21,6 +23,7 @@ from etl_spark.ducklake.destination import DuckLakeDestination
 from etl_spark.ducklake.key_cache import LookupCache
 from etl_spark.ducklake.plan import TablePlan
 from etl_spark.ducklake.storage import LakeStorage
+from etl_spark.ducklake.types import FIELD_ID
 
 ACCOUNTS = TableSchema(
     16950,
@@ -192,3 +195,25 @@ def test_a_start_reads_the_key_lookups_of_copied_tables_ahead(
         assert sorted(lake.query("SELECT id, note FROM lake.public.accounts WHERE id <= 2")) == [(1, None), (2, "y")]
     finally:
         again.shutdown()
+
+
+def test_values_at_reads_the_rows_of_several_row_groups_and_what_duckdb_reads_of_an_absent_column(
+    tmp_path: Any,
+) -> None:
+    """A file's values at positions spread over its row groups, by field id, in position order; a column the file
+    does not hold (added after it was written) reads as its initial default, or NULL without one."""
+    body = pa.field("body", pa.string(), metadata={FIELD_ID: b"2"})
+    rows = pa.table(
+        [pa.array(range(10), pa.int64()), pa.array([f"b{i}" for i in range(10)])],
+        schema=pa.schema([pa.field("id", pa.int64(), metadata={FIELD_ID: b"1"}), body]),
+    )
+    (tmp_path / "t").mkdir()
+    pq.write_table(rows, tmp_path / "t" / "f.parquet", row_group_size=3)  # row groups of 3, 3, 3 and 1 rows
+    storage = LakeStorage(f"{tmp_path}/")
+    columns = [
+        LakeColumn(2, "body", "varchar", True),
+        LakeColumn(3, "added", "varchar", True, initial_default="x"),
+        LakeColumn(4, "later", "int32", True),
+    ]
+    values = storage.values_at(f"{tmp_path}/t/f.parquet", np.array([0, 4, 5, 9]), columns)
+    assert [v.to_pylist() for v in values] == [["b0", "b4", "b5", "b9"], ["x"] * 4, [None] * 4]

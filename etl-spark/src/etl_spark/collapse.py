@@ -177,8 +177,8 @@ def _fill_from_earlier(touches: pa.Table, key: Sequence[str], toast: Sequence[st
     if (stems != np.arange(n)).any():
         touches = touches.set_column(touches.column_names.index(PRIOR_KEY), PRIOR_KEY, touches[PRIOR_KEY].take(stems))
     offsets = np.concatenate([[0], np.cumsum(remaining.sum(axis=1))]).astype(np.int32)
-    names = [toast[int(i)] for i in np.nonzero(remaining)[1]]
-    lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array(names, pa.string()))
+    names = pa.array(list(toast), pa.string()).take(pa.array(np.nonzero(remaining)[1]))
+    lists = pa.ListArray.from_arrays(pa.array(offsets), names)
     return touches.set_column(touches.column_names.index(MISSING_COLUMN), MISSING_COLUMN, lists)
 
 
@@ -242,10 +242,16 @@ def _through_moves(
 ) -> None:
     """``_within_keys``' answers for the keys that moves connect, replaced by a pass in stream order that follows
     each value through the keys it moved from (the other keys' images depend on their own key only)."""
-    values = list(zip(*(keys[name].to_pylist() for name in keys.column_names), strict=True))
-    moved = {values[row] for pair in moves.items() for row in pair}
+    ends = np.array([row for pair in moves.items() for row in pair])
+    involved = np.ones(keys.num_rows, np.bool_)
+    for name in keys.column_names:  # the rows whose key a move names (a superset, column by column)
+        involved &= pc.is_in(keys[name], value_set=keys[name].take(pa.array(ends))).to_numpy(zero_copy_only=False)
+    rows = np.nonzero(involved)[0]
+    taken = [keys[name].take(pa.array(rows)).to_pylist() for name in keys.column_names]
+    values = dict(zip(rows.tolist(), zip(*taken, strict=True), strict=True))
+    moved = {values[int(row)] for row in ends}
     state: dict[tuple[object, ...], tuple[list[int | None], int]] = {}  # a key's value rows and stem row
-    for row in (r for r in range(len(values)) if values[r] in moved):
+    for row in (r for r in values if values[r] in moved):
         if not upsert[row]:
             state.pop(values[row], None)
             continue

@@ -411,7 +411,8 @@ def _plan_rows(
         # no stored row changes, so the rows are written as they came, on the driver.
         _place_rows(lake, plan, columns, changes.select(names), inline and changes.num_rows <= inline_limit)
         return
-    # Unchanged TOAST values of a key the driver cannot search, or no key: stored rows joined in Spark.
+    # Unchanged TOAST values of a key the driver cannot search (or of more candidate rows than it searches,
+    # ``DRIVER_LOOKUP_ROWS``), or no key: stored rows joined in Spark.
     inlined_rows = None
     if inlined_tables and not only_inserts:
         inlined_rows = lake.catalog.inlined_rows(inlined_tables, needed, Form.SPARK)

@@ -26,6 +26,7 @@ import structlog
 
 from etl.api import TableError
 from etl_spark.ducklake.catalog import Composed, DataFile, DeleteFile, LakeColumn, LakeTable, NewFile, inside
+from etl_spark.ducklake.initial_default import default_values
 from etl_spark.ducklake.key_cache import LookupCache
 from etl_spark.ducklake.metrics import DuckLakeMetrics
 from etl_spark.ducklake.parquet_files import (
@@ -209,8 +210,9 @@ class LakeStorage:
 
     # -- key lookups -----------------------------------------------------------------------------
     def positions_of_keys(self, column: LakeColumn, files: Sequence[DataFile], keys: pa.Array) -> pa.Table:
-        """``_etl_file`` (file name) and ``_etl_pos`` of the rows of data files whose value of ``column`` (an
-        integer or text column, found by field id) is one of ``keys``; deleted rows included. A file written
+        """``_etl_file`` (file name), ``_etl_pos`` and ``_etl_key`` (the value, in the type of ``keys``) of the rows
+        of data files whose value of ``column`` (an integer or text column, found by field id) is one of ``keys``;
+        deleted rows included. A file written
         before the column was widened holds narrower values: they are widened to the keys' type."""
         found = []
         for data_file in files:
@@ -231,9 +233,9 @@ class LakeStorage:
         return pa.concat_tables(found)
 
     def values_at(self, path: str, positions: np.ndarray, columns: Sequence[LakeColumn]) -> list[pa.Array]:
-        """A data file's values of ``columns`` (found by field id, in their file form; null where the file does not
-        hold the column) at ``positions`` (ascending), reading only the row groups that hold them, one at a time
-        (a row group of a large column is what the driver holds at once)."""
+        """A data file's values of ``columns`` (found by field id, in their file form; where the file does not hold a
+        column, what DuckDB reads there) at ``positions`` (ascending), reading only the row groups that hold them,
+        one at a time (a row group of a large column is what the driver holds at once)."""
         with self.fs.open_input_file(self._local(path)) as handle:
             parquet = pq.ParquetFile(handle)
             meta = parquet.metadata
@@ -248,9 +250,7 @@ class LakeStorage:
                 for name in present:
                     parts[name].append(read[name].take(local).combine_chunks())
         return [
-            pa.nulls(len(positions), arrow_of(c, Form.FILE))
-            if name is None
-            else convert(pa.concat_arrays(parts[name]), c, Form.FILE)
+            _absent(c, len(positions)) if name is None else convert(pa.concat_arrays(parts[name]), c, Form.FILE)
             for c, name in zip(columns, names, strict=True)
         ]
 
@@ -306,6 +306,13 @@ class LakeStorage:
             if pa.types.is_list(field.type):
                 fields.append(field.type.value_field)
         return found
+
+
+def _absent(column: LakeColumn, rows: int) -> pa.Array:
+    """What DuckDB reads of a column from a file written before it was added: its initial default, else NULL."""
+    if column.initial_default is not None:
+        return default_values(column, column.initial_default, rows, Form.FILE)
+    return pa.nulls(rows, arrow_of(column, Form.FILE))
 
 
 def _name_of_field(schema: pa.Schema, field_id: int) -> str | None:

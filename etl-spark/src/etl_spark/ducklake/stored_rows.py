@@ -69,19 +69,29 @@ class StoredValues:
         wanting = missing.any(axis=1)
         if not wanting.any():
             return upserts
-        prior = upserts[PRIOR_KEY].combine_chunks().field(key.name).filter(pa.array(wanting))
+        rows = np.nonzero(wanting)[0]
+        prior = upserts[PRIOR_KEY].combine_chunks().field(key.name).take(pa.array(rows))
         by_name = {c.name: c for c in columns}
         stored = self._stored(prior, key.name, [by_name[name] for name in toast])
-        rows = pa.table({"_etl_key": prior, "_etl_row": pa.array(np.nonzero(wanting)[0])})
-        joined = rows.join(stored, "_etl_key", join_type="left outer").sort_by("_etl_row")
+        # Where each wanting row's stored row is (the first, should a key be stored twice), by joining the keys
+        # only: a join cannot carry list or struct values (an array column is TOASTed as any other).
+        at = stored.select(["_etl_key"]).append_column("_etl_at", pa.array(np.arange(stored.num_rows)))
+        first = at.group_by("_etl_key", use_threads=False).aggregate([("_etl_at", "min")])
+        wanted = pa.table({"_etl_key": prior, "_etl_row": pa.array(np.arange(len(rows)))})
+        found = wanted.join(first, "_etl_key", join_type="left outer").sort_by("_etl_row")["_etl_at_min"]
+        none = stored.num_rows  # the row of no stored row: NULL, as a Spark join leaves it
+        source = pc.fill_null(found, none).to_numpy(zero_copy_only=False).astype(np.int64)
+        n = upserts.num_rows
         for i, name in enumerate(toast):
             mask = missing[:, i]
             if not mask.any():
                 continue
-            values = joined[name].filter(pa.array(missing[wanting, i]))
             column = convert(upserts[name], by_name[name], Form.FILE).combine_chunks()
-            filled = pc.replace_with_mask(column, pa.array(mask), values.combine_chunks().cast(column.type))
-            upserts = upserts.set_column(upserts.column_names.index(name), name, filled)
+            values = stored[name].combine_chunks().cast(column.type)
+            indices = np.arange(n, dtype=np.int64)
+            indices[rows] = np.where(mask[rows], n + source, rows)
+            both = pa.concat_arrays([column, values, pa.nulls(1, column.type)])
+            upserts = upserts.set_column(upserts.column_names.index(name), name, both.take(pa.array(indices)))
         return upserts
 
     def _stored(self, keys: pa.Array, key: str, columns: list[LakeColumn]) -> pa.Table:
