@@ -184,7 +184,8 @@ def test_the_copy_holds_back_no_vacuum(
     """While the copy runs, no backend of the source database keeps a snapshot older than a chunk's read: a
     transaction committed before two chunks are read is older than every backend's xmin, whoever opened it (the
     engine, or Spark's tasks reading DuckLake's chunks on executors of their own; a snapshot copy holds one
-    snapshot, and with it the source's xmin horizon, for the whole table)."""
+    snapshot, and with it the source's xmin horizon, for the whole table: so the checks begin once the keyless
+    table, which only a snapshot copy can take, is copied)."""
     lake, stop = sink(tmp_path)
     into = {} if lake is None else {"destination": lake}
     config = pipeline_config(source, copy={"method": "incremental", "chunk_rows": 100}, **into)
@@ -193,6 +194,8 @@ def test_the_copy_holds_back_no_vacuum(
     pipeline.start()
     checked = 0
     try:
+        keyless = oid(source, "keyless")
+        wait_until(lambda: table_states(pipeline).get(keyless) is TableStateKind.READY, "keyless copied", pipeline, 180)
         while table_states(pipeline).get(oid(source, "big")) is not TableStateKind.READY:
             before = copied_rows(pipeline, "public.big")
             committed = int(source.execute("SELECT txid_current()")[0][0])
