@@ -4,7 +4,7 @@ A JVM that starts Spark loads, verifies and links some ten thousand classes: mos
 session's start. Started from an archive of them (Java's AppCDS, ``-XX:SharedArchiveFile``), it maps them
 ready to use and starts in about 60% of the time. An archive fits one Java installation, one set of Spark
 jars and one set of ``JDK_JAVA_OPTIONS``: its name is a digest of them. When none fits yet, the process
-starting Spark builds one in the background (``python -m etl_spark.class_archive``): a small local session
+starting Spark builds one in the background (``python -m etl_spark.build_class_archive``): a small local session
 runs a query and stops, and its JVM writes the archive as it exits. A lock keeps to one builder at a time; a
 builder that dies leaves a ``.part`` file, which the next one removes. A JVM that finds the archive unfit
 (a JDK updated in place, say) starts without it, silently. The executor JVMs of a ``local-cluster`` master
@@ -78,7 +78,7 @@ class ClassArchive:
             lock.release()  # the builder takes it; two that race both check again under it
             env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY_")}  # a JVM of its own
             subprocess.Popen(
-                [sys.executable, "-m", "etl_spark.class_archive"],
+                [sys.executable, "-m", "etl_spark.build_class_archive"],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -102,9 +102,3 @@ class ClassArchive:
                 if other != self.path and other.stat().st_mtime < stale:
                     other.unlink()
         return True
-
-
-if __name__ == "__main__":
-    from etl_spark.session import build_class_archive
-
-    build_class_archive()

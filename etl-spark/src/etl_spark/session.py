@@ -285,7 +285,7 @@ def _archive_option(settings: SparkSettings, java: Path) -> str | None:
 
 
 def build_class_archive() -> None:
-    """What ``python -m etl_spark.class_archive`` does: run a small local session, whose JVM writes the archive as
+    """What ``python -m etl_spark.build_class_archive`` does: run a small local session, whose JVM writes the archive as
     it exits, and put the archive in place. Nothing when another builder runs or the archive exists."""
     import pandas as pd
 
