@@ -397,12 +397,12 @@ def _plan_rows(
             inlined_rows = lake.catalog.inlined_rows(inlined_tables, needed, Form.SPARK, keys=wanted)
             plan.ended_inlined = _inlined_of_keys(inlined_rows, collapsed.select(key), columns)
         upserts = collapsed.filter(pc.equal(collapsed[ACTION], UPSERT))
+        key_column = next(c for c in columns if c.name == key[0])
         if toast:
             stored_values = StoredValues(lake.storage, candidates, found, inlined_rows)
-            upserts = stored_values.fill(upserts, next(c for c in columns if c.name == key[0]), columns, toast)
+            upserts = stored_values.fill(upserts, key_column, columns, toast)
         upserts = upserts.select(names)
         _place_rows(lake, plan, columns, upserts, inline and upserts.num_rows <= inline_limit)
-        key_column = next(c for c in columns if c.name == key[0])
         if plan.files and len(key) == 1 and searchable(key_column):
             plan.written_keys = (key_column.column_id, upserts[key[0]])
         return
