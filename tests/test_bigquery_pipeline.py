@@ -332,6 +332,62 @@ def test_what_bigquery_cannot_hold_errors_its_table_only(
     assert printed["public.good"].split()[1] == "ready", printed
 
 
+# -- a large copy: read and staged by Spark's tasks, one load job and one statement per copy or chunk --------------
+
+MILLION = 1_000_000
+CHUNK_ROWS = 250_000
+
+
+@pytest.mark.slow
+@pytest.mark.first_major
+@pytest.mark.parametrize("method", ["snapshot", "incremental"])
+def test_a_million_rows_copy_by_spark_tasks_in_one_load_and_one_insert_per_copy_or_chunk(
+    pg_database: TestDatabase, bigquery_emulator: BigQueryEmulator, tmp_path: Path, method: str
+) -> None:
+    """No copied row passes the driver (the destination's own count of the rows it staged there stays 0), and the
+    server's job list holds one load job and one statement inserting into the table per copy, or per chunk."""
+    db, emulator = pg_database, bigquery_emulator
+    db.execute(
+        f"""
+        CREATE TABLE big (id bigint PRIMARY KEY, note text, amount numeric(12,2));
+        INSERT INTO big SELECT g, CASE WHEN g % 7 = 0 THEN NULL ELSE 'n' || g END, g / 8.0
+            FROM generate_series(1, {MILLION}) g;
+        ANALYZE big;
+        CREATE PUBLICATION pub FOR TABLE big;
+        """
+    )
+    dataset = dataset_for(db, f"million_{method}")
+    config = pipeline_config(
+        db,
+        store={"type": "sqlite", "path": str(tmp_path / "state.sqlite")},
+        destination=bigquery_destination(emulator, dataset),
+        copy={"method": method, "chunk_rows": CHUNK_ROWS},
+    )
+    pipeline = start_pipeline(config)
+    try:
+        wait_until(lambda: all_ready(pipeline, 1), "the table ready", pipeline, timeout=400)
+        registry = pipeline.metrics.registry
+        on_driver = registry.get_sample_value("etl_bigquery_copied_rows_total", {"on": "driver"}) or 0.0
+        by_spark = registry.get_sample_value("etl_bigquery_copied_rows_total", {"on": "spark"})
+    finally:
+        pipeline.shutdown()
+    assert (on_driver, by_spark) == (0, MILLION)
+    client = emulator.client()
+    try:
+        path = f"{PROJECT}.{dataset}.{table_id(TableName.parse('public.big'))}"
+        jobs = list(client.list_jobs(all_users=True))
+        loads = [j for j in jobs if j.job_type == "load" and j.destination.dataset_id == dataset]
+        inserts = [j for j in jobs if j.job_type == "query" and f"INSERT INTO `{path}`" in j.query]
+        stored = client.list_rows(path).to_arrow(create_bqstorage_client=False).to_pylist()
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+    copies = 1 if method == "snapshot" else MILLION // CHUNK_ROWS
+    assert (len(loads), len(inserts)) == (copies, copies)
+    with db.connect() as conn:
+        expected = conn.execute("SELECT id, note, amount FROM big ORDER BY id").fetchall()
+    assert sorted(tuple(r.values()) for r in stored) == expected
+
+
 # -- quota use: one load job per batch, at most one apply per table and interval ---------------------------
 
 APPLY_INTERVAL_S = 8

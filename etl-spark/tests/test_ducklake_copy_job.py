@@ -26,8 +26,8 @@ from etl.replication.tablesync import empty_table
 from etl.schema import TableName
 from etl.testing.copies import published_plan
 from etl.testing.pytest_plugin import TestDatabase
-from etl_spark.ducklake import copy_job
-from etl_spark.ducklake.copy_job import _Ranges, copy_tasks
+from etl_spark import copy_tasks as copy_job_tasks
+from etl_spark.copy_tasks import TaskRanges, copy_tasks
 from etl_spark.ducklake.table_state import read_states
 from etl_spark.testing import comparable_source_rows, duckdb_rows
 
@@ -126,8 +126,10 @@ def test_copy_tasks_take_every_range_once_each_in_turn(
 ) -> None:
     """Task ``i`` of ``n`` copies ranges ``i``, ``i + n``, ...: together every range once; pickled as Spark ships it."""
     plan = typed_plan(pg_database, parts=8)
-    tasks = pickle.loads(pickle.dumps(_Ranges(plan, 3)))
-    monkeypatch.setattr(copy_job, "read_ranges", lambda plan, indexes: iter(indexes))  # the ranges, not their rows
+    tasks = pickle.loads(pickle.dumps(TaskRanges(plan, 3)))
+    monkeypatch.setattr(
+        copy_job_tasks, "read_ranges", lambda plan, indexes: iter(indexes)
+    )  # the ranges, not their rows
     assert [list(tasks(task)) for task in range(3)] == [[0, 3, 6], [1, 4, 7], [2, 5]]
 
 

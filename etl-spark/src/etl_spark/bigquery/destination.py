@@ -1,6 +1,8 @@
 """The ``bigquery`` destination: Spark stages Parquet, one load job per write fills a staging table, SQL applies it.
 
-A copy chunk is staged and appended to the target. A batch of changes is collapsed per table
+A table's copy, and each chunk of an incremental copy, is read from the source and staged by Spark's tasks
+(``copy_job``: no copied row passes the driver), loaded by one load job, and appended to the target by one
+statement (a chunk's in one transaction with the table's watermark). A batch of changes is collapsed per table
 (``etl_spark.collapse``, on the driver in Arrow, or with Spark when unchanged TOAST values must be
 filled: the last change per key; a key-changing update is a delete of the old key and an upsert of
 the new one; a table without a key, ``REPLICA IDENTITY FULL``, is collapsed to the net number of
@@ -22,7 +24,8 @@ what arrives meanwhile into the next batch. See docs/destinations/bigquery.md.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -35,6 +38,7 @@ from etl.api import (
     OP_COLUMN,
     Check,
     ColumnSchema,
+    CopyPlan,
     DestinationContext,
     DestinationError,
     EventBatch,
@@ -50,8 +54,9 @@ from etl.api import (
 )
 from etl_spark.bigquery import history
 from etl_spark.bigquery.config import SPARK_CONF, BigQueryConfig
+from etl_spark.bigquery.copy_job import copied_rows
 from etl_spark.bigquery.errors import classify
-from etl_spark.bigquery.jobs import Jobs
+from etl_spark.bigquery.jobs import Jobs, Staged
 from etl_spark.bigquery.metrics import BigQueryMetrics
 from etl_spark.bigquery.names import column_name, table_id
 from etl_spark.bigquery.preflight import check_holds_the_copies, deep_preflight, preflight
@@ -68,6 +73,7 @@ from etl_spark.collapse import (
     missing_columns,
     net_changes_without_key,
 )
+from etl_spark.copy_tasks import run_copy_job, task_ranges
 from etl_spark.session import get_spark, require_java, start_in_background
 
 if TYPE_CHECKING:
@@ -204,14 +210,67 @@ class BigQueryDestination:
         target = self._prepare(schema)
         if rows.num_rows:
             frame = self.spark.createDataFrame(staged_rows(schema, rows, changes=False))
-            with self.jobs.staging([frame], rows.nbytes, str(schema.name)) as [staged]:
-                names = [column_name(c.name) for c in schema.columns]
-                values = converted(schema)
-                if self.config.mode == "history":  # copied rows: no position, no commit time
-                    names += [name for name, _ in history.COLUMNS]
-                    values += f", '{history.COPY}', NULL, NULL, NULL"
-                self.jobs.dml(f"INSERT INTO {target} ({', '.join(names)}) SELECT {values} FROM {staged} AS S", schema)
+            with self.jobs.staging([frame], rows.nbytes, str(schema.name)) as staged:
+                self.jobs.dml(self._append_copied(schema, target, staged.sources[0]), schema)
+            self.metrics.copied_rows.labels("driver").inc(rows.num_rows)
         return WriteResult.DURABLE
+
+    def copy_table(self, plan: CopyPlan, stop: threading.Event) -> int:
+        """Copy the table by Spark's tasks (``copy_job``): one load job of all its rows into a staging table, one
+        statement appending them to the target table, created anew. No copied row passes the driver, and none is
+        visible before all are."""
+        schema = plan.schema
+        with naming_table(schema.id):
+            target = self._prepare(schema)
+            if not plan.ranges:
+                return 0
+            with self._copied(plan, stop) as staged:
+                if staged.rows:
+                    self.jobs.dml(self._append_copied(schema, target, staged.sources[0]), schema)
+        return staged.rows
+
+    def copy_chunk(self, plan: CopyPlan, watermark: tuple[Lsn, int], stop: threading.Event) -> int:
+        """An incremental copy's chunk of new keys, copied as a table is (``copy_table``) and appended in one
+        transaction that moves the table's watermark to the chunk's place in the stream."""
+        schema = plan.schema
+        position = (int(watermark[0]), watermark[1])
+        with naming_table(schema.id):
+            target = self._prepare(schema)
+            if not plan.ranges:
+                return 0
+            with self._copied(plan, stop) as staged:
+                append = [self._append_copied(schema, target, staged.sources[0])] if staged.rows else []
+                statements = ["BEGIN TRANSACTION", *append, *self._advance(schema, position), "COMMIT TRANSACTION"]
+                self._watermarks.pop(schema.id, None)  # unknown should the job fail
+                with self._metadata:
+                    self.jobs.dml(";\n".join(statements) + ";", schema)
+                self._watermarks[schema.id] = position
+        return staged.rows
+
+    @contextmanager
+    def _copied(self, plan: CopyPlan, stop: threading.Event) -> Iterator[Staged]:
+        """The plan's rows, read and staged by a Spark job (stopped when ``stop`` is set) and loaded into a staging
+        table by one load job."""
+        ranges = task_ranges(self.spark, plan)
+        frame, counted = copied_rows(self.spark, ranges)
+
+        def run(write: Callable[[], None]) -> int:
+            run_copy_job(self.spark, ranges, stop, write)
+            return int(counted.value)
+
+        with self.jobs.staging([frame], plan.size_bytes or 0, str(plan.schema.name), run=run) as staged:
+            yield staged
+        self.metrics.copied_rows.labels("spark").inc(staged.rows)
+
+    def _append_copied(self, schema: TableSchema, target: str, staged: str) -> str:
+        """The statement appending copied rows from ``staged`` to ``target`` (in history mode as ``copy`` rows,
+        with no position and no commit time)."""
+        names = [column_name(c.name) for c in schema.columns]
+        values = converted(schema)
+        if self.config.mode == "history":
+            names += [name for name, _ in history.COLUMNS]
+            values += f", '{history.COPY}', NULL, NULL, NULL"
+        return f"INSERT INTO {target} ({', '.join(names)}) SELECT {values} FROM {staged} AS S"
 
     def write_events(self, batch: EventBatch) -> WriteResult:
         """Apply the batch: one load job for all its tables, then one transaction for all of them (of up to
@@ -243,7 +302,7 @@ class BigQueryDestination:
                 collapsed.append(change)
         frames = [c.frame for c in collapsed if c.frame is not None]
         with self.jobs.staging(frames, sum(c.nbytes for c in collapsed), BATCH_LABEL) as staged:
-            sources = iter(staged)
+            sources = iter(staged.sources)
             placed = [(change, next(sources) if change.frame is not None else None) for change in collapsed]
             for start in range(0, len(placed), TRANSACTION_TABLES):
                 group = placed[start : start + TRANSACTION_TABLES]

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -29,6 +30,14 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Staged:
+    """What ``Jobs.staging`` loaded: a subquery of each frame's rows, and how many rows the loads took in."""
+
+    sources: list[str]
+    rows: int
 
 
 class Jobs:
@@ -76,39 +85,53 @@ class Jobs:
         return self._client
 
     @contextmanager
-    def staging(self, frames: list[DataFrame], nbytes: int, label: str) -> Iterator[list[str]]:
+    def staging(
+        self,
+        frames: list[DataFrame],
+        nbytes: int,
+        label: str,
+        *,
+        run: Callable[[Callable[[], None]], int] | None = None,
+    ) -> Iterator[Staged]:
         """Stage ``frames`` side by side with one load job into a new staging table (more only past BigQuery's
         column limit); yield a subquery of each frame's rows (``staging.source``). The table is dropped
         afterwards (a crash leaves it to the next start, ``drop_leftover_staging``), its Parquet files as
         soon as it is loaded.
 
         Each load fills a table of its own: BigQuery limits modifications per table per day, and
-        writers (the apply worker, table copies) stage concurrently.
+        writers (the apply worker, table copies) stage concurrently. Rows a write built on the driver are
+        written to about 256 MB per file; with ``run`` (a copy's Spark job: it runs the write it is given and says
+        how many rows it wrote), the frame's tasks read and write their rows themselves, a file each, and no rows
+        written load nothing (no staging table, no source: the caller sees ``rows == 0``).
         """
         names: list[str] = []
-        sources: list[str] = []
+        staged = Staged([], 0)
         try:
-            for run in groups(frames):
-                frame, parts = side_by_side(run)
-                names.append(table_prefix(self.pipeline_id) + uuid.uuid4().hex)
-                self._load(frame, nbytes, names[-1], label)
-                sources += [source(self.ref(names[-1]), part) for part in parts]
-            yield sources
+            for group in groups(frames):
+                frame, parts = side_by_side(group)
+                name = table_prefix(self.pipeline_id) + uuid.uuid4().hex
+                loaded = self._load(frame, nbytes, name, label, run)
+                if run is not None and not loaded:
+                    continue
+                names.append(name)
+                staged.rows += loaded
+                staged.sources += [source(self.ref(name), part) for part in parts]
+            yield staged
         finally:
             for name in names:
                 self._drop_staging(name)
 
-    def _load(self, frame: DataFrame, nbytes: int, name: str, label: str) -> None:
-        """Write ``frame`` as Parquet to the staging location and load it into the new table ``name``."""
+    def _load(
+        self, frame: DataFrame, nbytes: int, name: str, label: str, run: Callable[[Callable[[], None]], int] | None
+    ) -> int:
+        """Write ``frame`` as Parquet to the staging location and load it into the new table ``name``; the rows
+        loaded."""
         from google.cloud import bigquery
 
         local = self.config.staging_local_dir
         bucket, _, prefix = self.config.staging_uri.removeprefix("gs://").partition("/")
         relative = f"{prefix}/{name}" if prefix else name
         written = f"{local.rstrip('/')}/{relative}" if local else f"{self.config.staging_uri}/{name}"
-        files = max(1, nbytes // (256 * 1024 * 1024))
-        frame.coalesce(files).write.mode("overwrite").parquet(written)
-        staged_bytes = _parquet_bytes(self._spark(), written)
         job_config = bigquery.LoadJobConfig(
             source_format=bigquery.SourceFormat.PARQUET,
             write_disposition=bigquery.WriteDisposition.WRITE_TRUNCATE,
@@ -116,6 +139,11 @@ class Jobs:
         job_config.parquet_options = bigquery.ParquetOptions()  # type: ignore[no-untyped-call]
         job_config.parquet_options.enable_list_inference = True
         try:
+            if run is None:
+                frame.coalesce(max(1, nbytes // (256 * 1024 * 1024))).write.mode("overwrite").parquet(written)
+            elif not run(lambda: frame.write.mode("overwrite").parquet(written)):
+                return 0
+            staged_bytes = _parquet_bytes(self._spark(), written)
             try:
                 job = self.client.load_table_from_uri(
                     f"gs://{bucket}/{relative}/*.parquet", self.path(name), job_config=job_config, retry=self.retry
@@ -128,6 +156,7 @@ class Jobs:
                 raise error from None
             self.metrics.load_jobs.labels(label).inc()
             self.metrics.bytes_loaded.inc(staged_bytes)
+            return int(job.output_rows or 0)
         finally:
             delete_path(self._spark(), written)  # loaded or failed, the staged files are not needed again
 

@@ -12,13 +12,20 @@ from etl.api import LATENCY_BUCKETS, MetricsHolder
 
 
 class BigQueryMetrics(MetricsHolder):
-    """Load jobs per table, bytes loaded, DML time; on ``registry`` (a private one by default)."""
+    """Load jobs per table, copied rows, bytes loaded, DML time; on ``registry`` (a private one by default)."""
 
     def create(self, registry: CollectorRegistry) -> None:
         self.load_jobs = Counter(
             "etl_bigquery_load_jobs",
             "Load jobs that filled a staging table, per source table (quota: table modifications per day)",
             ["table"],
+            registry=registry,
+        )
+        self.copied_rows = Counter(
+            "etl_bigquery_copied_rows",
+            "Rows of table copies and incremental copies' chunks staged, by where they were read: by Spark's tasks"
+            " (`spark`), or handed over by the engine to the driver (`driver`: the engine's own copy)",
+            ["on"],
             registry=registry,
         )
         self.bytes_loaded = Counter(

@@ -45,7 +45,12 @@ WORKERS_AFTER_S = 20.0
 planning, the first batches) is done, and well before a first flush of inlined rows is due. A pipeline that stops
 sooner warms none."""
 
-TASK_MODULES = ("etl_spark.ducklake.inline_flush", "etl_spark.ducklake.storage", "etl_spark.ducklake.copy_job")
+TASK_MODULES = (
+    "etl_spark.ducklake.inline_flush",
+    "etl_spark.ducklake.storage",
+    "etl_spark.ducklake.copy_job",
+    "etl_spark.copy_tasks",
+)
 """What our tasks' functions come from: a worker imports them (and what they import) to unpickle its first task."""
 
 
