@@ -12,9 +12,9 @@ import pytest
 from etl.checks import run_checks
 from etl.config import PipelineConfig
 from etl.destination.memory import MemoryDestination
+from etl.key_chunk import KeyChunk
 from etl.pipeline import Pipeline, request_resync
 from etl.postgres.copy import plan_chunk
-from etl.postgres.copy_session import KeyChunk
 from etl.schema import TableName
 from etl.status import status_report
 from etl.store.base import TableStateKind

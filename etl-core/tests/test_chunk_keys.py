@@ -8,11 +8,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from etl.key_chunk import KeyChunk
 from etl.postgres.catalog import publication_tables, table_schema
 from etl.postgres.codecs import decode_text_column
 from etl.postgres.connection import connect
 from etl.postgres.copy import copy_chunk, plan_chunk, read_ranges
-from etl.postgres.copy_session import KeyChunk
 from etl.postgres.key_order import SourceComparisons, SourceKeyOrder, key_index_order
 from etl.schema import TableSchema
 from etl.testing.pytest_plugin import TestDatabase

@@ -22,9 +22,9 @@ from etl.events import (
     InsertEvent,
     UpdateEvent,
 )
+from etl.key_chunk import KeyChunk
+from etl.key_sql import integer_key
 from etl.lsn import Lsn
-from etl.postgres.copy_session import KeyChunk
-from etl.postgres.key_sql import integer_key
 from etl.postgres.xid_snapshot import XidSnapshot, running_xids
 from etl.replication.incremental import (
     CHUNK_ORDINAL_BASE,

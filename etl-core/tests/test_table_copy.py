@@ -16,11 +16,12 @@ import structlog
 from etl.config import PostgresConnection
 from etl.copy_plan import CopyPlan, CopyRange, CtidRange
 from etl.errors import SourceError, TableError
+from etl.key_chunk import KeyChunk
 from etl.postgres.catalog import PublishedTable, ctid_ranges, publication_tables, table_schema
 from etl.postgres.codecs import arrow_field
 from etl.postgres.connection import connect
 from etl.postgres.copy import copy_chunk, copy_table, plan_copy, read_ranges
-from etl.postgres.copy_session import ChunkKeys, KeyChunk
+from etl.postgres.copy_session import ChunkKeys
 from etl.postgres.replication import ReplicationConnection
 from etl.schema import TableName, TableSchema
 from etl.testing.pytest_plugin import TestDatabase

@@ -13,9 +13,9 @@ import pytest
 
 from etl.copy_plan import CopyPlan, CopyStopped
 from etl.errors import TableError
+from etl.key_chunk import KeyChunk
 from etl.lsn import Lsn
 from etl.postgres.copy import plan_chunk
-from etl.postgres.copy_session import KeyChunk
 from etl.replication.tablesync import empty_table
 from etl.testing.copies import published_plan
 from etl.testing.pytest_plugin import TestDatabase

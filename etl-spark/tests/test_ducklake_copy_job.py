@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from etl.copy_plan import CopyPlan, CopyRange, CopyStopped
+from etl.key_chunk import KeyChunk
 from etl.lsn import Lsn
 from etl.postgres.connection import connect
 from etl.postgres.copy import plan_chunk
-from etl.postgres.copy_session import KeyChunk
 from etl.replication.tablesync import empty_table
 from etl.schema import TableName
 from etl.testing.copies import published_plan

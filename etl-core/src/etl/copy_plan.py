@@ -9,14 +9,12 @@ say), each of which reads them with ``etl.postgres.copy.read_ranges``. Nothing h
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from etl.config import PostgresConnection
 from etl.errors import TransientError
+from etl.key_chunk import KeyChunk
 from etl.schema import TableName, TableSchema
-
-if TYPE_CHECKING:
-    from etl.postgres.copy_session import KeyChunk
 
 RANGES_PER_CONNECTION: Final = 4
 """Ranges planned per connection and table, so that uneven ranges still spread evenly."""

@@ -74,9 +74,9 @@ if TYPE_CHECKING:
         UpdateEvent,
     )
     from etl.filelock import FileLock
-    from etl.hookspecs import PluginFactory
     from etl.lsn import Lsn
     from etl.metrics import LATENCY_BUCKETS, MetricsHolder
+    from etl.plugin_factory import PluginFactory
     from etl.plugins import hookimpl
     from etl.postgres.codecs import (
         BUILTIN_ARRAYS,
@@ -179,10 +179,10 @@ _HOMES: dict[str, str] = {
     "TruncateEvent": "etl.events",
     "UpdateEvent": "etl.events",
     "FileLock": "etl.filelock",
-    "PluginFactory": "etl.hookspecs",
     "Lsn": "etl.lsn",
     "LATENCY_BUCKETS": "etl.metrics",
     "MetricsHolder": "etl.metrics",
+    "PluginFactory": "etl.plugin_factory",
     "hookimpl": "etl.plugins",
     "BUILTIN_ARRAYS": "etl.postgres.codecs",
     "NUMERIC_OID": "etl.postgres.codecs",

@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict
 
 from etl.copy_plan import CopyPlan
 from etl.events import EventBatch
-from etl.hookspecs import PluginFactory
 from etl.lsn import Lsn
+from etl.plugin_factory import PluginFactory
 from etl.schema import TableName, TableSchema
 from etl.store.base import Store
 

@@ -18,6 +18,8 @@ import structlog
 
 from etl.config import PostgresConnection
 from etl.copy_plan import RANGES_PER_CONNECTION, CopyPlan, CopyRange, CopyStopped
+from etl.key_chunk import KeyChunk
+from etl.key_sql import integer_key
 from etl.postgres.catalog import PublishedTable, ctid_ranges, table_bytes
 from etl.postgres.codecs import arrow_field
 from etl.postgres.connection import connect
@@ -28,12 +30,10 @@ from etl.postgres.copy_session import (
     ChunkTable,
     ConsumerGone,
     CopySession,
-    KeyChunk,
     Unblock,
     check_columns,
     put_unless_halted,
 )
-from etl.postgres.key_sql import integer_key
 from etl.postgres.waiting import POLL
 from etl.schema import TableName, TableSchema, quote_literal
 

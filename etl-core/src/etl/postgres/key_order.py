@@ -21,9 +21,9 @@ from psycopg.adapt import PyFormat, Transformer
 
 from etl.config import PostgresConnection
 from etl.errors import TransientError
+from etl.key_sql import KeyValue, key_column_gone
 from etl.postgres.codecs import python_values
 from etl.postgres.connection import connect
-from etl.postgres.key_sql import KeyValue, key_column_gone
 from etl.schema import TableId, quote_ident
 
 _COLUMNS = """

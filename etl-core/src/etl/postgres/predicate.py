@@ -1,11 +1,6 @@
-"""A row predicate given by the pipeline's owner (``etl resync --where``): checked before any query holds it.
-
-The predicate is SQL, so it is written into the queries that read the rows it picks: ``... WHERE key > $after
-AND (`` predicate ``)``. Before that, Postgres's own lexer (through pglast) reads it: outside string literals,
-quoted names and comments, its parentheses must balance and no ``;`` may appear, so it cannot close the
-parenthesis it is written in, nor end the statement (every source session pins ``standard_conforming_strings =
-on``, as pglast lexes). Then the source plans a query with it (``predicate_rows``): an unknown column, a type that
-is not boolean or a syntax error is said there, before the request is made.
+"""What the source says of a row predicate given by the pipeline's owner (``etl resync --where``), once its text
+passed ``etl.predicate_sql.checked_predicate``: the source plans a query with it (``predicate_rows``), so an unknown
+column, a type that is not boolean or a syntax error is said there, before the request is made.
 
 The predicate runs as the pipeline's role, so it may call only immutable and stable functions (``called_volatile``),
 which Postgres runs read only; ``pg_terminate_backend``, ``dblink``, ``pg_read_file`` and the like are volatile.
@@ -21,44 +16,8 @@ from typing import Any
 import psycopg
 
 from etl.errors import ConfigError
+from etl.predicate_sql import predicate_sql
 from etl.schema import TableName, display_ident
-
-_OPEN, _CLOSE, _SEMICOLON = "ASCII_40", "ASCII_41", "ASCII_59"
-
-
-def checked_predicate(text: str) -> str:
-    """``text`` when it is one expression that cannot leave the parenthesis it is written in; ``ConfigError``
-    otherwise."""
-    if not text.strip():
-        raise ConfigError(
-            "the --where predicate is empty", hint='give a condition on the table\'s columns: "id < 1000"'
-        )
-    from pglast import parser  # Postgres's lexer: loaded by the commands that take a predicate only
-
-    try:
-        tokens = parser.scan(text)
-    except parser.ParseError as exc:
-        raise ConfigError(
-            f"the --where predicate is not valid SQL: {exc}", hint="check its quotes and comments"
-        ) from None
-    depth = 0
-    for token in tokens:
-        if token.name == _SEMICOLON:
-            raise ConfigError("the --where predicate holds a ';'", hint="give one condition, not statements")
-        depth += (token.name == _OPEN) - (token.name == _CLOSE)
-        if depth < 0:
-            raise ConfigError(
-                "the --where predicate closes a parenthesis it did not open", hint="balance its parentheses"
-            )
-    if depth:
-        raise ConfigError("the --where predicate leaves a parenthesis open", hint="balance its parentheses")
-    return text
-
-
-def predicate_sql(text: str) -> str:
-    """The predicate as it is written into a query: in parentheses of its own, on lines of its own (a ``--``
-    comment at its end ends there)."""
-    return f"(\n{checked_predicate(text)}\n)"
 
 
 def called(text: str) -> set[tuple[str, str, str]]:

@@ -15,6 +15,8 @@ import structlog
 from etl.destination.base import ChunkCopier
 from etl.errors import ConfigError, EtlError, TableError
 from etl.events import EventBatch
+from etl.key_chunk import KeyChunk
+from etl.key_sql import KeyValue, integer_key
 from etl.lsn import Lsn
 from etl.postgres.catalog import (
     WAL_POSITION,
@@ -25,7 +27,7 @@ from etl.postgres.catalog import (
 )
 from etl.postgres.connection import connect
 from etl.postgres.copy import copy_chunk, plan_chunk
-from etl.postgres.copy_session import ChunkSnapshot, ChunkTable, KeyChunk
+from etl.postgres.copy_session import ChunkSnapshot, ChunkTable
 from etl.postgres.key_order import (
     NO_KEY,
     PARTITION_ROOT,
@@ -33,7 +35,6 @@ from etl.postgres.key_order import (
     SourceKeyOrder,
     key_index_order,
 )
-from etl.postgres.key_sql import KeyValue, integer_key
 from etl.postgres.predicate import predicate_rows
 from etl.postgres.standby_slots import wait_for_standbys
 from etl.postgres.xid_snapshot import XidSnapshot, running_xids

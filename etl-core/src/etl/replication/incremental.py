@@ -57,9 +57,9 @@ from etl.events import (
     TruncateEvent,
     UpdateEvent,
 )
+from etl.key_sql import KeyValue, key_column_gone, parse_key
 from etl.lsn import Lsn
 from etl.postgres.codecs import python_values
-from etl.postgres.key_sql import KeyValue, key_column_gone, parse_key
 from etl.postgres.xid_snapshot import XidSnapshot
 from etl.replication.segment import change_schema
 from etl.schema import TableId, TableSchema

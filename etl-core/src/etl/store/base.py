@@ -27,8 +27,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from etl.hookspecs import PluginFactory
 from etl.lsn import Lsn
+from etl.plugin_factory import PluginFactory
 from etl.schema import TableId, TableSchema
 
 
