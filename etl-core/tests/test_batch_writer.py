@@ -17,7 +17,17 @@ import pytest
 from etl.config import PipelineSection
 from etl.destination.base import WriteResult
 from etl.destination.memory import MemoryDestination
-from etl.errors import DestinationError, EtlError, TableError, TableErrors, TypeChangeError, naming_table
+from etl.errors import (
+    ConfigError,
+    DestinationError,
+    SourceError,
+    TableError,
+    TableErrors,
+    TransientError,
+    TypeChangeError,
+    may_pass,
+    naming_table,
+)
 from etl.events import EventBatch
 from etl.replication.retries import TableRetries
 from etl.replication.writer import BatchWriter
@@ -36,7 +46,7 @@ class FailingDestination(MemoryDestination):
     """Stand-in for a failing destination: the memory destination, raising each of ``failures`` in turn before
     its writes, then writing."""
 
-    def __init__(self, failures: list[EtlError]) -> None:
+    def __init__(self, failures: list[Exception]) -> None:
         super().__init__()
         self.failures = failures
         self.calls: list[set[int]] = []
@@ -149,3 +159,39 @@ def test_a_type_change_waits_for_the_user_unless_the_config_asks_for_a_copy() ->
         state = retries.errored(101, change, "etl resync")
         assert state.retry is RetryKind.TIMED and state.retry_at is not None and state.retry_at <= datetime.now(UTC)
         assert state.retry_at >= before and "on_type_change" in (state.hint or "")
+
+
+@pytest.mark.parametrize(
+    ("error", "passes"),
+    [
+        (TransientError("connection lost"), True),
+        (TransientError("lost, but the raiser knows it stays", transient=False), False),
+        (DestinationError("busy"), True),
+        (DestinationError("denied", transient=False), False),
+        (TableError("bad value", table_id=101), False),
+        (TableError("this table's write timed out", table_id=101, transient=True), True),
+        (SourceError("no publication"), False),
+        (SourceError("the server is short of memory", transient=True), True),
+        (ConfigError("bad key"), False),
+        (OSError("disk full"), True),
+        (RuntimeError("a library's own error"), True),
+    ],
+)
+def test_every_error_says_whether_it_may_pass_in_one_attribute(error: Exception, passes: bool) -> None:
+    """``may_pass`` reads ``transient`` of any error of ours, whatever its class, and the table retries and the
+    writer act on it alike: a timed retry and write retries when it may pass, the user's turn at once otherwise."""
+    assert may_pass(error) is passes
+    retries = TableRetries(PipelineSection(id=1, publication="p"))
+    assert retries.errored(101, error, "etl resync").retry is (RetryKind.TIMED if passes else RetryKind.MANUAL)
+    if isinstance(error, TransientError | DestinationError | OSError):  # what the writer retries, when it may pass
+        destination = FailingDestination([error])
+        store = MemoryStore(pipeline_id=1)
+        writer, _ = write(destination, store)
+        if passes:
+            writer.wait()
+        else:
+            with pytest.raises(type(error)):
+                writer.wait()
+        writer.close()
+        store.close()
+        assert len(destination.calls) == (2 if passes else 1)

@@ -8,15 +8,25 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import ClassVar
 
 
 class EtlError(Exception):
-    """Base of every error raised on purpose by the framework."""
+    """Base of every error raised on purpose by the framework.
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    ``transient`` says whether the failure may pass by itself, so that a retry (with backoff, or of the table on a
+    timer) can mend it; each kind of error has its default (``passes``), and a raiser that knows better says so.
+    ``may_pass`` is the one question the engine asks of any exception.
+    """
+
+    passes: ClassVar[bool] = False
+    """``transient`` when the raiser does not say."""
+
+    def __init__(self, message: str, *, hint: str | None = None, transient: bool | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.transient = self.passes if transient is None else transient
 
     def __str__(self) -> str:
         return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
@@ -37,6 +47,8 @@ class SourceError(EtlError):
 class TransientError(EtlError):
     """A failure expected to pass (lost connection, timeout); the operation is retried with backoff."""
 
+    passes = True
+
 
 class StoreError(EtlError):
     """The state store failed or holds data this version cannot use."""
@@ -55,9 +67,7 @@ class DestinationError(EtlError):
     fails at once with the error's hint, instead of after minutes of retries.
     """
 
-    def __init__(self, message: str, *, hint: str | None = None, transient: bool = True) -> None:
-        super().__init__(message, hint=hint)
-        self.transient = transient
+    passes = True
 
 
 class RuntimeSetupError(EtlError):
@@ -75,9 +85,8 @@ class TableError(EtlError):
     def __init__(
         self, message: str, *, hint: str | None = None, table_id: int | None = None, transient: bool = False
     ) -> None:
-        super().__init__(message, hint=hint)
+        super().__init__(message, hint=hint, transient=transient)
         self.table_id = table_id
-        self.transient = transient
 
 
 class TypeChangeError(TableError):
@@ -93,6 +102,13 @@ class TableErrors(EtlError):
         names = "; ".join(e.message for e in errors)
         super().__init__(f"{len(errors)} tables failed: {names}", hint="each table's own error says what to do")
         self.errors = tuple(errors)
+
+
+def may_pass(error: BaseException) -> bool:
+    """Whether ``error`` may go away without the user doing anything: an error of ours says so itself
+    (``EtlError.transient``); an ``OSError`` may; so may an exception no one classified, which comes from a
+    destination's own libraries (Spark, a cloud client) more often than not."""
+    return error.transient if isinstance(error, EtlError) else True
 
 
 @contextmanager

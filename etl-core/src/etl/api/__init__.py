@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         TableErrors,
         TransientError,
         TypeChangeError,
+        may_pass,
         naming_table,
     )
     from etl.events import (
@@ -160,6 +161,7 @@ _HOMES: dict[str, str] = {
     "TableErrors": "etl.errors",
     "TransientError": "etl.errors",
     "TypeChangeError": "etl.errors",
+    "may_pass": "etl.errors",
     "naming_table": "etl.errors",
     "COMMIT_LSN_COLUMN": "etl.events",
     "MISSING": "etl.events",
@@ -315,6 +317,7 @@ __all__ = [
     "lsn_from_text",
     "lsn_to_text",
     "match_columns",
+    "may_pass",
     "merged_request",
     "naming_table",
     "python_values",

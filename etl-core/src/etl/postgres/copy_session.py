@@ -43,6 +43,7 @@ from etl.postgres import generators
 from etl.postgres.catalog import WAL_INSERTED
 from etl.postgres.codecs import arrow_field, decode_text_column
 from etl.postgres.connection import check_pinned, connection_error, conninfo_string
+from etl.postgres.errors import passes
 from etl.postgres.generators import PQGen
 from etl.postgres.standby_slots import SETTING as STANDBY_SLOTS
 from etl.postgres.standby_slots import parse_setting
@@ -513,7 +514,7 @@ def _copy_error(exc: psycopg.Error, config: PostgresConnection, doing: str) -> E
     sqlstate = exc.sqlstate or ""
     detail = (exc.diag.message_primary or str(exc)).strip()
     message = f"{doing} on {config.describe()} failed: {detail}"
-    if (isinstance(exc, psycopg.OperationalError) and not sqlstate) or sqlstate.startswith(("08", "57", "53")):
+    if passes(exc):
         return TransientError(message, hint="the connection to the source was lost or refused; the copy is retried")
     if sqlstate in ("42P01", "42703"):  # undefined table / column: the table changed under the copy
         return TableError(message, hint="the table changed while it was being copied; copy it again")

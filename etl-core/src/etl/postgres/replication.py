@@ -29,6 +29,7 @@ from etl.errors import ConfigError, EtlError, SourceError, TransientError
 from etl.lsn import Lsn
 from etl.postgres import generators
 from etl.postgres.connection import check_pinned, connection_error, conninfo_params
+from etl.postgres.errors import CONFIGURATION_LIMIT_EXCEEDED, passes
 from etl.postgres.frames import Keepalive, XLogData, parse_frame, status_update
 from etl.postgres.pgtime import now_pg_us
 from etl.postgres.slot_state import SlotNotFoundError
@@ -448,14 +449,14 @@ def replication_error(error: psycopg.Error, target: str, doing: str) -> EtlError
     if sqlstate == "55000" and "wal_level" in lowered:
         where = "the primary" if "primary" in lowered else "the source"
         return SourceError(message, hint=f"set wal_level = logical on {where} and restart it")
-    if sqlstate == "53400":
+    if sqlstate == CONFIGURATION_LIMIT_EXCEEDED:
         return SourceError(message, hint="raise max_replication_slots / max_wal_senders, or drop unused slots")
     if sqlstate == "42710":
         return SourceError(message, hint="the slot exists already; drop it or reuse it")
     if sqlstate == "42501":
         return SourceError(message, hint="the role needs the REPLICATION attribute")
-    if sqlstate.startswith(("08", "57")):
-        return TransientError(message, hint="the server is restarting or unreachable; it is retried")
+    if passes(error):
+        return TransientError(message, hint="the server is restarting, unreachable or short of resources; retried")
     return SourceError(message)
 
 

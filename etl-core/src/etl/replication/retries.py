@@ -15,20 +15,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from etl.config import PipelineSection
-from etl.errors import DestinationError, EtlError, TableError, TransientError, TypeChangeError
+from etl.errors import EtlError, TypeChangeError, may_pass
 from etl.schema import TableId
 from etl.store.base import RetryKind, TableState, TableStateKind
-
-
-def may_pass(error: BaseException) -> bool:
-    """Whether ``error`` may go away without the user doing anything."""
-    if isinstance(error, TableError | DestinationError):
-        return error.transient
-    if isinstance(error, TransientError | OSError):
-        return True
-    # Other errors of ours (source, config, store) need the user; an exception no one classified comes
-    # from a destination's own libraries (Spark, a cloud client) more often than not.
-    return not isinstance(error, EtlError)
 
 
 def describe(error: BaseException) -> tuple[str, str | None]:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import structlog
 
 from etl.destination.base import Destination, Paced, WriteResult
-from etl.errors import DestinationError, TableError, TableErrors, TransientError
+from etl.errors import DestinationError, TableError, TableErrors, TransientError, may_pass
 from etl.events import EventBatch, summed_counts
 from etl.lsn import Lsn
 from etl.metrics import PipelineMetrics
@@ -131,7 +131,7 @@ class BatchWriter:
                 if self._metrics is not None:
                     self._metrics.errors.labels("destination").inc()
                 failures += 1
-                if failures > RETRIES or (isinstance(exc, DestinationError) and not exc.transient):
+                if failures > RETRIES or not may_pass(exc):
                     raise
                 delay = next(delays)
                 log.warning("destination write failed; retrying", worker=self._worker, error=str(exc), retry_in=delay)
