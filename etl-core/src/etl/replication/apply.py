@@ -96,7 +96,7 @@ class ApplyWorker(StreamWorker):
         return all((s := states.get(t)) is not None and s.kind is TableStateKind.READY for t in self.tables)
 
     def awaiting_position(self) -> bool:
-        return self.ctx.states.waiting_on_apply
+        return self.ctx.states.waiting_on_apply or self.chunked.awaiting_position()
 
     def table_failed(self, table_id: TableId, error: TableError) -> None:
         table = self.tables.get(table_id)

@@ -37,6 +37,7 @@ from etl.postgres.key_order import (
 )
 from etl.postgres.predicate import predicate_rows
 from etl.postgres.standby_slots import wait_for_standbys
+from etl.postgres.wal_nudge import nudge_decoding
 from etl.postgres.xid_snapshot import XidSnapshot, running_xids
 from etl.replication.context import WorkerContext
 from etl.replication.incremental import (
@@ -106,6 +107,8 @@ class ChunkedCopies:
         self._not_before: dict[TableId, float] = {}
         self._held_since: dict[TableId, float] = {}
         """When each copy found its barrier holding first (``_barrier_holds``)."""
+        self._nudged = Lsn.ZERO
+        """Where the last ``nudge_decoding`` committed: finished copies whose last read is before it need no other."""
         self._comparisons = SourceComparisons(self.ctx.config.source)
         """Where keys that only the source can order are compared (``etl.postgres.key_order``)."""
 
@@ -259,6 +262,12 @@ class ChunkedCopies:
         what = "going on with a table's backfill in chunks" if where else "going on with a table's copy in chunks"
         log.info(what, table=str(table.name), after=after, rows=progress.rows, where=where)
 
+    def awaiting_position(self) -> bool:
+        """Whether a finished copy waits for the stream to pass its last chunk's read (``_end_or_later``): on an idle
+        source no change moves the stream there, so the stream asks the server where it is."""
+        position = self.stream.position
+        return any(copy.finished and position < copy.read_before for copy in self.copies.values())
+
     # -- chunks ------------------------------------------------------------------------------------------------
     def due(self) -> bool:
         """Whether a table under copy may take its next chunk now."""
@@ -325,6 +334,9 @@ class ChunkedCopies:
         """End a finished copy once the stream is past every transaction its last chunk saw committed (until then
         their inserts are upserts: ``IncrementalCopy.read_before``); else look again later."""
         if not copy.finished or self.stream.position < copy.read_before:
+            if copy.finished and copy.read_before > self._nudged:
+                with connect(self.ctx.config.source) as conn:
+                    self._nudged = max(self._nudged, nudge_decoding(conn) or copy.read_before)  # 0: a standby
             self._later(copy.table_id)
             return
         self.copies.pop(copy.table_id, None)
