@@ -98,6 +98,9 @@ class ApplyWorker(StreamWorker):
     def awaiting_position(self) -> bool:
         return self.ctx.states.waiting_on_apply or self.chunked.awaiting_position()
 
+    def position_wanted_soon(self) -> bool:
+        return bool(self.sync_workers) or self.awaiting_position()
+
     def table_failed(self, table_id: TableId, error: TableError) -> None:
         table = self.tables.get(table_id)
         state = self.ctx.table_failed(table_id, table.name if table else str(table_id), error)

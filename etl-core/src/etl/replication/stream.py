@@ -39,6 +39,10 @@ BURST_MESSAGES = 1000
 """Messages handled in one turn of the read loop at most (the bookkeeping runs once a turn)."""
 BUSY_POLL_S = 0.05
 """How often a due batch looks whether the write in flight has ended."""
+POSITION_POLL_S = 0.1
+"""How long an idle read lasts while a worker waits, or may soon wait, for a position (a table's hand-over): it then
+asks the server where the stream is. A table copy's hand-over waits for two such answers; at 1 s, 200 small tables
+copied four at a time waited 200 s for them."""
 REPLAY_RUN = 512
 """Inserts of a replayed streamed transaction added to a batch at once, at most (the size check runs once a run)."""
 
@@ -168,6 +172,11 @@ class StreamWorker:
         """True when the worker waits for the stream to reach a position even if no change arrives."""
         return False
 
+    def position_wanted_soon(self) -> bool:
+        """True while the worker may come to wait for a position any moment (a table copy under way): its idle reads
+        are short, so that the wait, once it begins, is not behind a read of a second."""
+        return self.awaiting_position()
+
     # -- loop ----------------------------------------------------------------------------------------
     def run(self) -> None:
         try:
@@ -236,7 +245,8 @@ class StreamWorker:
         if not self.in_transaction and self.work_due():  # tick runs between transactions only
             return 0.0
         if self._batch_started is None:
-            return 1.0
+            # A worker waiting for a position asks the server where the stream is after each read that timed out.
+            return POSITION_POLL_S if self.position_wanted_soon() else 1.0
         filling = self.batch_config.max_fill_ms / 1000 - (time.monotonic() - self._batch_started)
         interval = self.writer.next_write_in()
         remaining = max(filling, interval)
