@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from etl.copy_plan import CopyPlan, CopyStopped
+from etl.copy_plan import CopyPlan
 from etl.errors import TableError
 from etl.key_chunk import KeyChunk
 from etl.lsn import Lsn
 from etl.postgres.copy import plan_chunk
 from etl.replication.tablesync import empty_table
-from etl.testing.copies import published_plan
+from etl.testing.copies import published_plan, stop_while_tasks_wait
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.bigquery.destination import WATERMARKS, BigQueryDestination
 from etl_spark.bigquery.names import STAGING_PREFIX, table_id
@@ -127,28 +127,7 @@ def test_a_stopped_copy_leaves_no_row_no_staged_file_and_no_staging_table(
     pg_database: TestDatabase, destination: BigQueryDestination, bigquery_emulator: BigQueryEmulator
 ) -> None:
     plan = items_plan(pg_database, parts=4)
-    stop = threading.Event()
-
-    def stop_once_tasks_wait() -> None:
-        """Stop the copy once its tasks' COPYs wait for the lock below: the tasks are running then."""
-        with pg_database.connect() as watcher:
-            while not stop.is_set():
-                waiting = watcher.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'COPY%'"
-                ).fetchone()
-                if waiting and waiting[0] >= 2:  # local[2]: two tasks at a time
-                    stop.set()
-                stop.wait(0.1)
-
-    with pg_database.connect() as locker:
-        locker.execute("BEGIN")
-        locker.execute("LOCK TABLE items IN ACCESS EXCLUSIVE MODE")
-        watcher = threading.Thread(target=stop_once_tasks_wait, daemon=True)
-        watcher.start()
-        with pytest.raises(CopyStopped):
-            destination.copy_table(plan, stop)
-        watcher.join()
-        locker.execute("ROLLBACK")
+    stop_while_tasks_wait(pg_database, "items", lambda stop: destination.copy_table(plan, stop), tasks=2)  # local[2]
     assert stored(destination, plan) == []
     assert jobs_into(destination, plan) == (0, 0)
     assert list(Path(bigquery_emulator.bucket_dir("staging")).rglob("*.parquet")) == []

@@ -24,7 +24,7 @@ from etl.postgres.connection import connect
 from etl.postgres.copy import plan_chunk
 from etl.replication.tablesync import empty_table
 from etl.schema import TableName
-from etl.testing.copies import published_plan
+from etl.testing.copies import published_plan, stop_while_tasks_wait
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark import copy_tasks as copy_job_tasks
 from etl_spark.copy_tasks import TaskRanges, copy_tasks
@@ -165,28 +165,7 @@ def test_a_stopped_copy_leaves_no_table_and_no_file(pg_database: TestDatabase, l
     )
     plan = published_plan(pg_database, setup, 8)
     destination = kit.make_destination(lake)
-    stop = threading.Event()
-
-    def stop_once_tasks_wait() -> None:
-        """Stop the copy once its tasks' COPYs wait for the lock below: the tasks are running then."""
-        with pg_database.connect() as watcher:
-            while not stop.is_set():
-                waiting = watcher.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'COPY%'"
-                ).fetchone()
-                if waiting and waiting[0] >= 2:  # local[2]: two tasks at a time
-                    stop.set()
-                stop.wait(0.1)
-
-    with pg_database.connect() as locker:
-        locker.execute("BEGIN")
-        locker.execute("LOCK TABLE big IN ACCESS EXCLUSIVE MODE")
-        watcher = threading.Thread(target=stop_once_tasks_wait, daemon=True)
-        watcher.start()
-        with pytest.raises(CopyStopped):
-            destination.copy_table(plan, stop)
-        watcher.join()
-        locker.execute("ROLLBACK")  # the cancelled tasks' COPYs would go on now, had they outlived the stop
+    stop_while_tasks_wait(pg_database, "big", lambda stop: destination.copy_table(plan, stop), tasks=2)  # local[2]
     assert lake.query("SELECT count(*) FROM information_schema.tables WHERE table_name = 'big'") == [(0,)]
     assert list(Path(lake.data_path).rglob("*.parquet")) == []
 
