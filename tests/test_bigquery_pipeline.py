@@ -24,7 +24,7 @@ from etl.factory import build_destination, build_store
 from etl.pipeline import Pipeline
 from etl.schema import TableName
 from etl.store.base import APPLY_WORKER, TableStateKind
-from etl.testing.pipelines import all_ready, pipeline_config, poll_pause, wait_until
+from etl.testing.pipelines import all_ready, pipeline_config, poll, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.bigquery.names import table_id
 from etl_spark.testing import comparable_source_rows, sorted_rows
@@ -110,21 +110,21 @@ def wait_equal(
     timeout: float = 240,
 ) -> None:
     """Wait until BigQuery returns every table equal to the source, row for row."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        began = time.monotonic()
-        try:
-            pairs = {t: read_both(db, emulator, dataset, t) for t in tables}
-            last = {t: stored for t, (expected, stored) in pairs.items() if expected != stored}
-            if not last:
-                return
-            last = {t: (pairs[t][0][:5], pairs[t][1][:5]) for t in last}
-        except (exceptions.NotFound, exceptions.BadRequest) as exc:  # not created yet (the emulator answers 400)
-            last = exc
-        assert not pipeline.wait(timeout=0), "the pipeline stopped"
-        assert time.monotonic() < deadline, f"BigQuery never returned the source's rows; last (source, bq): {last}"
-        time.sleep(poll_pause(time.monotonic() - began, 0.5))
+
+    def differing() -> dict[str, tuple[Any, Any]]:
+        """The first rows, in the source and in BigQuery, of each table that BigQuery returns otherwise."""
+        pairs = {t: read_both(db, emulator, dataset, t) for t in tables}
+        return {t: (expected[:5], stored[:5]) for t, (expected, stored) in pairs.items() if expected != stored}
+
+    poll(
+        differing,
+        "BigQuery to return the source's rows (the tables that differ: source, BigQuery)",
+        until=lambda tables_differing: not tables_differing,
+        retry_on=(exceptions.NotFound, exceptions.BadRequest),  # not created yet (the emulator answers 400)
+        pipeline=pipeline,
+        timeout=timeout,
+        least=0.5,
+    )
 
 
 def dataset_for(db: TestDatabase, test: str) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from etl.factory import build_store
 from etl.pipeline import request_resync
 from etl.schema import TableName
 from etl.store.base import TableStateKind
-from etl.testing.pipelines import pipeline_config, poll_pause
+from etl.testing.pipelines import pipeline_config, poll
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
 
@@ -40,15 +39,13 @@ def etl(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def wait_for_status(config: Path, text: str, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        began = time.monotonic()
-        out = etl("status", "-c", str(config)).stdout
-        if text in out:
-            return out
-        if time.monotonic() > deadline:
-            raise AssertionError(f"status never showed {text!r}:\n{out}")
-        time.sleep(poll_pause(time.monotonic() - began, 0.5))
+    return poll(
+        lambda: etl("status", "-c", str(config)).stdout,
+        f"status showing {text!r}",
+        until=lambda out: text in out,
+        timeout=timeout,
+        least=0.5,
+    )
 
 
 @pytest.fixture
@@ -79,13 +76,13 @@ def test_run_status_lock_and_sigterm(source: TestDatabase, tmp_path: Path) -> No
         # insert position, not the write position: the test clusters commit asynchronously, so the WAL written so
         # far may end before the commit just made, and a slot confirmed up to it would not have the update yet.
         ((end,),) = source.execute("SELECT pg_current_wal_insert_lsn()")
-        deadline = time.monotonic() + 60
-        while not source.execute(
-            "SELECT confirmed_flush_lsn >= %s FROM pg_replication_slots WHERE slot_name = 'etl_apply_3'", (end,)
-        )[0][0]:
+
+        def durable() -> bool:
             run.ensure_alive()
-            assert time.monotonic() < deadline, "the update never became durable"
-            time.sleep(0.1)
+            query = "SELECT confirmed_flush_lsn >= %s FROM pg_replication_slots WHERE slot_name = 'etl_apply_3'"
+            return bool(source.execute(query, (end,))[0][0])
+
+        poll(durable, "the update to become durable", timeout=60, least=0.1)
         run.stop()
     stderr = run.output()
     assert "draining the batch in flight" in stderr and "pipeline stopped" in stderr
@@ -163,11 +160,12 @@ def test_resync_reaches_the_running_pipeline_through_the_store(source: TestDatab
         result = etl("resync", "-c", str(config), "--table", "public.t")
         assert result.returncode == 0, result.stderr
         assert "resync of public.t requested" in result.stdout
-        deadline = time.monotonic() + 60
-        while run.output().count("table copied") < 2:
+
+        def log() -> str:
             run.ensure_alive()
-            assert time.monotonic() < deadline, f"the table was not copied again:\n{run.output()[-3000:]}"
-            time.sleep(0.2)
+            return run.output()
+
+        poll(log, "the table to be copied again", until=lambda out: out.count("table copied") >= 2, least=0.2)
         assert "why=requested" in run.output()
         wait_for_status(config, "ready")
 

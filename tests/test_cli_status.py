@@ -30,7 +30,7 @@ from etl.lsn import Lsn
 from etl.pipeline import Pipeline
 from etl.schema import TableSchema
 from etl.store.base import APPLY_WORKER, CopyProgress, RetryKind, TableState, TableStateKind
-from etl.testing.pipelines import all_ready, pipeline_config, poll_pause, wait_until
+from etl.testing.pipelines import all_ready, pipeline_config, poll, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
 
@@ -50,15 +50,10 @@ def status_json(config: Path) -> dict[str, Any]:
     return report
 
 
-def wait_for_report(config: Path, condition: Callable[[dict[str, Any]], bool], what: str, timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        began = time.monotonic()
-        report = status_json(config)
-        if condition(report):
-            return report
-        assert time.monotonic() < deadline, f"status never showed {what}:\n{json.dumps(report, indent=2)}"
-        time.sleep(poll_pause(time.monotonic() - began, 0.3))
+def wait_for_report(
+    config: Path, condition: Callable[[dict[str, Any]], bool], what: str, timeout: float = 120
+) -> dict[str, Any]:
+    return poll(lambda: status_json(config), f"status showing {what}", until=condition, timeout=timeout, least=0.3)
 
 
 def tables_by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:

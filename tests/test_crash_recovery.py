@@ -15,7 +15,7 @@ import pytest
 from etl_plugin_example.mirror_reader import mirrored_rows
 
 from etl.testing.compare import source_rows
-from etl.testing.pipelines import pipeline_config
+from etl.testing.pipelines import pipeline_config, poll
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
 from etl.testing.workload import churn, concurrent_transactions, create_items_and_ledger
@@ -62,11 +62,12 @@ def setup(
 def test_sigkill_during_copy_then_restart(pg_database: TestDatabase, setup: tuple[PipelineProcess, Path]) -> None:
     runner, mirror = setup
     runner.start()
-    deadline = time.monotonic() + 60
-    while not (rows := mirrored_rows(mirror, "public.items")):  # some rows copied, the copy not finished
+
+    def copied() -> list[dict[str, Any]]:
         runner.ensure_alive()
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+        return mirrored_rows(mirror, "public.items") or []
+
+    rows = poll(copied, "some rows copied", timeout=60, least=0.02)  # the copy not finished
     assert len(rows) < 200000, "the copy finished before the kill; make the table bigger"
     runner.kill()
     pg_database.execute("UPDATE items SET qty = -1 WHERE id % 1000 = 0; DELETE FROM ledger WHERE id % 10 = 0")

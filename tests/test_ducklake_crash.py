@@ -30,7 +30,7 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
-from etl.testing.pipelines import pipeline_config
+from etl.testing.pipelines import pipeline_config, poll
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
 from etl.testing.workload import churn, concurrent_transactions, create_items_and_ledger
@@ -310,12 +310,17 @@ def test_an_executor_killed_mid_copy_is_replaced_and_the_lake_ends_equal(
     setup = Setup(db, run, catalog, data)
     try:
         run.start()
-        deadline = time.monotonic() + 240
-        while not (setup.staged() and len(executor_jvms(run.process.pid if run.process else 0)) == 2):
+
+        def executors() -> list[int]:
             run.ensure_alive()
-            assert time.monotonic() < deadline, "the copy's tasks never started writing"
-            time.sleep(0.05)
-        victim = executor_jvms(run.process.pid if run.process else 0)[0]
+            return executor_jvms(run.process.pid if run.process else 0)
+
+        victim = poll(
+            lambda: (setup.staged(), executors()),
+            "the copy's tasks to start writing (staged files, executors)",
+            until=lambda seen: bool(seen[0]) and len(seen[1]) == 2,
+            timeout=240,
+        )[1][0]
         os.kill(victim, signal.SIGKILL)
         with db.connect() as conn:
             expected = {t: comparable_source_rows(conn, t) for t in ("public.items", "public.ledger")}
@@ -330,9 +335,6 @@ def test_an_executor_killed_mid_copy_is_replaced_and_the_lake_ends_equal(
         run.wait_equal(lambda: expected, lake, not_yet=(duckdb.Error,))
         assert setup.staged() == set(), "files of the killed attempts were left in the lake"
         # The standalone worker started a new executor in place of the killed one.
-        while len(executor_jvms(run.process.pid if run.process else 0)) < 2:
-            run.ensure_alive()
-            assert time.monotonic() < deadline + 240, "no executor replaced the killed one"
-            time.sleep(0.1)
+        poll(executors, "an executor in its place", until=lambda jvms: len(jvms) >= 2, timeout=240, least=0.1)
     finally:
         run.stop(timeout=120)

@@ -8,7 +8,6 @@ the source, row for row: current contents, filtered queries on columns with stat
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from etl.destination.base import PreviewableDestination
 from etl.factory import build_destination, build_store
 from etl.pipeline import Pipeline
 from etl.schema import TableName
-from etl.testing.pipelines import all_ready, pipeline_config, poll_pause, wait_until
+from etl.testing.pipelines import all_ready, pipeline_config, poll, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.ducklake.reader import open_lake
 from etl_spark.session import running_master, stop_spark
@@ -122,20 +121,21 @@ def lake_state(lake: Lake, *tables: str, version: int | None = None) -> dict[str
 
 def wait_equal(db: TestDatabase, lake: Lake, tables: tuple[str, ...], pipeline: Pipeline, timeout: float = 240) -> None:
     """Wait until DuckDB reads every table equal to the source, row for row."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        began = time.monotonic()
-        try:
-            expected = source_state(db, *tables)
-            last = lake_state(lake, *tables)
-            if last == expected:
-                return
-        except duckdb.Error as exc:  # a table not created yet
-            last = exc
-        assert not pipeline.wait(timeout=0), "the pipeline stopped"
-        assert time.monotonic() < deadline, f"DuckDB never read the source's rows; last read: {str(last)[:2000]}"
-        time.sleep(poll_pause(time.monotonic() - began, 0.5))
+
+    def differing() -> dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+        """The first rows, in the source and in DuckDB, of each table that DuckDB reads otherwise."""
+        expected, read = source_state(db, *tables), lake_state(lake, *tables)
+        return {t: (expected[t][:5], read[t][:5]) for t in tables if read[t] != expected[t]}
+
+    poll(
+        differing,
+        "DuckDB to read the source's rows (the tables that differ: source, DuckDB)",
+        until=lambda tables_differing: not tables_differing,
+        retry_on=(duckdb.Error,),  # a table not created yet
+        pipeline=pipeline,
+        timeout=timeout,
+        least=0.5,
+    )
 
 
 def source_where(db: TestDatabase, table: str, where: str) -> list[dict[str, Any]]:

@@ -33,7 +33,7 @@ from etl.postgres.slot_state import SlotLostError, slot_state
 from etl.replication.apply import RESYNC_MESSAGE_PREFIX
 from etl.schema import TableId, TableSchema
 from etl.store.base import RetryKind, TableState, TableStateKind
-from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, table_states, wait_until
+from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, poll, table_states, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
 from etl_store_sqlite.store import SqliteStore
@@ -618,11 +618,12 @@ def test_a_second_run_with_the_memory_store_fails_at_once(table_t: TestDatabase,
     config = write_config(tmp_path / "pipeline.toml", pipeline_config(db, destination={"type": "null"}))
     with PipelineProcess(config) as first:
         first.start()
-        deadline = time.monotonic() + 60
-        while not slot_active(db, APPLY_SLOT):
+
+        def streaming() -> bool:
             first.ensure_alive()
-            assert time.monotonic() < deadline, "the first run never streamed"
-            time.sleep(0.1)
+            return slot_active(db, APPLY_SLOT)
+
+        poll(streaming, "the first run to stream", timeout=60, least=0.1)
         began = time.monotonic()
         second = etl("run", "-c", str(config))
         assert second.returncode == 1, second.stderr

@@ -37,7 +37,7 @@ from etl.status import status_report
 from etl.store.base import Store, TableStateKind
 from etl.testing import free_port
 from etl.testing.compare import source_rows
-from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, table_states, wait_until
+from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, poll, table_states, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
 from etl.testing.workload import concurrent_transactions
@@ -588,14 +588,19 @@ def test_sigkill_three_times_during_an_incremental_copy_of_two_million_rows(
         metrics={"listen": f"127.0.0.1:{port}"},
     )
     with PipelineProcess(write_config(tmp_path / "pipeline.toml", config)) as runner:
+
+        def copied_so_far() -> int:
+            runner.ensure_alive()
+            return sink.copied()
+
+        def wait_for_quarters(quarters: int) -> None:
+            what = f"the copy to reach {quarters} quarter(s)"
+            poll(copied_so_far, what, until=lambda n: n >= quarters * MILLIONS // 4, timeout=300, least=0.2)
+
         runner.start()
         with concurrent_transactions(db, spread_churn, count=1500, pause=0.02, timeout=600):
             for quarter in (1, 2, 3):
-                deadline = time.monotonic() + 300
-                while sink.copied() < quarter * MILLIONS // 4:
-                    runner.ensure_alive()
-                    assert time.monotonic() < deadline, f"the copy never reached {quarter} quarter(s)"
-                    time.sleep(0.2)
+                wait_for_quarters(quarter)
                 runner.kill()
                 runner.start()
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from etl.postgres.slot_state import SlotLostError
 from etl.schema import TableId
 from etl.store.memory import MemoryStore
 from etl.testing import TemporaryCluster, find_install
-from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, wait_until
+from etl.testing.pipelines import all_ready, destination_matches, pipeline_config, poll, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 
 DATABASE = "app"
@@ -58,10 +57,12 @@ class Pair:
     def fail_over(self) -> None:
         """Promote the standby once it replayed everything the primary wrote; stop the primary."""
         lsn = self.primary.execute("SELECT pg_current_wal_lsn()::text")[0][0]
-        deadline = time.monotonic() + 60
-        while self.standby.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,))[0][0] is not True:
-            assert time.monotonic() < deadline, "the standby did not catch up"
-            time.sleep(0.1)
+        poll(
+            lambda: self.standby.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,))[0][0] is True,
+            "the standby to catch up",
+            timeout=60,
+            least=0.1,
+        )
         self.primary.cluster.stop()
         self.standby.execute("SELECT pg_promote(wait => true)")
 

@@ -4,14 +4,13 @@ removes the dead process's spill directory, streams the transaction again, and t
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from etl_plugin_example.mirror_reader import mirrored_rows
 
 from etl.replication.spill_dir import LOCK, PREFIX
 from etl.testing.compare import source_rows
-from etl.testing.pipelines import pipeline_config
+from etl.testing.pipelines import pipeline_config, poll
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
 
@@ -48,11 +47,12 @@ def test_sigkill_while_spilling_then_restart(pg_database: TestDatabase, tmp_path
 
         with conn.transaction():  # in progress while the pipeline dies
             conn.execute("INSERT INTO big SELECT g, md5(g::text) FROM generate_series(1, %s) g", (ROWS,))
-            deadline = time.monotonic() + 60
-            while not any(spill_directories(spill).values()):
+
+            def spilled() -> dict[Path, list[str]]:
                 runner.ensure_alive()
-                assert time.monotonic() < deadline, "the in-progress transaction never spilled"
-                time.sleep(0.05)
+                return spill_directories(spill)
+
+            poll(spilled, "the in-progress transaction to spill", until=lambda dirs: any(dirs.values()), timeout=60)
             runner.kill()
             (dead,) = spill_directories(spill)  # the killed process could not remove it
             assert spill_directories(spill)[dead] != []

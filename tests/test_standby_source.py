@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from etl.checks import run_checks
 from etl.postgres.ddl import install_ddl_trigger
 from etl.testing import TemporaryCluster, find_install, free_port
 from etl.testing.compare import source_rows
-from etl.testing.pipelines import pipeline_config
+from etl.testing.pipelines import pipeline_config, poll
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import PipelineProcess, write_config
 
@@ -108,10 +107,13 @@ def test_a_standby_as_the_source(clusters: tuple[TestDatabase, TestDatabase], tm
             # RELATION messages carry no type names: the trigger's message, recorded on the primary, did.
             assert shelf.type_name == "character varying(8)"
 
-            deadline = time.monotonic() + 30
-            while not {"etl_replication_lag_bytes", "etl_slot_retained_wal_bytes"} <= metrics(port):
-                assert time.monotonic() < deadline, f"no WAL position sampled from the standby: {sorted(metrics(port))}"
-                time.sleep(0.5)
+            poll(
+                lambda: metrics(port),
+                "a WAL position sampled from the standby",
+                until=lambda names: {"etl_replication_lag_bytes", "etl_slot_retained_wal_bytes"} <= names,
+                timeout=30,
+                least=0.5,
+            )
             status = subprocess.run(
                 [sys.executable, "-m", "etl.cli", "status", "-c", str(config_path), "--format", "json"],
                 capture_output=True,

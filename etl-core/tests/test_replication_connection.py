@@ -7,8 +7,6 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
-from typing import TypeVar
 
 import psycopg
 import pytest
@@ -26,19 +24,8 @@ from etl.postgres.replication import (
     choose_protocol,
 )
 from etl.postgres.slot_state import SlotNotFoundError, SlotState, slot_state
+from etl.testing.pipelines import poll
 from etl.testing.pytest_plugin import TestDatabase
-
-T = TypeVar("T")
-
-
-def wait_for(probe: Callable[[], T | None], timeout: float = 10.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("condition not reached in time")
 
 
 def start_stream(
@@ -186,7 +173,13 @@ def test_temporary_slot_goes_with_the_connection(pg_database: TestDatabase) -> N
         with pg_database.connect() as conn:
             assert slot_state(conn, "temp_slot").exists
     with pg_database.connect() as conn:
-        wait_for(lambda: not slot_state(conn, "temp_slot").exists)
+        poll(
+            lambda: slot_state(conn, "temp_slot"),
+            "the temporary slot dropped",
+            until=lambda s: not s.exists,
+            timeout=10,
+            least=0.02,
+        )
 
 
 def test_use_snapshot_in_the_replication_transaction(pg_database: TestDatabase) -> None:
@@ -234,8 +227,13 @@ def test_send_status_moves_confirmed_flush_lsn(pg_database: TestDatabase) -> Non
         assert slot_state(sql, "s1").confirmed_flush_lsn == before  # nothing confirmed yet
         repl.send_status(end_lsn, end_lsn, end_lsn)
         repl.read(0.2)  # lets a partial flush finish, if any
-        wait_for(lambda: slot_state(sql, "s1").confirmed_flush_lsn == end_lsn)
-        state = slot_state(sql, "s1")
+        state = poll(
+            lambda: slot_state(sql, "s1"),
+            f"the slot to confirm {end_lsn}",
+            until=lambda s: s.confirmed_flush_lsn == end_lsn,
+            timeout=10,
+            least=0.02,
+        )
         assert state.active_pid is not None
 
 
@@ -243,7 +241,7 @@ def test_reply_request_gets_a_keepalive(pg_database: TestDatabase) -> None:
     pg_database.execute("CREATE PUBLICATION pub FOR ALL TABLES")
     with start_stream(pg_database) as repl:
         repl.send_status(Lsn.ZERO, Lsn.ZERO, Lsn.ZERO, reply=True)
-        message = wait_for(lambda: repl.read(0.5))
+        message = poll(lambda: repl.read(0.5), "a message", timeout=10, least=0.02)
         assert isinstance(message, Keepalive)
         assert message.wal_end > 0
 
@@ -340,7 +338,7 @@ def test_publication_dropped_while_streaming(pg_database: TestDatabase) -> None:
 def test_terminated_backend_is_transient(pg_database: TestDatabase) -> None:
     pg_database.execute("CREATE PUBLICATION pub FOR ALL TABLES")
     with start_stream(pg_database) as repl, pg_database.connect() as sql:
-        pid = wait_for(lambda: slot_state(sql, "s1").active_pid)
+        pid = poll(lambda: slot_state(sql, "s1").active_pid, "the slot active", timeout=10, least=0.02)
         sql.execute("SELECT pg_terminate_backend(%s)", (pid,))
         with pytest.raises(TransientError):
             for _ in range(100):
@@ -371,17 +369,24 @@ def test_invalidated_slot(pg_database: TestDatabase) -> None:
         sql.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
         try:
             sql.execute("SELECT pg_reload_conf()")
-            wait_for(lambda: sql.execute("SHOW max_slot_wal_keep_size").fetchone() == ("1MB",))
+            poll(
+                lambda: sql.execute("SHOW max_slot_wal_keep_size").fetchone(),
+                "the setting reloaded",
+                until=lambda row: row == ("1MB",),
+                timeout=10,
+                least=0.02,
+            )
             for _ in range(4):  # move past a few WAL segments, then let a checkpoint remove them
                 sql.execute("INSERT INTO t SELECT i, repeat('x', 100) FROM generate_series(1, 1000) i")
                 sql.execute("SELECT pg_switch_wal()")
             sql.execute("CHECKPOINT")
-
-            def invalidated() -> SlotState | None:
-                state = slot_state(sql, "doomed")
-                return state if state.invalidated else None
-
-            state = wait_for(invalidated)
+            state = poll(
+                lambda: slot_state(sql, "doomed"),
+                "the slot invalidated",
+                until=lambda s: s.invalidated,
+                timeout=10,
+                least=0.02,
+            )
         finally:
             sql.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
             sql.execute("SELECT pg_reload_conf()")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
 
@@ -22,6 +21,7 @@ from etl.replication.stream import StreamSettings, StreamWorker
 from etl.replication.writer import BatchWriter
 from etl.schema import TableId
 from etl.store.memory import MemoryStore
+from etl.testing.pipelines import wait_until
 from etl.testing.pytest_plugin import TestDatabase
 
 
@@ -203,13 +203,6 @@ def test_batches_due_while_a_write_runs_are_merged_into_the_next_write(pg_databa
         assert destination.ids == [[1], [2, 3, 4, 5, 6]]  # read while the first write ran, handed over as one
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("streamed", [False, True], ids=["transaction", "streamed transaction"])
 @pytest.mark.parametrize(("busy_max_bytes", "merged"), [(10_000_000, True), (2000, False)])
 def test_a_batch_keeps_filling_past_max_bytes_while_a_write_runs(
@@ -229,7 +222,7 @@ def test_a_batch_keeps_filling_past_max_bytes_while_a_write_runs(
             # About 150 kB of changes (75 times max_bytes), above logical_decoding_work_mem.
             pg_database.execute("INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(100, 1599) g")
             if merged:
-                wait_for(lambda: worker.commits >= 2)  # all of it read while the first write is held
+                wait_until(lambda: worker.commits >= 2, "all of it read while the first write is held", timeout=15)
         finally:
             destination.release.set()
             thread.join(timeout=15)

@@ -24,6 +24,7 @@ from etl.postgres.copy import copy_chunk, copy_table, plan_copy, read_ranges
 from etl.postgres.copy_session import ChunkKeys
 from etl.postgres.replication import ReplicationConnection
 from etl.schema import TableName, TableSchema
+from etl.testing.pipelines import poll
 from etl.testing.pytest_plugin import TestDatabase
 
 # Values are compared as text so the comparison holds whatever Arrow type the codecs pick for int and text.
@@ -138,10 +139,12 @@ def test_a_chunk_split_over_connections_reads_what_one_connection_reads(
 
         before = sessions()
         split = copy_chunk(db.connection(), schema, table.row_filter, first, connections=connections)[2]
-        deadline = time.monotonic() + 10
-        while sessions() - before < connections:
-            assert time.monotonic() < deadline, f"the chunk was read over {sessions() - before} connection(s)"
-            time.sleep(0.05)
+        poll(
+            lambda: sessions() - before,
+            f"the chunk read over {connections} connections (sessions opened)",
+            until=lambda opened: opened >= connections,
+            timeout=10,
+        )
     assert split.equals(copy_chunk(db.connection(), schema, table.row_filter, first)[2])
     later = (KeyChunk(("id",), ("21003",), 4500, where="v <> 'v9000'"), KeyChunk(("id",), ("57000",), 5000))
     for chunk in (first, *later):
@@ -368,7 +371,4 @@ def test_table_without_columns_is_an_error(pg_database: TestDatabase) -> None:
 def wait_idle(db: TestDatabase) -> None:
     """No copy connection stays open."""
     query = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'COPY%%'"
-    deadline = time.monotonic() + 10
-    while int(db.execute(query)[0][0]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert int(db.execute(query)[0][0]) == 0
+    poll(lambda: int(db.execute(query)[0][0]), "no copy connection open", until=lambda n: n == 0, timeout=10)

@@ -9,15 +9,16 @@ import threading
 import time
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
 
 from etl.config import load_config
 from etl.destination.memory import sort_rows
+from etl.pipeline import Pipeline
 from etl.testing.compare import source_rows
-from etl.testing.pipelines import pipeline_config
+from etl.testing.pipelines import pipeline_config, poll
 from etl.testing.pytest_plugin import TestDatabase
 from etl.testing.runner import difference, write_config
 from etl.testing.workload import churn, concurrent_transactions, create_items_and_ledger
@@ -161,3 +162,61 @@ def test_dropping_a_database_closes_its_kept_connections(pg_database: TestDataba
     cluster.drop_database(name)
     assert kept.closed
     assert pg_database.execute("SELECT count(*) FROM pg_database WHERE datname = %s", (name,)) == [(0,)]
+
+
+def test_poll_returns_the_first_value_that_satisfies_until() -> None:
+    values = iter(range(10))
+    assert poll(lambda: next(values), "three", until=lambda n: n >= 3, timeout=0.3, least=0) == 3
+    assert next(values) == 4  # no call after the one that satisfied it
+    assert poll(lambda: "x", "anything") == "x"  # by default, the first truthy value
+
+
+def test_poll_fails_on_timeout_with_what_and_the_last_value() -> None:
+    values = iter(range(1_000_000))
+    with pytest.raises(AssertionError, match=r"timed out after 0.3s waiting for the thing; last value \d+$"):
+        poll(lambda: next(values), "the thing", until=lambda n: n < 0, timeout=0.3, least=0.01)
+    with pytest.raises(AssertionError) as info:
+        poll(lambda: list(range(1000)), "a short list", until=lambda rows: len(rows) < 10, timeout=0.1)
+    message = str(info.value)
+    assert "last value [0, 1, 2" in message and "998, 999]" in message and len(message) < 500
+
+
+def test_poll_retries_the_exceptions_it_is_told_of_and_shows_the_last() -> None:
+    calls: list[int] = []
+
+    def flaky() -> int:
+        calls.append(1)
+        if len(calls) < 3:
+            raise KeyError("not yet")
+        return len(calls)
+
+    assert poll(flaky, "a value", retry_on=(KeyError,), timeout=0.3, least=0) == 3
+
+    def missing() -> int:
+        raise KeyError("no table t")
+
+    with pytest.raises(AssertionError, match=r"a table; no value, last exception KeyError\('no table t'\)$"):
+        poll(missing, "a table", retry_on=(LookupError,), timeout=0.1)
+
+
+def test_poll_lets_other_exceptions_through_at_once() -> None:
+    calls: list[int] = []
+
+    def broken() -> int:
+        calls.append(1)
+        raise ValueError("broken")
+
+    with pytest.raises(ValueError, match="broken"):
+        poll(broken, "a value", retry_on=(KeyError,), timeout=0.3)
+    assert calls == [1]
+
+
+def test_poll_fails_at_once_when_the_pipeline_stopped() -> None:
+    class Stopped:
+        def wait(self, timeout: float) -> bool:
+            return True
+
+    began = time.monotonic()
+    with pytest.raises(AssertionError, match="the pipeline stopped while waiting for a value"):
+        poll(lambda: 0, "a value", pipeline=cast(Pipeline, Stopped()), timeout=30)
+    assert time.monotonic() - began < 1

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from etl.testing.pipelines import poll
 from etl_spark.class_archive import UNUSED_DAYS, ClassArchive, cache_dir
 from etl_spark.session import SparkSettings, _archive_option, _class_archive, find_java
 
@@ -65,10 +66,13 @@ def test_the_first_start_builds_the_archive_and_the_next_jvm_maps_it(cache: Path
     jvms, events = start_spark(cache)
     assert "-XX:SharedArchiveFile" not in jvms["driver"]["cmdline"]
     assert any(e["event"] == "building a class archive for spark in the background" for e in events), events
-    deadline = time.monotonic() + 240
-    while not archive.path.is_file():
-        assert time.monotonic() < deadline, f"no archive was built: {sorted(cache.rglob('*'))}"
-        time.sleep(0.5)
+    poll(
+        lambda: sorted(cache.rglob("*")),
+        "an archive built (the files in the cache)",
+        until=lambda files: archive.path in files,
+        timeout=240,
+        least=0.5,
+    )
     jvms, events = start_spark(cache, "local-cluster[1,1,1024]")
     assert str(archive.path) in jvms["driver"]["maps"], "the driver JVM did not map the archive"
     assert str(archive.path) in jvms["executor"]["maps"], "the executor JVM did not map the archive"

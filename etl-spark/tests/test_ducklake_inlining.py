@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import shutil
 import sqlite3
-import time
 import uuid
 from contextlib import closing
 from datetime import UTC, date, datetime
@@ -27,6 +26,7 @@ import sqlalchemy as sa
 from etl.destination.memory import MemoryDestination, sort_rows
 from etl.postgres.codecs import decode_text_column
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
+from etl.testing.pipelines import poll
 from etl_spark.ducklake import inline_flush
 from etl_spark.ducklake.catalog import inlined
 from etl_spark.ducklake.catalog.model import LakeColumn
@@ -339,12 +339,15 @@ def test_inlined_rows_are_flushed_on_the_timer_also_after_a_restart(lake: Any, k
     destination.shutdown()
     assert inlined_rows(lake) == 1
     destination = kit.make_destination(lake, inline_flush_seconds=1)  # finds the inlined row at start
-    deadline = time.monotonic() + 60
     # Polled through the writer's own catalog connection: DuckDB's copy of SQLite and Python's do not see each
     # other's locks, so a DuckDB read of the live file while the timer's flush writes it may fail (open_lake)
-    while destination.catalog.tables_with_inlined_rows():
-        assert time.monotonic() < deadline, "the timer never flushed the inlined row"
-        time.sleep(0.2)
+    poll(
+        destination.catalog.tables_with_inlined_rows,
+        "the timer to flush the inlined row",
+        until=lambda tables: not tables,
+        timeout=60,
+        least=0.2,
+    )
     destination.shutdown()
     assert inlined_rows(lake, live=False) == 0
     assert catalog_count(lake, "ducklake_data_file") == 1

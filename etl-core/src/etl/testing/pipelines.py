@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from etl.config import PipelineConfig
 from etl.pipeline import Pipeline
@@ -12,6 +12,8 @@ from etl.schema import TableName
 from etl.store.base import TableStateKind
 from etl.testing.compare import source_rows
 from etl.testing.pytest_plugin import TestDatabase
+
+T = TypeVar("T")
 
 
 def pipeline_config(
@@ -35,18 +37,53 @@ def poll_pause(spent: float, least: float) -> float:
     return max(least, 2 * spent)
 
 
-def wait_until(condition: Callable[[], bool], what: str, pipeline: Pipeline | None = None, timeout: float = 60) -> None:
-    """Poll until ``condition()``; fail with ``what`` on timeout, or at once if the pipeline stopped."""
+def poll(
+    probe: Callable[[], T],
+    what: str,
+    *,
+    until: Callable[[T], object] = bool,
+    retry_on: tuple[type[BaseException], ...] = (),
+    pipeline: Pipeline | None = None,
+    timeout: float = 60.0,
+    least: float = 0.05,
+) -> T:
+    """Call ``probe()`` until ``until(value)`` holds and return that value, pausing ``poll_pause(spent, least)``.
+
+    ``probe`` raising one of ``retry_on`` counts as not yet; other exceptions propagate at once. Fails with ``what``
+    and the last value (and exception) seen on timeout, and at once if ``pipeline`` stopped.
+    """
     deadline = time.monotonic() + timeout
+    seen: tuple[T, ...] = ()  # the last value, once there is one
+    error: BaseException | None = None
     while True:
         began = time.monotonic()
-        if condition():
-            return
+        try:
+            value = probe()
+        except retry_on as exc:
+            error = exc
+        else:
+            if until(value):
+                return value
+            seen = (value,)
         if pipeline is not None and pipeline.wait(timeout=0):
             raise AssertionError(f"the pipeline stopped while waiting for {what}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(poll_pause(time.monotonic() - began, 0.05))
+            shown = f"last value {_shortened(seen[0])}" if seen else "no value"
+            if error is not None:
+                shown += f", last exception {_shortened(error)}"
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; {shown}")
+        time.sleep(poll_pause(time.monotonic() - began, least))
+
+
+def _shortened(value: object, limit: int = 400) -> str:
+    """``repr(value)``, its middle cut out when longer than ``limit``."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit // 2]} ... {text[-limit // 2 :]}"
+
+
+def wait_until(condition: Callable[[], bool], what: str, pipeline: Pipeline | None = None, timeout: float = 60) -> None:
+    """Poll until ``condition()``; fail with ``what`` on timeout, or at once if the pipeline stopped."""
+    poll(condition, what, pipeline=pipeline, timeout=timeout)
 
 
 def table_states(pipeline: Pipeline) -> dict[int, TableStateKind]:
