@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from etl.lsn import Lsn
 from etl.postgres.wal_nudge import nudge_decoding
-from etl.testing.pipelines import wait_until
+from etl.testing.pipelines import poll
 from etl.testing.pytest_plugin import TestDatabase
 
 
@@ -19,12 +19,14 @@ def test_a_nudge_commits_a_transaction_of_its_own_and_flushes_the_wal_before_it(
             "SELECT xact_commit FROM pg_catalog.pg_stat_database WHERE datname = current_database()"
         ).fetchone() or (0,)
         nudged = nudge_decoding(conn)
-
-        def flushed() -> Lsn:
-            (lsn,) = conn.execute("SELECT pg_catalog.pg_current_wal_flush_lsn()::text").fetchone() or ("",)
-            return Lsn.parse(lsn)
-
-        wait_until(lambda: flushed() > nudged, "the WAL writer to flush the nudge's commit", timeout=10)
+        poll(
+            lambda: Lsn.parse(
+                (conn.execute("SELECT pg_catalog.pg_current_wal_flush_lsn()::text").fetchone() or ("",))[0]
+            ),
+            "the WAL writer to flush the nudge's commit",
+            until=lambda flushed: flushed > nudged,
+            timeout=10,
+        )
         assert Lsn.parse(before) <= nudged  # past everything written before it (and flushed, above)
         conn.execute("SELECT pg_catalog.pg_stat_force_next_flush()")
         (after,) = conn.execute(

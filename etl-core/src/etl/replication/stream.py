@@ -41,8 +41,8 @@ BUSY_POLL_S = 0.05
 """How often a due batch looks whether the write in flight has ended."""
 POSITION_POLL_S = 0.1
 """How long an idle read lasts while a worker waits, or may soon wait, for a position (a table's hand-over): it then
-asks the server where the stream is. A table copy's hand-over waits for two such answers; at 1 s, 200 small tables
-copied four at a time waited 200 s for them."""
+asks the server where the stream is. A table copy's hand-over waits for such an answer: at 1 s, 200 small tables
+copied four at a time were ready in 61 s, at 0.1 s in 30 s (into null, a loaded machine)."""
 REPLAY_RUN = 512
 """Inserts of a replayed streamed transaction added to a batch at once, at most (the size check runs once a run)."""
 
