@@ -24,14 +24,14 @@ from structlog.testing import capture_logs
 
 from etl.config import PipelineConfig
 from etl.copy_plan import CopyPlan
-from etl.destination.base import ChunkCopier, Destination, WriteResult
+from etl.destination.base import ChunkCopier, Destination, StagedChunk, WriteResult
 from etl.destination.memory import MemoryDestination
 from etl.errors import StoreError
 from etl.events import EventBatch
 from etl.factory import build_destination
 from etl.lsn import Lsn
 from etl.pipeline import Pipeline, request_resync
-from etl.replication.incremental import ChunkMark
+from etl.replication.incremental import CHUNK_ORDINAL_BASE, ChunkMark
 from etl.schema import TableName
 from etl.status import status_report
 from etl.store.base import Store, TableStateKind
@@ -234,7 +234,7 @@ class KilledStore(SqliteStore):
 
 class Chunks:
     """A destination that counts how the chunks of ``table`` come (batches through ``write_events``, or plans
-    through ``copy_chunk``), and whose run is killed (``killed``) right after it made durable the first chunk
+    through ``commit_chunk``), and whose run is killed (``killed``) right after it made durable the first chunk
     that starts past key ``kill_after``, before the store records it: from then on it keeps none of the run's
     writes. Everything else is the wrapped destination's."""
 
@@ -242,8 +242,9 @@ class Chunks:
         self.inner, self.table, self.killed, self.kill_after = inner, table, killed, kill_after
         self.batches = self.plans = 0
         self.on_flush = False
+        self.staged: dict[int, CopyPlan] = {}
         if isinstance(inner, ChunkCopier):  # a copier only when the wrapped destination is one
-            self.copy_chunk = self._copy_chunk
+            self.stage_chunk, self.commit_chunk = self._stage_chunk, self._commit_chunk
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -260,11 +261,18 @@ class Chunks:
                 self.killed.set()
         return result
 
-    def _copy_chunk(self, plan: CopyPlan, watermark: tuple[Lsn, int], stop: threading.Event) -> int:
+    def _stage_chunk(self, plan: CopyPlan, watermark: tuple[Lsn, int], stop: threading.Event) -> StagedChunk:
+        assert isinstance(self.inner, ChunkCopier)
+        staged = self.inner.stage_chunk(plan, watermark, stop)
+        self.staged[id(staged)] = plan
+        return staged
+
+    def _commit_chunk(self, staged: StagedChunk) -> int:
         if self.killed.is_set():
             return 0  # the run is dead: nothing it writes is kept
         assert isinstance(self.inner, ChunkCopier)
-        written = self.inner.copy_chunk(plan, watermark, stop)
+        written = self.inner.commit_chunk(staged)
+        plan = self.staged.pop(id(staged))
         if plan.schema.id == self.table:
             self.plans += 1
             chunk = plan.ranges[0].key_chunk
@@ -337,9 +345,9 @@ def test_ducklake_chunks_are_copied_by_executors_and_a_run_killed_between_write_
     source: TestDatabase, tmp_path: Path
 ) -> None:
     """Into DuckLake on a standalone cluster of two executor JVMs: each chunk is read and written by Spark tasks
-    (``copy_chunk``), none as a batch through the driver. Killed as above, the next run writes the chunk the dead
-    run wrote again as a batch (of updates: the lake holds some of its keys), and the rest by tasks again. DuckDB
-    reads the source's rows: no stale row, and none twice."""
+    (``stage_chunk``, ``commit_chunk``), none as a batch through the driver. Killed as above, the next run writes the
+    chunk the dead run wrote again as a batch (of updates: the lake holds some of its keys), and the rest by tasks
+    again. DuckDB reads the source's rows: no stale row, and none twice."""
     if running_master() is not None:
         stop_spark()
     lake = {"type": "ducklake", "catalog": f"sqlite:///{tmp_path}/catalog.sqlite", "data_path": f"{tmp_path}/data/"}
@@ -914,3 +922,171 @@ def test_a_copy_held_back_by_an_open_transaction_names_it(small: TestDatabase, t
         assert [e["event"] for e in logs].count(held) == 1
     finally:
         pipeline.shutdown()
+
+
+SIDE_ROWS = 24_000
+"""Rows of each of the three tables copied side by side: six chunks each, and more for the rows added meanwhile."""
+
+
+class Timed:
+    """Wraps a destination: which table each chunk it wrote was of, in order (batches of chunk rows, or staged
+    chunks committed), and when each row of ``live`` became durable. ``after_chunk`` runs after each chunk's write,
+    on the apply worker's thread."""
+
+    def __init__(self, inner: Destination, live: int) -> None:
+        self.inner, self.live = inner, live
+        self.chunks: list[int] = []
+        self.after_chunk: Callable[[list[int]], None] = lambda chunks: None
+        self.durable: dict[int, float] = {}
+        self._staged: dict[int, int] = {}
+        if isinstance(inner, ChunkCopier):  # a copier only when the wrapped destination is one
+            self.stage_chunk, self.commit_chunk = self._stage_chunk, self._commit_chunk
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def write_events(self, batch: EventBatch) -> WriteResult:
+        result = self.inner.write_events(batch)
+        assert result is WriteResult.DURABLE
+        now = time.monotonic()
+        for table_id, segments in batch.changes.items():
+            for segment in segments:
+                rows = segment.table
+                if table_id == self.live:
+                    for key in rows.column("id").to_pylist():
+                        self.durable.setdefault(key, now)
+                elif rows.num_rows and pc.min(rows.column("_etl_tx_ordinal")).as_py() >= CHUNK_ORDINAL_BASE:
+                    self.chunks.append(table_id)
+                    self.after_chunk(self.chunks)
+        return result
+
+    def _stage_chunk(self, plan: CopyPlan, watermark: tuple[Lsn, int], stop: threading.Event) -> StagedChunk:
+        assert isinstance(self.inner, ChunkCopier)
+        staged = self.inner.stage_chunk(plan, watermark, stop)
+        self._staged[id(staged)] = plan.schema.id
+        return staged
+
+    def _commit_chunk(self, staged: StagedChunk) -> int:
+        assert isinstance(self.inner, ChunkCopier)
+        written = self.inner.commit_chunk(staged)
+        self.chunks.append(self._staged.pop(id(staged)))
+        self.after_chunk(self.chunks)
+        return written
+
+
+@pytest.mark.parametrize("into", ["memory", "ducklake"])
+def test_three_tables_copy_side_by_side_while_a_fourth_streams(
+    pg_database: TestDatabase, tmp_path: Path, into: str
+) -> None:
+    """Three tables copied incrementally at once (``table_sync_workers = 3``) while a fourth streams. Locked once
+    each has a chunk written, the three tables' chunk reads wait on the source side by side, and the fourth table's
+    changes become durable meanwhile: the apply worker reads no chunk. Once the lock is gone, chunks of the three
+    tables come interleaved, under a workload on all four tables, and every table ends equal to the source row for
+    row."""
+    db = pg_database
+    db.execute(
+        "".join(
+            f"CREATE TABLE {t} (id bigint PRIMARY KEY, v text);"
+            f" INSERT INTO {t} SELECT g, '{t} ' || g FROM generate_series(1, {SIDE_ROWS}) g;"
+            for t in "abc"
+        )
+        + "CREATE TABLE live (id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE a, b, c, live; ANALYZE;"
+    )
+    sections: dict[str, Any] = {
+        "pipeline": {"table_sync_workers": 3},
+        "copy": {"method": "incremental", "chunk_rows": SIDE_ROWS // 6, "skip": ["live"]},
+    }
+    lake = {"type": "ducklake", "catalog": f"sqlite:///{tmp_path}/catalog.sqlite", "data_path": f"{tmp_path}/d/"}
+    if into == "ducklake":
+        # Chunks this small are staged on the driver, each in its copy thread. On Spark's executors a chunk's job
+        # takes every core, so the reads of the other tables queue in Spark (the test_ducklake_copy_job tests).
+        sections["destination"] = lake | {"spark": {"master": "local[2]"}}
+    config = pipeline_config(db, **sections)
+    store = SqliteStore(tmp_path / "state.sqlite", pipeline_id=1)
+    memory = MemoryDestination()
+    destination = Timed(build_destination(config, store, "test") if into == "ducklake" else memory, oid(db, "live"))
+    pipeline = Pipeline(config, store, cast(Destination, destination))
+    committed: dict[int, float] = {}
+
+    def insert_live(conn: psycopg.Connection[Any], key: int) -> None:
+        conn.execute("INSERT INTO live VALUES (%s)", (key,))
+        committed[key] = time.monotonic()
+
+    with db.connect() as locker, db.connect(autocommit=True) as sql:
+        copied, locked = {oid(db, t) for t in "abc"}, threading.Event()
+
+        def lock_once_each_began(chunks: list[int]) -> None:
+            # Not before: the lock gives its transaction an xid, which a copy that begins after it waits for.
+            if not locked.is_set() and set(chunks) >= copied:
+                locker.execute("BEGIN")
+                locker.execute("LOCK TABLE a, b, c IN ACCESS EXCLUSIVE MODE")
+                locked.set()
+
+        destination.after_chunk = lock_once_each_began
+        waiting_reads = (
+            "SELECT count(DISTINCT relation) FROM pg_catalog.pg_locks WHERE NOT granted"
+            " AND relation = ANY (ARRAY['a', 'b', 'c']::pg_catalog.regclass[])"
+        )
+        pipeline.start()
+        try:
+            poll(
+                lambda: sql.execute(waiting_reads).fetchone(),
+                "a chunk read of each of the three tables waiting on the lock",
+                until=lambda found: found == (3,),
+                pipeline=pipeline,
+                timeout=180,
+            )
+            written = list(destination.chunks)
+            for key in range(1, 21):
+                insert_live(sql, key)
+            poll(
+                lambda: set(destination.durable),
+                "the fourth table's changes durable while three chunk reads wait",
+                until=lambda keys: keys >= set(range(1, 21)),
+                pipeline=pipeline,
+            )
+            assert sql.execute(waiting_reads).fetchone() == (3,), "the chunk reads still wait"
+            assert destination.chunks == written, "no chunk written while every table's read waits"
+        finally:
+            if locked.is_set():
+                locker.execute("ROLLBACK")
+        key, stop = 20, threading.Event()
+
+        def work() -> None:
+            nonlocal key
+            with db.connect(autocommit=True) as conn:
+                while not stop.is_set():
+                    key += 1
+                    insert_live(conn, key)
+                    table, row = "abc"[key % 3], key * 7 % SIDE_ROWS + 1
+                    conn.execute(f"UPDATE {table} SET v = v || '+' WHERE id = %s", (row,))
+                    conn.execute(f"INSERT INTO {table} VALUES (%s, 'new')", (SIDE_ROWS + key,))
+                    time.sleep(0.02)
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        try:
+            wait_until(lambda: all_ready(pipeline, 4), "every table ready", pipeline, timeout=240)
+        finally:
+            stop.set()
+            worker.join()
+        try:
+            tables = ("public.a", "public.b", "public.c", "public.live")
+            if into == "ducklake":
+
+                def equal() -> bool:
+                    with db.connect() as conn:
+                        return all(lake_matches(conn, lake["catalog"], t) for t in tables)
+
+            else:
+                equal = partial(destination_matches, db, memory, *tables)
+            wait_until(equal, "every table equal to the source", pipeline, timeout=120)
+        finally:
+            pipeline.shutdown()
+    assert all(destination.chunks.count(oid(db, t)) >= 6 for t in "abc"), destination.chunks
+    runs = 1 + sum(1 for x, y in zip(destination.chunks, destination.chunks[1:], strict=False) if x != y)
+    assert runs >= 6, f"the chunks of the three tables interleaved: {destination.chunks}"
+    # The live table's changes during the copy: durable at the pace of its batches (100 ms) and their writes, not
+    # behind chunks; a bound far above that, and below a chunk read held back as above.
+    lag = max(destination.durable[k] - committed[k] for k in committed)
+    assert lag < 10, f"a change of the fourth table took {lag:.1f} s to become durable"

@@ -113,7 +113,9 @@ def test_chunks_are_copied_by_spark_tasks_each_in_one_transaction_with_its_water
         chunk = KeyChunk(("id",), after, 2000)
         with plan_chunk(pg_database.connection(), plan.schema, None, chunk, parts=2) as (_, _, keys, chunk_plan, _):
             assert keys.rows == rows and len(chunk_plan.ranges) == 2
-            assert destination.copy_chunk(chunk_plan, (Lsn(0x100 + n), 7), threading.Event()) == rows
+            staged = destination.stage_chunk(chunk_plan, (Lsn(0x100 + n), 7), threading.Event())
+        assert len(stored(destination, plan)) == 2000 * n  # staged, not visible
+        assert destination.commit_chunk(staged) == rows
         watermark = destination.jobs.query(
             f"SELECT commit_lsn, tx_ordinal FROM {destination.jobs.ref(WATERMARKS)}"
             f" WHERE table_oid = {int(plan.schema.id)}"

@@ -196,9 +196,10 @@ def test_a_small_table_is_copied_on_the_driver_into_the_same_lake_types(
 def test_chunks_of_an_incremental_copy_are_copied_on_the_driver_or_by_spark_each_with_its_watermark(
     pg_database: TestDatabase, lake: Any, kit: Any
 ) -> None:
-    """``copy_chunk``: each chunk, planned by key in a snapshot of its own (``plan_chunk``), is added to the table
-    as it is, under ``driver_copy_max_bytes`` on the driver, above it by Spark's tasks (the metric says which), in
-    a snapshot that moves the table's watermark to the chunk's place in the stream."""
+    """``stage_chunk``: each chunk, planned by key in a snapshot of its own (``plan_chunk``), is written into files
+    no snapshot holds, under ``driver_copy_max_bytes`` on the driver, above it by Spark's tasks (the metric says
+    which); ``commit_chunk``, after the snapshot is gone, adds them to the table as it is in a snapshot that moves
+    the table's watermark to the chunk's place in the stream. A chunk discarded leaves no file."""
     plan = typed_plan(pg_database, parts=1)
     pg_database.execute("ANALYZE typed")  # a chunk's bytes are estimated from the planner's row count
     destination = kit.make_destination(lake)
@@ -217,10 +218,16 @@ def test_chunks_of_an_incremental_copy_are_copied_on_the_driver_or_by_spark_each
             assert 0 < chunk_plan.size_bytes < plan.size_bytes  # its share of the table
             threshold = {"driver_copy_max_bytes": chunk_plan.size_bytes - n}  # the first on the driver
             destination.config = destination.config.model_copy(update=threshold)
-            assert destination.copy_chunk(chunk_plan, (Lsn(0x100 + n), 7), threading.Event()) == rows
+            files = set(Path(lake.data_path).rglob("*.parquet"))
+            discarded = destination.stage_chunk(chunk_plan, (Lsn(0x100 + n), 7), threading.Event())
+            destination.discard_chunk(discarded)
+            assert set(Path(lake.data_path).rglob("*.parquet")) == files
+            staged = destination.stage_chunk(chunk_plan, (Lsn(0x100 + n), 7), threading.Event())
+        assert lake.query("SELECT count(*) FROM lake.public.typed") == [(2000 * n,)]  # staged, not visible
+        assert destination.commit_chunk(staged) == rows
         watermark = read_states(destination.catalog, [plan.schema])[plan.schema.id].handle.watermark
         assert watermark == (0x100 + n, 7)
-    assert (chunks.labels("driver")._value.get(), chunks.labels("spark")._value.get()) == (1, 1)
+    assert (chunks.labels("driver")._value.get(), chunks.labels("spark")._value.get()) == (1, 1)  # committed ones
     assert lake_typed(lake) == source_typed(pg_database)
 
 

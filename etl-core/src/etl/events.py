@@ -203,6 +203,79 @@ class EventBatch:
     def row_count(self) -> int:
         return sum(seg.table.num_rows for segs in self.changes.values() for seg in segs)
 
+    def parted(self, table_id: TableId, from_lsn: Lsn) -> tuple[EventBatch, EventBatch | None]:
+        """The batch without the changes of ``table_id`` whose transactions commit at or after ``from_lsn``, and those
+        changes as a batch of their own that commits nothing (``None`` when there are none). A segment without rows
+        (a schema change alone) stays in the first, but after a row the second holds: order is kept."""
+        segments = self.changes.get(table_id)
+        if not segments:
+            return self, None
+        kept: list[TableChanges] = []
+        held: list[TableChanges] = []
+        bound = pa.scalar(int(from_lsn), pa.uint64())
+        for segment in segments:
+            later = pc.greater_equal(segment.table.column(COMMIT_LSN_COLUMN), bound)
+            count = pc.sum(later).as_py() or 0
+            if count == segment.table.num_rows and (count or held):
+                held.append(segment)
+            elif count == 0:
+                kept.append(segment)
+            else:
+                kept.append(TableChanges(segment.schema, segment.table.filter(pc.invert(later))))
+                held.append(TableChanges(segment.schema, segment.table.filter(later)))
+        if not held:
+            return self, None
+        source = self._events
+
+        def later_of_table(event: Event) -> bool:
+            return event.commit_lsn >= from_lsn and _table_of(event) == table_id
+
+        def rest() -> Iterator[Event]:
+            for event in source():
+                if isinstance(event, TruncateEvent) and table_id in event.table_ids and event.commit_lsn >= from_lsn:
+                    others = tuple(t for t in event.table_ids if t != table_id)
+                    if others:
+                        yield replace(event, table_ids=others)
+                elif not later_of_table(event):
+                    yield event
+
+        def own() -> Iterator[Event]:
+            for event in source():
+                if isinstance(event, TruncateEvent) and table_id in event.table_ids and event.commit_lsn >= from_lsn:
+                    yield replace(event, table_ids=(table_id,))
+                elif later_of_table(event):
+                    yield event
+
+        changes = {t: (kept if t == table_id else segs) for t, segs in self.changes.items()}
+        if not kept:
+            del changes[table_id]
+        remaining = replace(self, changes=changes, _events=rest, all_tables_ready=False)
+        return remaining, EventBatch({table_id: held}, own, commit_timestamps=self.commit_timestamps)
+
+
+def joined(batches: Sequence[EventBatch]) -> EventBatch:
+    """``batches`` one after the other as one batch; consecutive segments of a table under the same schema become
+    one. What the batch commits, ends in and counts is the last batch's."""
+    changes: dict[TableId, list[TableChanges]] = {}
+    for batch in batches:
+        for table_id, segments in batch.changes.items():
+            merged = changes.setdefault(table_id, [])
+            for segment in segments:
+                if merged and merged[-1].schema == segment.schema:
+                    both = pa.concat_tables([merged[-1].table, segment.table])
+                    merged[-1] = TableChanges(segment.schema, both)
+                else:
+                    merged.append(segment)
+    timestamps: dict[int, datetime] = {}
+    for batch in batches:
+        timestamps.update(batch.commit_timestamps)
+
+    def events() -> Iterator[Event]:
+        for batch in batches:
+            yield from batch.events()
+
+    return replace(batches[-1], changes=changes, _events=events, commit_timestamps=timestamps)
+
 
 def summed_counts(by_table: Mapping[TableId, Mapping[str, int]]) -> dict[str, int]:
     """Changes by kind over all tables, from ``EventBatch.change_counts_by_table``."""

@@ -95,6 +95,17 @@ class TableCopier(Protocol):
         """
 
 
+@dataclass
+class StagedChunk:
+    """An incremental copy's chunk staged by ``ChunkCopier.stage_chunk``, none of it visible yet; destinations
+    subclass it with what they need to make it visible."""
+
+    rows: int
+    """The rows staged."""
+    watermark: tuple[Lsn, int]
+    """The chunk's place among the stream's changes (``ChunkCopier.stage_chunk``)."""
+
+
 @runtime_checkable
 class ChunkCopier(Protocol):
     """Optional for destinations: write an incremental copy's chunks themselves, from a plan, instead of receiving
@@ -102,18 +113,28 @@ class ChunkCopier(Protocol):
 
     The engine then hands over each chunk of keys that no run wrote before as a ``CopyPlan`` whose ranges are key
     ranges (``CopyRange.key_chunk``, read with ``read_ranges``), in an exported snapshot it keeps open until
-    ``copy_chunk`` returns, between two writes of the stream. Chunks of keys that a run which died may have written
-    still come as batches (of updates), as do a backfill's.
+    ``stage_chunk`` returns. Staging runs on a copy thread of the engine's while the stream's batches are written
+    (of other tables: the table's own changes wait for its chunk), up to ``[pipeline] table_sync_workers`` tables at
+    once; ``commit_chunk`` then runs between two writes of the stream. Chunks of keys that a run which died may have
+    written still come as batches (of updates), as do a backfill's.
     """
 
-    def copy_chunk(self, plan: CopyPlan, watermark: tuple[Lsn, int], stop: threading.Event) -> int:
-        """Add the plan's rows to the table as new rows, durable on return; return how many.
+    def stage_chunk(self, plan: CopyPlan, watermark: tuple[Lsn, int], stop: threading.Event) -> StagedChunk:
+        """Read the plan's rows and write them where ``commit_chunk`` can make them visible in one step; none of them
+        visible before. Thread-safe with ``write_events`` and with other tables' ``stage_chunk``.
 
         ``watermark`` is the chunk's place among the stream's changes: the commit position and ordinal its last
-        row would carry in a batch, past every change written before it (a destination that skips what it
-        applied before records it as applied). When ``stop`` is set, give up soon and raise
-        ``etl.postgres.copy.CopyStopped``, with none of the rows visible.
+        row would carry in a batch, past every change of the table written before it (a destination that skips what
+        it applied before records it as applied when the chunk commits). When ``stop`` is set, give up soon and
+        raise ``etl.postgres.copy.CopyStopped``, leaving nothing staged.
         """
+
+    def commit_chunk(self, staged: StagedChunk) -> int:
+        """Add the staged rows to the table as new rows, durable on return, and move its watermark to the staged
+        ``watermark``; return how many. Called between two writes of the stream, none in flight."""
+
+    def discard_chunk(self, staged: StagedChunk) -> None:
+        """Drop what ``stage_chunk`` staged: the chunk is read again later, or its copy ended. Idempotent."""
 
 
 class InProcessDestination:

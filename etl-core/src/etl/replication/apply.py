@@ -99,7 +99,10 @@ class ApplyWorker(StreamWorker):
         return self.ctx.states.waiting_on_apply or self.chunked.awaiting_position()
 
     def position_wanted_soon(self) -> bool:
-        return bool(self.sync_workers) or self.awaiting_position()
+        return bool(self.sync_workers) or self.chunked.in_flight() or self.awaiting_position()
+
+    def nothing_pending(self) -> bool:
+        return super().nothing_pending() and not self.chunked.holding()
 
     def table_failed(self, table_id: TableId, error: TableError) -> None:
         table = self.tables.get(table_id)

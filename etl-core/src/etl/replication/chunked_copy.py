@@ -1,20 +1,26 @@
-"""The apply worker's incremental copies (``[copy] method = "incremental"``): taking tables on, and a chunk of each
-between two transactions of the stream. What a chunk means for the stream's changes is ``incremental``'s."""
+"""The apply worker's incremental copies (``[copy] method = "incremental"``): taking tables on, and their chunks
+read on copy threads beside the stream (a flight each), each table's changes after its chunk's launch held back
+until the chunk is written between two writes of the stream. What a chunk means for the stream's changes is
+``incremental``'s."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Final, Protocol
 
 import psycopg
+import pyarrow as pa
 import structlog
 
-from etl.destination.base import ChunkCopier
+from etl.destination.base import ChunkCopier, StagedChunk
 from etl.errors import ConfigError, EtlError, TableError
-from etl.events import EventBatch
+from etl.events import EventBatch, joined
 from etl.key_chunk import KeyChunk
 from etl.key_sql import KeyValue, integer_key
 from etl.lsn import Lsn
@@ -27,7 +33,7 @@ from etl.postgres.catalog import (
 )
 from etl.postgres.connection import connect
 from etl.postgres.copy import copy_chunk, plan_chunk
-from etl.postgres.copy_session import ChunkSnapshot, ChunkTable
+from etl.postgres.copy_session import ChunkKey, ChunkSnapshot, ChunkTable
 from etl.postgres.key_order import (
     NO_KEY,
     PARTITION_ROOT,
@@ -93,6 +99,49 @@ class Stream(Protocol):
     def table_failed(self, table_id: TableId, error: TableError) -> None: ...
 
 
+@dataclass(frozen=True)
+class ChunkRead:
+    """What a copy thread read of a chunk, for the apply worker to place (``ChunkedCopies._place``)."""
+
+    read: ChunkSnapshot
+    found: ChunkTable
+    chunk: KeyChunk
+    """The chunk as read (a backfill's ``bounded``)."""
+    rows: int
+    last: KeyValue | None
+    """Its last key, in the source's text form; ``None``: it holds no row."""
+    missed: frozenset[int]
+    """Transactions streamed before its read began that its snapshot saw not completed (``IncrementalCopy.misses``):
+    their changes to its keys were left out, so it is read again."""
+    lacking: list[str]
+    """Standbys in ``synchronized_standby_slots`` that lack what it read after a short wait: it is read again."""
+    rows_read: pa.Table | None = None
+    """Its rows, read in this process, for a batch; ``None``: the destination staged them (``staged``)."""
+    staged: StagedChunk | None = None
+    """What the destination staged (``ChunkCopier.stage_chunk``); ``None`` when it holds no row, or is read again."""
+
+
+@dataclass
+class Flight:
+    """A chunk read on a copy thread while the stream goes on. It is written at ``start`` among the stream's changes,
+    so the changes of its table that commit from ``start`` on wait for it (``held``): the other tables' are written
+    meanwhile. So long as some wait, the stream's position is not durable past ``start`` (``ChunkedCopies.prepared``):
+    a run that dies meanwhile receives them again."""
+
+    copy: IncrementalCopy
+    table_name: str
+    start: Lsn
+    """The stream's position when the read began (``Stream.position``): every later transaction commits at or after."""
+    schema: TableSchema
+    """The table's schema when the read began: a chunk whose table changed its columns meanwhile is read again."""
+    future: Future[ChunkRead]
+    held: list[EventBatch] = field(default_factory=list)
+    """The table's changes from ``start`` on, in order (``EventBatch.parted``)."""
+    held_bytes: int = 0
+    overflowed: bool = False
+    """``held`` outgrew ``busy_max_bytes``: the changes were let go, and the chunk is read again."""
+
+
 @dataclass
 class ChunkedCopies:
     ctx: WorkerContext
@@ -111,8 +160,23 @@ class ChunkedCopies:
         """Where the last ``nudge_decoding`` committed: finished copies whose last read is before it need no other."""
         self._comparisons = SourceComparisons(self.ctx.config.source)
         """Where keys that only the source can order are compared (``etl.postgres.key_order``)."""
+        self._workers = self.ctx.config.pipeline.table_sync_workers
+        self._pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="chunk")
+        self._flights: dict[TableId, Flight] = {}
+        self._abandoned: list[Future[ChunkRead]] = []
+        """Reads of copies that ended meanwhile: what they staged is dropped once they end."""
+        self._cancel = threading.Event()
+        self._stream_upto = Lsn.ZERO
+        """The end of the last transaction the stream handed over (``prepared``), before any limit."""
 
     def close(self) -> None:
+        """Stop the chunks' reads; drop what they staged. The changes waiting for them are not durable: the next run
+        receives them again."""
+        self._cancel.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for future in [*(f.future for f in self._flights.values()), *self._abandoned]:
+            self._discard(future)
+        self._flights.clear()
         self._comparisons.close()
 
     def _order(self, schema: TableSchema, key: tuple[str, ...]) -> KeyOrder:
@@ -124,18 +188,31 @@ class ChunkedCopies:
             copy.streamed.add(xid)
 
     def prepared(self, batch: EventBatch) -> EventBatch:
+        """``batch`` as the copies take it: the changes of tables whose chunk is being read held back for it
+        (``Flight``), the rest as each copy filters it; progress no further than the earliest held change."""
+        self._stream_upto = max(self._stream_upto, batch.last_commit_lsn)
         for copy in list(self.copies.values()):
+            flight = self._flights.get(copy.table_id)
+            if flight is not None and not flight.overflowed:
+                batch = self._hold(flight, batch)
             try:
                 batch = copy.filtered(batch)
             except TableError as exc:  # its key column is gone: the table errors, and is copied again
-                self.copies.pop(copy.table_id, None)
+                self.forget(copy.table_id)
                 self.stream.table_failed(copy.table_id, exc)
                 batch = batch.without_table(copy.table_id)
+        holding = [f.start for f in self._flights.values() if f.held]
+        if holding and batch.last_commit_lsn > min(holding):
+            batch = replace(batch, last_commit_lsn=min(holding))
         return batch
 
     def forget(self, table_id: TableId) -> None:
-        """The table leaves the copy (copied again from the start, or out of the publication)."""
+        """The table leaves the copy (copied again from the start, or out of the publication); the changes that
+        waited for its chunk go with it."""
         self.copies.pop(table_id, None)
+        flight = self._flights.pop(table_id, None)
+        if flight is not None:
+            self._abandoned.append(flight.future)
 
     # -- taking tables on ------------------------------------------------------------------------------------
     def take_on(self, table_id: TableId) -> bool:
@@ -270,65 +347,281 @@ class ChunkedCopies:
 
     # -- chunks ------------------------------------------------------------------------------------------------
     def due(self) -> bool:
-        """Whether a table under copy may take its next chunk now."""
+        """Whether a chunk's read ended, or a table under copy may take its next chunk now."""
+        if any(f.future.done() for f in self._flights.values()) or any(f.done() for f in self._abandoned):
+            return True
+        if len(self._flights) >= self._workers:
+            return False
         now = time.monotonic()
-        return any(now >= self._not_before.get(t, 0.0) for t in self.copies)
+        return any(t not in self._flights and now >= self._not_before.get(t, 0.0) for t in self.copies)
+
+    def in_flight(self) -> bool:
+        """Whether a chunk is being read: the stream looks for its end often."""
+        return bool(self._flights)
+
+    def holding(self) -> bool:
+        """Whether changes of a table wait for its chunk (``Flight.held``): the stream's position is not durable."""
+        return any(f.held for f in self._flights.values())
 
     def copy_chunks(self) -> None:
-        """A chunk of each table under copy whose turn it is; between two transactions of the stream."""
+        """Between two transactions of the stream: place each chunk whose read ended, and start reading the next chunk
+        of each table whose turn it is, up to ``[pipeline] table_sync_workers`` at once."""
+        for future in [f for f in self._abandoned if f.done()]:
+            self._abandoned.remove(future)
+            self._discard(future)
+        for flight in [f for f in self._flights.values() if f.future.done()]:
+            self._place(flight)
         now = time.monotonic()
         for copy in list(self.copies.values()):
-            if now >= self._not_before.get(copy.table_id, 0.0):
-                self._copy_chunk(copy)
+            if len(self._flights) >= self._workers:
+                break
+            if copy.table_id not in self._flights and now >= self._not_before.get(copy.table_id, 0.0):
+                self._launch(copy)
 
-    def _copy_chunk(self, copy: IncrementalCopy) -> None:
+    def _launch(self, copy: IncrementalCopy) -> None:
+        """Start reading a copy's next chunk on a copy thread; the stream goes on meanwhile (``Flight``)."""
         ctx, table_id = self.ctx, copy.table_id
         table = self.stream.tables.get(table_id)
         if table is None:
             return
         state = ctx.states.get(table_id)
         if state is None or state.kind is not TableStateKind.COPYING:  # errored meanwhile
-            self.copies.pop(table_id, None)
+            self.forget(table_id)
             return
         if copy.finished or self.stream.position < self._resume_at.get(table_id, Lsn.ZERO):
             self._end_or_later(copy, table)
             return
-        limit = ctx.config.copy_.chunk_rows
         try:
             if copy.barrier is not None and self._barrier_holds(copy, table):
                 self._later(table_id)  # a transaction running when the copy began is still running
                 return
-            self.stream.flush()  # the stream's changes so far go first (a copy leaves out keys not copied yet)
-            self.wait_written()  # and are durable before a chunk's mark after them is recorded
-            chunk = KeyChunk(copy.key, copy.after, limit, copy.where)
-            copier = ctx.destination
-            if isinstance(copier, ChunkCopier) and copy.adds_new_keys:
-                written = self._copy_on_destination(copier, copy, table, chunk)
-            else:
-                written = self._copy_here(copy, table, chunk)
-        except TableError as exc:
-            if copy.where is not None:
-                self._backfill_failed(copy, table, exc)
-                return
-            self.copies.pop(table_id, None)
-            self.stream.table_failed(table_id, exc)
-            return
         except EtlError as exc:
             log.warning("copying a chunk failed; copying it again shortly", table=str(table.name), error=exc.message)
             self._later(table_id)
             return
-        if written is None:
+        schema = ctx.schemas.current(table_id)
+        chunk = KeyChunk(copy.key, copy.after, ctx.config.copy_.chunk_rows, copy.where)
+        before, copy.streamed = frozenset(copy.streamed), set()
+        start, copier = self.stream.position, ctx.destination
+        job: Callable[[], ChunkRead]
+        if isinstance(copier, ChunkCopier) and copy.adds_new_keys:
+            at = (copy.mark, start)
+            job = partial(self._stage, copier, schema, table, chunk, at=at, table_key=copy.table_key, before=before)
+        else:
+            job = partial(self._read, schema, table, chunk, before)
+        self._flights[table_id] = Flight(copy, str(table.name), start, schema, self._pool.submit(job))
+
+    def _read(self, schema: TableSchema, table: PublishedTable, chunk: KeyChunk, before: frozenset[int]) -> ChunkRead:
+        """On a copy thread: read the chunk here, for the apply worker to write as a batch."""
+        connections = self.ctx.config.copy_.connections
+        read, found, rows, keys, chunk = copy_chunk(
+            self.ctx.config.source, schema, table.row_filter, chunk, connections=connections
+        )
+        missed = _missed(before, read)
+        lacking = [] if missed else self._lacking(read, table)
+        return ChunkRead(read, found, chunk, rows.num_rows, keys.last, missed, lacking, rows_read=rows)
+
+    def _stage(
+        self,
+        copier: ChunkCopier,
+        schema: TableSchema,
+        table: PublishedTable,
+        chunk: KeyChunk,
+        *,
+        at: tuple[ChunkMark, Lsn],
+        table_key: ChunkKey,
+        before: frozenset[int],
+    ) -> ChunkRead:
+        """On a copy thread: plan the chunk and have the destination read and stage it (``ChunkCopier``), at the mark
+        it gets after the copy's last (``at``: that mark and the stream's position, ``ChunkMark.next``)."""
+        parts = self.ctx.config.copy_.connections
+        with plan_chunk(self.ctx.config.source, schema, table.row_filter, chunk, parts=parts) as planned:
+            read, found, keys, plan, chunk = planned
+            missed = _missed(before, read)
+            lacking = [] if missed else self._lacking(read, table)
+            staged = None
+            if keys.rows and not missed and not lacking and found.key == table_key:
+                mark = at[0].next(at[1], keys.rows)
+                staged = copier.stage_chunk(plan, (mark.position, mark.ordinal), self._cancel)
+        return ChunkRead(read, found, chunk, keys.rows, keys.last, missed, lacking, staged=staged)
+
+    def _place(self, flight: Flight) -> None:
+        """Write a chunk whose read ended at its place in the stream, before the changes of its table that waited for
+        it; or, when it cannot be used, let them go and read it again later."""
+        ctx, copy, table_id = self.ctx, flight.copy, flight.copy.table_id
+        self.stream.flush()  # everything the stream gave so far, the table's changes since the read began held
+        del self._flights[table_id]
+        table = self.stream.tables.get(table_id)
+        try:
+            got = flight.future.result()
+        except TableError as exc:
+            self._chunk_failed(flight, exc)
             return
-        rows, last, copy.finished = written
+        except EtlError as exc:
+            log.warning("copying a chunk failed; copying it again shortly", table=flight.table_name, error=exc.message)
+            self._release(flight)
+            self._later(table_id)
+            return
+        state = ctx.states.get(table_id)
+        if table is None or table_id not in self.copies or state is None or state.kind is not TableStateKind.COPYING:
+            self._discard(got)  # errored, copied again or gone meanwhile: its changes go with it
+            self.copies.pop(table_id, None)
+            return
+        if self._key_moved(copy, got.found, table):
+            self._discard(got)
+            return
+        if not self._usable(flight, got, table):
+            self._discard(got)
+            self._release(flight)
+            self._later(table_id)
+            return
+        try:
+            written = self._write(flight, got)
+        except TableError as exc:
+            self._chunk_failed(flight, exc)
+            return
+        except EtlError as exc:
+            log.warning("copying a chunk failed; copying it again shortly", table=str(table.name), error=exc.message)
+            self._release(flight)
+            self._later(table_id)
+            return
         state = ctx.states.get(table_id)
         if state is None or state.kind is not TableStateKind.COPYING:  # its write errored the table
             self.copies.pop(table_id, None)
             return
-        copy.after, copy.rows = copy.after if last is None else last, copy.rows + rows
-        ctx.metrics.copied_rows.labels(str(table.name)).inc(rows)
+        last = got.chunk.reach(got.last)
+        copy.read_before = got.read.wal
+        copy.after, copy.rows, copy.finished = (
+            copy.after if last is None else last,
+            copy.rows + written,
+            got.chunk.ends_copy(written),
+        )
+        self._release(flight)  # after the chunk: the keys it holds are copied
+        ctx.metrics.copied_rows.labels(str(table.name)).inc(written)
         self._record(copy, copy.finished)
         if copy.finished:
             self._end_or_later(copy, table)
+
+    def _write(self, flight: Flight, got: ChunkRead) -> int:
+        """Write the chunk at the flight's start among the stream's changes, durable; its row count."""
+        copy = flight.copy
+        self.wait_written()  # the stream's changes so far are durable before a chunk's mark after them is recorded
+        copy.mark = copy.mark.next(flight.start, got.rows)
+        if got.rows_read is not None:
+            batch = copy.chunk_batch(flight.schema, got.rows_read, copy.mark, datetime.now(UTC))
+            copy.will_write(got.last)
+            self._record(copy, finished=False)  # the mark and the chunk's last key, before the chunk (see ChunkMark)
+            self.stream.submit(batch)
+            self.wait_written()  # durable before the copy's position moves past it
+            return got.rows
+        copy.will_write(got.last)
+        self._record(copy, finished=False)
+        if got.staged is None:  # no row in it
+            return 0
+        assert got.staged.watermark == (copy.mark.position, copy.mark.ordinal)
+        copier = self.ctx.destination
+        assert isinstance(copier, ChunkCopier)
+        written = copier.commit_chunk(got.staged)
+        if written != got.rows:
+            raise EtlError(
+                f"{flight.table_name}: the destination wrote {written} rows of a chunk of {got.rows}",
+                hint="a fault of the destination plugin's commit_chunk; the chunk is copied again",
+            )
+        return written
+
+    def _usable(self, flight: Flight, got: ChunkRead, table: PublishedTable) -> bool:
+        """Whether a chunk read may be written now; else, said why, it is read again later."""
+        copy = flight.copy
+        if got.missed:  # a transaction already streamed, whose changes to keys not copied yet were left out
+            log.info("a chunk did not see a transaction already streamed; reading it again", table=str(table.name))
+            copy.streamed |= got.missed
+            return False
+        if got.lacking:
+            log.warning(
+                "a chunk is read again later: a standby in synchronized_standby_slots lacks what it read",
+                table=str(table.name),
+                standbys=got.lacking,
+            )
+            return False
+        if flight.overflowed:
+            log.warning(
+                "a chunk's table changed more than busy_max_bytes during its read; reading it again",
+                table=str(table.name),
+                hint="a smaller [copy] chunk_rows reads faster",
+            )
+            return False
+        if self.ctx.schemas.current(copy.table_id) != flight.schema:
+            log.info("a chunk's table changed its columns during the read; reading it again", table=str(table.name))
+            return False
+        return True
+
+    def _chunk_failed(self, flight: Flight, error: TableError) -> None:
+        """A chunk's rows cannot be written (a value the destination cannot hold): the table errors, or a backfill
+        is dropped (``_backfill_failed``), the changes that waited for it then applied."""
+        copy = flight.copy
+        table = self.stream.tables.get(copy.table_id)
+        if copy.where is not None and table is not None:
+            self._backfill_failed(copy, table, error)
+            self._release(flight)
+            return
+        self.copies.pop(copy.table_id, None)
+        self.stream.table_failed(copy.table_id, error)
+
+    def _release(self, flight: Flight) -> None:
+        """Hand the changes that waited for a chunk to the writer, as the copy now takes them (``filtered``),
+        durable up to where the stream has been, but before what other chunks hold."""
+        copy, table_id = flight.copy, flight.copy.table_id
+        if not flight.held or self.copies.get(table_id) is not copy:
+            return
+        holding = [f.start for f in self._flights.values() if f.held]
+        batch = replace(joined(flight.held), last_commit_lsn=min([self._stream_upto, *holding]))
+        flight.held = []
+        try:
+            batch = copy.filtered(batch)
+        except TableError as exc:  # its key column is gone: the table errors, and is copied again
+            self.forget(table_id)
+            self.stream.table_failed(table_id, exc)
+            batch = batch.without_table(table_id)
+        self.stream.submit(batch)
+
+    def _hold(self, flight: Flight, batch: EventBatch) -> EventBatch:
+        """``batch`` without the changes of the flight's table from its start on, which wait for its chunk; all of
+        them given back once they outgrow ``busy_max_bytes`` (the chunk is then read again)."""
+        table_id = flight.copy.table_id
+        batch, held = batch.parted(table_id, flight.start)
+        if held is None:
+            return batch
+        flight.held.append(held)
+        flight.held_bytes += sum(s.table.nbytes for s in held.changes[table_id])
+        if flight.held_bytes <= self.ctx.config.batch.busy_limit:
+            return batch
+        flight.overflowed = True
+        batch = joined([*flight.held, batch])
+        flight.held = []
+        return batch
+
+    def _discard(self, read: ChunkRead | Future[ChunkRead]) -> None:
+        """Drop what a chunk's read staged on the destination, if anything."""
+        if isinstance(read, Future):
+            if read.cancelled() or read.exception() is not None:
+                return
+            read = read.result()
+        if read.staged is None:
+            return
+        copier = self.ctx.destination
+        assert isinstance(copier, ChunkCopier)
+        try:
+            copier.discard_chunk(read.staged)
+        except Exception as exc:  # what is left is the destination's to clean up (orphan files, staging tables)
+            log.warning("a staged chunk could not be dropped", error=str(exc))
+
+    def _lacking(self, read: ChunkSnapshot, table: PublishedTable) -> list[str]:
+        """The standbys a failover may promote that still lack what a chunk read (``etl.postgres.standby_slots``)
+        after a short wait: then it is read again later rather than written."""
+        ctx = self.ctx
+        return wait_for_standbys(
+            ctx.config.source, read.standby_slots, read.wal, what=str(table.name), stop=ctx.stop, timeout=STANDBY_WAIT_S
+        )
 
     def _end_or_later(self, copy: IncrementalCopy, table: PublishedTable) -> None:
         """End a finished copy once the stream is past every transaction its last chunk saw committed (until then
@@ -375,51 +668,6 @@ class ChunkedCopies:
             noted = ChunkMark.noted(progress.resume_after or NO_MARK.to_json(None), what)
             self.ctx.store.record_copy_progress(table_id, replace(progress, resume_after=noted))
 
-    def _copy_here(
-        self, copy: IncrementalCopy, table: PublishedTable, chunk: KeyChunk
-    ) -> tuple[int, KeyValue | None, bool] | None:
-        """Read the chunk in this process and write it as a batch, at its place in the stream: its row count, the key
-        the next chunk follows and whether it was the last, durable; ``None`` when it is to be read again later."""
-        ctx, schema = self.ctx, self.ctx.schemas.current(copy.table_id)
-        connections = ctx.config.copy_.connections
-        config, row_filter = ctx.config.source, table.row_filter
-        read, found, rows, keys, chunk = copy_chunk(config, schema, row_filter, chunk, connections=connections)
-        moved = self._key_moved(copy, found, table)
-        if moved or self._missed(copy, read, table) or self._standbys_lack(copy, read, table):
-            return None
-        last = keys.last
-        copy.mark = copy.mark.next(self.stream.position, rows.num_rows)
-        batch = copy.chunk_batch(schema, rows, copy.mark, datetime.now(UTC))
-        copy.will_write(last)
-        self._record(copy, finished=False)  # the mark and the chunk's last key, before the chunk (see ChunkMark)
-        self.stream.submit(batch)
-        self.wait_written()  # durable before the copy's position moves past it
-        copy.read_before = read.wal
-        return rows.num_rows, chunk.reach(last), chunk.ends_copy(rows.num_rows)
-
-    def _copy_on_destination(
-        self, copier: ChunkCopier, copy: IncrementalCopy, table: PublishedTable, chunk: KeyChunk
-    ) -> tuple[int, KeyValue | None, bool] | None:
-        """Plan the chunk and have the destination read and write it (``ChunkCopier``): as ``_copy_here``."""
-        ctx, schema = self.ctx, self.ctx.schemas.current(copy.table_id)
-        parts = ctx.config.copy_.connections
-        with plan_chunk(ctx.config.source, schema, table.row_filter, chunk, parts=parts) as planned:
-            read, found, keys, plan, chunk = planned
-            moved = self._key_moved(copy, found, table)
-            if moved or self._missed(copy, read, table) or self._standbys_lack(copy, read, table):
-                return None
-            copy.mark = copy.mark.next(self.stream.position, keys.rows)
-            copy.will_write(keys.last)
-            self._record(copy, finished=False)
-            written = copier.copy_chunk(plan, (copy.mark.position, copy.mark.ordinal), ctx.stop) if keys.rows else 0
-        if written != keys.rows:
-            raise EtlError(
-                f"{table.name}: the destination wrote {written} rows of a chunk of {keys.rows}",
-                hint="a fault of the destination plugin's copy_chunk; the chunk is copied again",
-            )
-        copy.read_before = read.wal
-        return keys.rows, chunk.reach(keys.last), chunk.ends_copy(keys.rows)
-
     def _key_moved(self, copy: IncrementalCopy, found: ChunkTable, table: PublishedTable) -> bool:
         """Whether the table's key, in the chunk's snapshot, is not the one the copy began with (``table_key``): then
         the table is copied again from the start (its chunks so far were cut by keys that may not be unique now)."""
@@ -433,31 +681,6 @@ class ChunkedCopies:
         )
         self.copies.pop(copy.table_id, None)
         self.ctx.states.set(copy.table_id, TableState.init())
-        return True
-
-    def _missed(self, copy: IncrementalCopy, read: ChunkSnapshot, table: PublishedTable) -> bool:
-        """Whether a chunk read in ``read`` misses a transaction already streamed: then it is read again."""
-        if not copy.misses(read.snapshot):
-            return False
-        log.info("a chunk did not see a transaction already streamed; reading it again", table=str(table.name))
-        self._later(copy.table_id)
-        return True
-
-    def _standbys_lack(self, copy: IncrementalCopy, read: ChunkSnapshot, table: PublishedTable) -> bool:
-        """Whether the standbys a failover may promote still lack what a chunk read (``etl.postgres.standby_slots``)
-        after a short wait: then it is read again later rather than written."""
-        ctx = self.ctx
-        lacking = wait_for_standbys(
-            ctx.config.source, read.standby_slots, read.wal, what=str(table.name), stop=ctx.stop, timeout=STANDBY_WAIT_S
-        )
-        if not lacking:
-            return False
-        log.warning(
-            "a chunk is read again later: a standby in synchronized_standby_slots lacks what it read",
-            table=str(table.name),
-            standbys=lacking,
-        )
-        self._later(copy.table_id)
         return True
 
     def _barrier_holds(self, copy: IncrementalCopy, table: PublishedTable) -> bool:
@@ -521,6 +744,12 @@ def chunk_key(
     if key is None:
         return None, PARTITION_ROOT if table.partitioned else NO_KEY
     return key_index_order(conn, table.id, key)
+
+
+def _missed(before: frozenset[int], read: ChunkSnapshot) -> frozenset[int]:
+    """Of the transactions streamed before a chunk's read began (since the last read), those its snapshot saw not
+    completed (``IncrementalCopy.misses``)."""
+    return frozenset(xid for xid in before if read.snapshot.saw_running(xid))
 
 
 def _snapshot(conn: psycopg.Connection[Any]) -> XidSnapshot:

@@ -1,16 +1,17 @@
 """An incremental copy: a table copied in key-ordered chunks while its changes stream.
 
-The apply worker reads each chunk in a short transaction of its own (``copy_chunk``) between two transactions of
-the stream, and writes it as upserts at that point of the stream. Until a key is copied, the stream's changes to it
-are dropped: the chunk that copies the key reads it later, so it holds them. From then on they are applied as any
-others. The one exception is a transaction the stream already delivered but that the chunk's snapshot saw not
-completed (its commit was in the WAL, but not yet visible: a synchronous standby's acknowledgement pending, say): its
-changes would be in neither. The chunk's snapshot tells the transactions it saw not completed (those in its ``xip``,
-and every one at or above its ``xmax``: ``XidSnapshot``); when one of them was streamed since the last chunk, the
-chunk is read again later (``IncrementalCopy.misses``). A transaction streamed before the copy began is covered by
-waiting, before the first chunk, until the transactions running when the copy began have ended (``barrier``: the
-snapshot's ``xip`` and the transactions ``pg_stat_activity`` and ``pg_prepared_xacts`` show at or above its
-``xmax``, which a snapshot cannot list).
+Each chunk is read in a short transaction of its own (``copy_chunk``), on a copy thread launched between two
+transactions of the stream, and written as upserts at that point of the stream (the table's changes after it wait for
+the chunk: ``etl.replication.chunked_copy``). Until a key is copied, the stream's changes to it are dropped: the chunk
+that copies the key reads it later, so it holds them. From then on they are applied as any others. The one exception is
+a transaction the stream already delivered but that the chunk's snapshot saw not completed (its commit was in the WAL,
+but not yet visible: a synchronous standby's acknowledgement pending, say): its changes would be in neither. The chunk's
+snapshot tells the transactions it saw not completed (those in its ``xip``, and every one at or above its ``xmax``:
+``XidSnapshot``); when one of them was streamed between the last chunk and this one's launch, the chunk is read again
+later (``IncrementalCopy.misses``). A transaction streamed before the copy began is covered by waiting, before the first
+chunk, until the transactions running when the copy began have ended (``barrier``: the snapshot's ``xip`` and the
+transactions ``pg_stat_activity`` and ``pg_prepared_xacts`` show at or above its ``xmax``, which a snapshot cannot
+list).
 
 The key is the table's replica identity key, of any columns and types (``incremental_key``), chunked in the order of
 its index. Whether a streamed change's key is copied yet is asked of ``KeyOrder``: the source compares it with the

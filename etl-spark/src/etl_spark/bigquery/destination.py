@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -43,6 +43,7 @@ from etl.api import (
     DestinationError,
     EventBatch,
     Lsn,
+    StagedChunk,
     Store,
     TableChanges,
     TableError,
@@ -227,25 +228,33 @@ class BigQueryDestination:
             with self._copied(plan, stop) as staged:
                 if staged.rows:
                     self.jobs.dml(self._append_copied(schema, target, staged.sources[0]), schema)
+        self.metrics.copied_rows.labels("spark").inc(staged.rows)
         return staged.rows
 
-    def copy_chunk(self, plan: CopyPlan, watermark: tuple[Lsn, int], stop: threading.Event) -> int:
-        """An incremental copy's chunk of new keys, copied as a table is (``copy_table``) and appended in one
-        transaction that moves the table's watermark to the chunk's place in the stream."""
-        schema = plan.schema
-        position = (int(watermark[0]), watermark[1])
-        with naming_table(schema.id):
+    def stage_chunk(self, plan: CopyPlan, watermark: tuple[Lsn, int], stop: threading.Event) -> StagedChunk:
+        """An incremental copy's chunk of new keys, read and loaded into a staging table as a table's copy is
+        (``copy_table``); ``commit_chunk`` appends it in one transaction that moves the table's watermark to the
+        chunk's place in the stream."""
+        with naming_table(plan.schema.id), ExitStack() as stack:
+            staged = stack.enter_context(self._copied(plan, stop))
+            return _StagedLoad(staged.rows, watermark, plan.schema, staged, stack.pop_all())
+
+    def commit_chunk(self, staged: StagedChunk) -> int:
+        chunk = _staged_load(staged)
+        schema, position = chunk.schema, (int(chunk.watermark[0]), chunk.watermark[1])
+        with chunk.dropping, naming_table(schema.id):
             target = self._prepare(schema)
-            if not plan.ranges:
-                return 0
-            with self._copied(plan, stop) as staged:
-                append = [self._append_copied(schema, target, staged.sources[0])] if staged.rows else []
-                statements = ["BEGIN TRANSACTION", *append, *self._advance(schema, position), "COMMIT TRANSACTION"]
-                self._watermarks.pop(schema.id, None)  # unknown should the job fail
-                with self._metadata:
-                    self.jobs.dml(";\n".join(statements) + ";", schema)
-                self._watermarks[schema.id] = position
-        return staged.rows
+            append = [self._append_copied(schema, target, chunk.staged.sources[0])] if chunk.rows else []
+            statements = ["BEGIN TRANSACTION", *append, *self._advance(schema, position), "COMMIT TRANSACTION"]
+            self._watermarks.pop(schema.id, None)  # unknown should the job fail
+            with self._metadata:
+                self.jobs.dml(";\n".join(statements) + ";", schema)
+            self._watermarks[schema.id] = position
+        self.metrics.copied_rows.labels("spark").inc(chunk.rows)
+        return chunk.rows
+
+    def discard_chunk(self, staged: StagedChunk) -> None:
+        _staged_load(staged).dropping.close()
 
     @contextmanager
     def _copied(self, plan: CopyPlan, stop: threading.Event) -> Iterator[Staged]:
@@ -260,7 +269,6 @@ class BigQueryDestination:
 
         with self.jobs.staging([frame], plan.size_bytes or 0, str(plan.schema.name), run=run) as staged:
             yield staged
-        self.metrics.copied_rows.labels("spark").inc(staged.rows)
 
     def _append_copied(self, schema: TableSchema, target: str, staged: str) -> str:
         """The statement appending copied rows from ``staged`` to ``target`` (in history mode as ``copy`` rows,
@@ -516,3 +524,19 @@ class _Collapsed:
 
 def _shape(schema: TableSchema) -> list[tuple[str, int, int, int | None]]:
     return [(c.name, c.type_oid, c.type_modifier, c.attnum) for c in schema.columns]
+
+
+@dataclass
+class _StagedLoad(StagedChunk):
+    """A chunk's rows in a staging table (``BigQueryDestination.stage_chunk``)."""
+
+    schema: TableSchema
+    staged: Staged
+    dropping: ExitStack
+    """Drops the staging table once the chunk is appended, or discarded."""
+
+
+def _staged_load(staged: StagedChunk) -> _StagedLoad:
+    if not isinstance(staged, _StagedLoad):
+        raise TypeError(f"not a chunk this destination staged: {staged!r}")
+    return staged

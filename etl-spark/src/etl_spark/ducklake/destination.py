@@ -1,15 +1,15 @@
 """The ``ducklake`` destination: a DuckLake 1.0 lake, data work on Spark, catalog in SQLite or Postgres.
 
-Each committed write is one DuckLake snapshot. A table's initial copy is one Spark job whose tasks
-copy ranges of the source table straight into data files (``copy_job``); the driver registers them
-all in one snapshot. So is each chunk of an incremental copy (``copy_chunk``): the tasks read its key
-ranges in the chunk's snapshot, and the snapshot moves the table's watermark to the chunk's place in
-the stream. A batch of changes is collapsed per table (``etl_spark.collapse``): upserted rows become
-new data files, and the stored rows they replace or that were deleted become positional delete
-files, found by a Spark scan of the table's live rows (``_metadata.row_index``). A truncate ends the
-table's data files. Data files are written by pyarrow, in the types DuckDB writes. Schema changes
-become DuckLake schema versions in the same snapshot. Each table's replication watermark
-``(commit_lsn, tx_ordinal)`` is committed with the snapshot, so a replayed change is
+Each committed write is one DuckLake snapshot. A table's initial copy is one Spark job whose tasks copy ranges
+of the source table straight into data files (``copy_job``); the driver registers them all in one snapshot. So
+is each chunk of an incremental copy (``stage_chunk``): the tasks read its key ranges in the chunk's snapshot
+while the stream goes on, and ``commit_chunk`` registers the files in a snapshot that moves the table's
+watermark to the chunk's place in the stream. A batch of changes is collapsed per table
+(``etl_spark.collapse``): upserted rows become new data files, and the stored rows they replace or that were
+deleted become positional delete files, found by a Spark scan of the table's live rows
+(``_metadata.row_index``). A truncate ends the table's data files. Data files are written by pyarrow, in the
+types DuckDB writes. Schema changes become DuckLake schema versions in the same snapshot. Each table's
+replication watermark ``(commit_lsn, tx_ordinal)`` is committed with the snapshot, so a replayed change is
 skipped exactly. See docs/destinations/ducklake.md.
 """
 
@@ -18,7 +18,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import closing, contextmanager
+from contextlib import ExitStack, closing, contextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -35,6 +36,7 @@ from etl.api import (
     DestinationPosition,
     EventBatch,
     Lsn,
+    StagedChunk,
     Store,
     TableChanges,
     TableError,
@@ -291,15 +293,54 @@ class DuckLakeDestination:
         self.metrics.copies.labels(on).inc()
         return sum(f.record_count for f in copy.files)
 
-    def copy_chunk(self, plan: CopyPlan, watermark: tuple[Lsn, int], stop: threading.Event) -> int:
-        """An incremental copy's chunk of new keys, copied as a table is (``copy_table``), its files registered in
-        one snapshot that moves the table's watermark to the chunk's place in the stream."""
+    def stage_chunk(self, plan: CopyPlan, watermark: tuple[Lsn, int], stop: threading.Event) -> StagedChunk:
+        """An incremental copy's chunk of new keys, copied as a table is (``copy_table``) into data files no snapshot
+        holds yet; ``commit_chunk`` registers them in one snapshot that moves the table's watermark to the chunk's
+        place in the stream. Until then the files count as a copy's, never as orphans."""
         on, write = self._copier(plan, stop)
         position = (int(watermark[0]), watermark[1])
-        with naming_table(plan.schema.id), self._copying(), self._writing.batch():
-            plans = self._commit_plans(lambda: [plan_copy(self.lake, plan.schema, write, position)])
-        self.metrics.chunks.labels(on).inc()
-        return sum(f.record_count for p in plans for f in p.files)
+        copying = ExitStack()
+        copying.enter_context(self._copying())
+        with copying, naming_table(plan.schema.id):
+            base = self.catalog.latest_snapshot()
+            try:
+                table_plan = plan_copy(self.lake, plan.schema, write, position)
+            except FlushFirst as first:  # the table has inlined rows: into files first, then the chunk's beside them
+                with self._writing.batch():
+                    for table in first.tables:
+                        self.flush_inlined(table)
+                base = self.catalog.latest_snapshot()
+                table_plan = plan_copy(self.lake, plan.schema, write, position)
+            staged = _StagedFiles(sum(f.record_count for f in table_plan.files), watermark, table_plan, base, on)
+            staged.copying = copying.pop_all()
+        return staged
+
+    def commit_chunk(self, staged: StagedChunk) -> int:
+        chunk = _staged_files(staged)
+        plan = chunk.plan
+        with chunk.copying, naming_table(plan.schema.id), self._writing.batch():
+            tables = [] if plan.handle is None else [plan.handle.table.table_id]
+            try:
+                self.catalog.commit(
+                    partial(_apply_all, [plan], self.storage, None, False), base_snapshot=chunk.base, tables=tables
+                )
+            except CommitConflict as conflict:
+                plan.discard(self.storage)
+                raise DestinationError(
+                    f"a chunk's DuckLake table was changed by another writer while the chunk was staged: {conflict}",
+                    hint="none: the chunk is copied again",
+                ) from None
+            except BaseException:
+                plan.discard(self.storage)
+                raise
+            plan.remember_files(self.storage)
+        self.metrics.chunks.labels(chunk.on).inc()
+        return chunk.rows
+
+    def discard_chunk(self, staged: StagedChunk) -> None:
+        chunk = _staged_files(staged)
+        with chunk.copying:
+            chunk.plan.discard(self.storage)
 
     def _copier(self, plan: CopyPlan, stop: threading.Event) -> tuple[str, Callable[[DataFileSpec], list[NewFile]]]:
         """Where the plan's rows are copied (``COPIED_ON``) and what writes them: on the driver when they are at
@@ -492,6 +533,25 @@ class DuckLakeDestination:
             f"DuckLake commit kept conflicting with other writers ({self.config.commit_attempts} attempts)",
             hint="pause maintenance jobs on the lake while the pipeline runs, or raise commit_attempts",
         )
+
+
+@dataclass
+class _StagedFiles(StagedChunk):
+    """A chunk's data files, written but in no snapshot (``DuckLakeDestination.stage_chunk``)."""
+
+    plan: TablePlan
+    base: int
+    """The lake's latest snapshot before the chunk was planned: a later one that changed its table is a conflict."""
+    on: str
+    """Where its rows were copied (``COPIED_ON``)."""
+    copying: ExitStack = field(default_factory=ExitStack)
+    """Counts it as a copy under way until it is committed or discarded (so upkeep leaves its files alone)."""
+
+
+def _staged_files(staged: StagedChunk) -> _StagedFiles:
+    if not isinstance(staged, _StagedFiles):
+        raise TypeError(f"not a chunk this destination staged: {staged!r}")
+    return staged
 
 
 def _apply_all(
