@@ -380,3 +380,42 @@ def test_a_column_named_like_a_change_table_column_errors_its_table() -> None:
     builder.insert(7, ("1", "x"), Lsn(100))
     with pytest.raises(TableError, match=r"table public\.x: column _etl_op has the name of a column the engine adds"):
         builder.build()
+
+
+def test_parted_holds_a_tables_changes_from_the_first_at_its_bound_in_both_views(pg_database: TestDatabase) -> None:
+    """``EventBatch.parted``, as an incremental copy holds a table's changes for its chunk: from the first change at
+    or after the bound on, everything of the table is held, a new schema version included, in the columns and in
+    the events alike; with ``holding`` (an earlier batch's were held) all of it, so none of it overtakes them."""
+
+    def run(conn: Conn) -> None:
+        conn.execute("INSERT INTO s VALUES (1, 'a')")
+        conn.execute("INSERT INTO s VALUES (2, 'b')")
+        with conn.transaction():
+            conn.execute("ALTER TABLE s ADD COLUMN n int")
+            conn.execute("INSERT INTO s VALUES (3, 'c', 7)")
+        conn.execute("INSERT INTO other VALUES (1)")
+
+    setup = "CREATE TABLE s (id int PRIMARY KEY, v text); CREATE TABLE other (id int PRIMARY KEY)"
+    feeder = Feeder()
+    feeder.feed(decoded(capture(pg_database, run, setup=setup)))
+    batch = feeder.builder.build()
+    table_id = next(t for t in batch.table_ids if batch.changes[t][0].schema.name.name == "s")
+    second = feeder.commits[1].commit_lsn
+
+    def ids(part: EventBatch) -> tuple[list[int], list[int]]:
+        """The table's ids in the columns and in the events."""
+        columns = [i for seg in part.changes.get(table_id, []) for i in seg.table.column("id").to_pylist()]
+        events = [e.row[0] for e in part.events() if isinstance(e, InsertEvent) and e.table_id == table_id]
+        return columns, events
+
+    rest, held = batch.parted(table_id, second)
+    assert held is not None and ids(rest) == ([1], [1]) and ids(held) == ([2, 3], [2, 3])
+    assert [s.schema.column_names for s in held.changes[table_id]] == [["id", "v"], ["id", "v", "n"]]
+    assert sum(isinstance(e, RelationEvent) for e in held.events()) == 1  # after the first held change: held
+    assert held.last_commit_lsn == Lsn.ZERO and rest.last_commit_lsn == batch.last_commit_lsn
+    assert len(rest.changes) == 2 and not rest.all_tables_ready  # the other table stays
+
+    rest, held = batch.parted(table_id, Lsn(int(feeder.commits[-1].end_lsn) + 1), holding=True)
+    assert held is not None and ids(rest) == ([], []) and ids(held) == ([1, 2, 3], [1, 2, 3])
+    assert table_id not in rest.changes and not any(isinstance(e, RelationEvent) for e in rest.events())
+    assert batch.parted(table_id, Lsn(int(feeder.commits[-1].end_lsn) + 1)) == (batch, None)  # nothing that late

@@ -203,10 +203,13 @@ class EventBatch:
     def row_count(self) -> int:
         return sum(seg.table.num_rows for segs in self.changes.values() for seg in segs)
 
-    def parted(self, table_id: TableId, from_lsn: Lsn) -> tuple[EventBatch, EventBatch | None]:
-        """The batch without the changes of ``table_id`` whose transactions commit at or after ``from_lsn``, and those
-        changes as a batch of their own that commits nothing (``None`` when there are none). A segment without rows
-        (a schema change alone) stays in the first, but after a row the second holds: order is kept."""
+    def parted(
+        self, table_id: TableId, from_lsn: Lsn, *, holding: bool = False
+    ) -> tuple[EventBatch, EventBatch | None]:
+        """The batch without the changes of ``table_id`` from the first whose transaction commits at or after
+        ``from_lsn`` on (all of them when ``holding``: an earlier batch's were held), and those changes as a batch of
+        their own that commits nothing (``None`` when there are none). A schema change goes with what follows it
+        once one change is held, so the table's order is kept in both views of the batch."""
         segments = self.changes.get(table_id)
         if not segments:
             return self, None
@@ -214,12 +217,15 @@ class EventBatch:
         held: list[TableChanges] = []
         bound = pa.scalar(int(from_lsn), pa.uint64())
         for segment in segments:
+            if holding or held:
+                held.append(segment)
+                continue
             later = pc.greater_equal(segment.table.column(COMMIT_LSN_COLUMN), bound)
             count = pc.sum(later).as_py() or 0
-            if count == segment.table.num_rows and (count or held):
-                held.append(segment)
-            elif count == 0:
+            if count == 0:
                 kept.append(segment)
+            elif count == segment.table.num_rows:
+                held.append(segment)
             else:
                 kept.append(TableChanges(segment.schema, segment.table.filter(pc.invert(later))))
                 held.append(TableChanges(segment.schema, segment.table.filter(later)))
@@ -227,24 +233,30 @@ class EventBatch:
             return self, None
         source = self._events
 
-        def later_of_table(event: Event) -> bool:
-            return event.commit_lsn >= from_lsn and _table_of(event) == table_id
-
-        def rest() -> Iterator[Event]:
+        def sorted_out() -> Iterator[tuple[bool, Event]]:
+            """Each event, and whether it is held: the table's from its first at or after ``from_lsn`` on."""
+            holds = holding
             for event in source():
-                if isinstance(event, TruncateEvent) and table_id in event.table_ids and event.commit_lsn >= from_lsn:
+                if isinstance(event, TruncateEvent) and table_id in event.table_ids:
+                    holds = holds or event.commit_lsn >= from_lsn
+                    if not holds:
+                        yield False, event
+                        continue
                     others = tuple(t for t in event.table_ids if t != table_id)
                     if others:
-                        yield replace(event, table_ids=others)
-                elif not later_of_table(event):
-                    yield event
+                        yield False, replace(event, table_ids=others)
+                    yield True, replace(event, table_ids=(table_id,))
+                elif _table_of(event) == table_id:
+                    holds = holds or (event.commit_lsn >= from_lsn and not isinstance(event, RelationEvent))
+                    yield holds, event
+                else:
+                    yield False, event
+
+        def rest() -> Iterator[Event]:
+            return (event for held_back, event in sorted_out() if not held_back)
 
         def own() -> Iterator[Event]:
-            for event in source():
-                if isinstance(event, TruncateEvent) and table_id in event.table_ids and event.commit_lsn >= from_lsn:
-                    yield replace(event, table_ids=(table_id,))
-                elif later_of_table(event):
-                    yield event
+            return (event for held_back, event in sorted_out() if held_back)
 
         changes = {t: (kept if t == table_id else segs) for t, segs in self.changes.items()}
         if not kept:

@@ -62,7 +62,7 @@ class ApplyWorker(StreamWorker):
         self._next_refresh = 0.0
         self._uncopied: set[TableId] = set()
         """Published tables ``[copy]`` takes on without a copy."""
-        self.chunked = ChunkedCopies(ctx, self, writer.wait)
+        self.chunked = ChunkedCopies(ctx, self, writer.wait, writer.in_flight)
         """Tables copied in chunks (``[copy] method = "incremental"``)."""
         self.copies_done = False
         """``[copy] mode = "initial_only"``, and every published table is copied: the stream ends."""

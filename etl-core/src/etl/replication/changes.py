@@ -108,6 +108,10 @@ class ChangeBuilder:
         """No change or schema change is buffered (transaction boundaries alone may be)."""
         return self._changes == 0
 
+    def holds(self, table_id: TableId) -> bool:
+        """Whether a change or schema change of the table is buffered."""
+        return table_id in self._segments
+
     @property
     def has_commits(self) -> bool:
         """A commit is buffered: building now would move ``last_commit_lsn``."""

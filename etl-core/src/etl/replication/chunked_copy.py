@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
@@ -94,6 +95,10 @@ class Stream(Protocol):
 
     def flush(self) -> None: ...
 
+    def holds(self, table_id: TableId) -> bool:
+        """Whether the batch being filled holds changes of the table."""
+        ...
+
     def submit(self, batch: EventBatch) -> None: ...
 
     def table_failed(self, table_id: TableId, error: TableError) -> None: ...
@@ -134,6 +139,8 @@ class Flight:
     """The stream's position when the read began (``Stream.position``): every later transaction commits at or after."""
     schema: TableSchema
     """The table's schema when the read began: a chunk whose table changed its columns meanwhile is read again."""
+    before: frozenset[int]
+    """The transactions streamed since the last chunk, which the read checks (``ChunkRead.missed``)."""
     future: Future[ChunkRead]
     held: list[EventBatch] = field(default_factory=list)
     """The table's changes from ``start`` on, in order (``EventBatch.parted``)."""
@@ -148,6 +155,8 @@ class ChunkedCopies:
     stream: Stream
     wait_written: Callable[[], object]
     """Waits until the write in flight is durable (``BatchWriter.wait``)."""
+    write_in_flight: Callable[[], Future[None] | None]
+    """The write in flight, which a copy thread may wait for (``BatchWriter.in_flight``)."""
 
     def __post_init__(self) -> None:
         self.copies: dict[TableId, IncrementalCopy] = {}
@@ -405,11 +414,17 @@ class ChunkedCopies:
         start, copier = self.stream.position, ctx.destination
         job: Callable[[], ChunkRead]
         if isinstance(copier, ChunkCopier) and copy.adds_new_keys:
-            at = (copy.mark, start)
-            job = partial(self._stage, copier, schema, table, chunk, at=at, table_key=copy.table_key, before=before)
+            # The table's changes before ``start`` reach the destination before the chunk is staged: a chunk
+            # commits only onto the state it was staged on (DuckLake's snapshot), and those changes precede it.
+            if self.stream.holds(table_id):
+                self.stream.flush()
+            at, earlier = (copy.mark, start), self.write_in_flight()
+            job = partial(
+                self._stage, copier, schema, table, chunk, at=at, table_key=copy.table_key, before=before, after=earlier
+            )
         else:
             job = partial(self._read, schema, table, chunk, before)
-        self._flights[table_id] = Flight(copy, str(table.name), start, schema, self._pool.submit(job))
+        self._flights[table_id] = Flight(copy, str(table.name), start, schema, before, self._pool.submit(job))
 
     def _read(self, schema: TableSchema, table: PublishedTable, chunk: KeyChunk, before: frozenset[int]) -> ChunkRead:
         """On a copy thread: read the chunk here, for the apply worker to write as a batch."""
@@ -431,9 +446,14 @@ class ChunkedCopies:
         at: tuple[ChunkMark, Lsn],
         table_key: ChunkKey,
         before: frozenset[int],
+        after: Future[None] | None,
     ) -> ChunkRead:
         """On a copy thread: plan the chunk and have the destination read and stage it (``ChunkCopier``), at the mark
-        it gets after the copy's last (``at``: that mark and the stream's position, ``ChunkMark.next``)."""
+        it gets after the copy's last (``at``: that mark and the stream's position, ``ChunkMark.next``), once the
+        write that was in flight at the launch (``after``) has ended."""
+        if after is not None:
+            with suppress(Exception):  # a failed write is the apply worker's to report
+                after.result()
         parts = self.ctx.config.copy_.connections
         with plan_chunk(self.ctx.config.source, schema, table.row_filter, chunk, parts=parts) as planned:
             read, found, keys, plan, chunk = planned
@@ -459,6 +479,7 @@ class ChunkedCopies:
             return
         except EtlError as exc:
             log.warning("copying a chunk failed; copying it again shortly", table=flight.table_name, error=exc.message)
+            copy.streamed |= flight.before  # not checked: the next read checks them
             self._release(flight)
             self._later(table_id)
             return
@@ -505,17 +526,23 @@ class ChunkedCopies:
     def _write(self, flight: Flight, got: ChunkRead) -> int:
         """Write the chunk at the flight's start among the stream's changes, durable; its row count."""
         copy = flight.copy
-        self.wait_written()  # the stream's changes so far are durable before a chunk's mark after them is recorded
-        copy.mark = copy.mark.next(flight.start, got.rows)
         if got.rows_read is not None:
+            self.wait_written()  # the stream's changes so far are durable before a chunk's mark after them is recorded
+            copy.mark = copy.mark.next(flight.start, got.rows)
             batch = copy.chunk_batch(flight.schema, got.rows_read, copy.mark, datetime.now(UTC))
             copy.will_write(got.last)
             self._record(copy, finished=False)  # the mark and the chunk's last key, before the chunk (see ChunkMark)
             self.stream.submit(batch)
             self.wait_written()  # durable before the copy's position moves past it
             return got.rows
-        copy.will_write(got.last)
-        self._record(copy, finished=False)
+        try:
+            self.wait_written()
+            copy.mark = copy.mark.next(flight.start, got.rows)
+            copy.will_write(got.last)
+            self._record(copy, finished=False)
+        except BaseException:  # before the commit: what was staged goes
+            self._discard(got)
+            raise
         if got.staged is None:  # no row in it
             return 0
         assert got.staged.watermark == (copy.mark.position, copy.mark.ordinal)
@@ -561,8 +588,8 @@ class ChunkedCopies:
         copy = flight.copy
         table = self.stream.tables.get(copy.table_id)
         if copy.where is not None and table is not None:
+            self._release(flight)  # the table stays whole and streams on: the changes that waited are applied
             self._backfill_failed(copy, table, error)
-            self._release(flight)
             return
         self.copies.pop(copy.table_id, None)
         self.stream.table_failed(copy.table_id, error)
@@ -588,14 +615,15 @@ class ChunkedCopies:
         """``batch`` without the changes of the flight's table from its start on, which wait for its chunk; all of
         them given back once they outgrow ``busy_max_bytes`` (the chunk is then read again)."""
         table_id = flight.copy.table_id
-        batch, held = batch.parted(table_id, flight.start)
+        rest, held = batch.parted(table_id, flight.start, holding=bool(flight.held))
         if held is None:
-            return batch
-        flight.held.append(held)
-        flight.held_bytes += sum(s.table.nbytes for s in held.changes[table_id])
-        if flight.held_bytes <= self.ctx.config.batch.busy_limit:
-            return batch
-        flight.overflowed = True
+            return rest
+        held_bytes = flight.held_bytes + sum(s.table.nbytes for s in held.changes[table_id])
+        if held_bytes <= self.ctx.config.batch.busy_limit:
+            flight.held.append(held)
+            flight.held_bytes = held_bytes
+            return rest
+        flight.overflowed = True  # the earlier batches' held changes, then this one whole: the table's order
         batch = joined([*flight.held, batch])
         flight.held = []
         return batch

@@ -438,6 +438,10 @@ class StreamWorker:
         """The batch as written, once every earlier write has ended (the apply worker marks it then)."""
         return batch
 
+    def holds(self, table_id: TableId) -> bool:
+        """Whether the batch being filled holds changes of the table."""
+        return self.builder.holds(table_id)
+
     def submit(self, batch: EventBatch) -> None:
         """Hand ``batch`` to the writer once the write in flight has ended."""
         self.wait_for_writer()

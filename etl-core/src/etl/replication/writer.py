@@ -73,6 +73,10 @@ class BatchWriter:
         self._submitted = time.monotonic()
         self._in_flight = self._executor.submit(self._write, batch)
 
+    def in_flight(self) -> Future[None] | None:
+        """The write in flight, if any, which another thread may wait for (``Future.result``)."""
+        return self._in_flight
+
     def next_write_in(self) -> float:
         """Seconds until the destination's ``min_write_interval_s`` since the last write began has passed."""
         return self._submitted + self.min_interval_s - time.monotonic()
