@@ -113,3 +113,44 @@ def test_a_query_through_psycopg_is_unblocked_too(pg_database: TestDatabase, sto
             conn.execute("SELECT 1")
         assert time.monotonic() - began < 10
     assert isinstance(info.value, CopyStopped) is stopped
+
+
+def test_a_read_in_an_imported_snapshot_gives_way_to_a_lock_request_queued_behind_its_exporter(
+    pg_database: TestDatabase,
+) -> None:
+    """An ``ALTER TABLE`` waits for the share lock of the session that exported a copy's snapshot; a range read in
+    that snapshot would queue behind it, a cycle Postgres cannot see, and stall the table for everyone until the read
+    timeout. The read gives way at once instead: a ``TransientError`` naming the lock, and the ``ALTER`` goes on
+    once the exporter ends."""
+    db = pg_database
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'one')")
+    db.execute("CREATE PUBLICATION pub FOR TABLE t")
+    with connect(db.connection()) as conn:
+        (table,) = publication_tables(conn, "pub")
+        schema = table_schema(conn, table.id, table.column_list)
+    with db.connect() as exporter, db.connect() as other:
+        exporter.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        row = exporter.execute("SELECT pg_catalog.pg_export_snapshot()").fetchone()
+        assert row is not None
+        exporter.execute("SELECT count(*) FROM t")  # the exporter's share lock, as a chunk's planning holds it
+        altering = threading.Thread(target=other.execute, args=("ALTER TABLE t ADD COLUMN n int",))
+        altering.start()
+        try:
+            waiting = "SELECT count(*) FROM pg_catalog.pg_locks WHERE NOT granted AND relation = 't'::regclass"
+            deadline = time.monotonic() + 30
+            while db.execute(waiting) != [(1,)]:
+                assert time.monotonic() < deadline, "the ALTER TABLE never waited"
+                time.sleep(0.05)
+            plan = CopyPlan(db.connection(), row[0], schema, (CopyRange(table.name, None),), None)
+            began = time.monotonic()
+            with pytest.raises(TransientError) as info:
+                drain(read_ranges(plan, [0], read_timeout=20))
+            waited = time.monotonic() - began
+        finally:
+            exporter.execute("COMMIT")
+            altering.join(timeout=30)
+        assert "asks for a lock on the table" in info.value.message and info.value.hint, info.value.message
+        assert waited < 10, f"the read gave way after {waited:.0f}s"
+        assert not altering.is_alive()
+    added = "SELECT count(*) FROM pg_catalog.pg_attribute WHERE attrelid = 't'::regclass AND attname = 'n'"
+    assert db.execute(added) == [(1,)]

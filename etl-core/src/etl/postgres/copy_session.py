@@ -64,6 +64,10 @@ A COPY streams rows as its scan finds them, so a healthy server goes quiet this 
 filter rejects every row of a very long stretch of a table, or the COPY waits for a lock (behind an
 ``ALTER TABLE``, say); either way the copy is retried. A frozen or vanished server is noticed here.
 """
+IMPORTED_LOCK_TIMEOUT_MS: Final = 1000
+"""How long a session that imported a snapshot waits for a table's lock: the exporter holds it, so only a request
+queued behind the exporter's (which waits for the exporter to end) can hold it back; waiting would not end."""
+LOCK_NOT_AVAILABLE: Final = "55P03"
 
 _PARSE_OPTIONS: Final = pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False)
 _CONVERT_OPTIONS_ARGS: Final[dict[str, Any]] = {
@@ -212,6 +216,10 @@ class CopySession:
             )
             if snapshot is not None:
                 self._command(import_snapshot(snapshot), "start the copy")
+                # The exporting session holds the table's share lock, so one of ours waits only behind a request
+                # that waits for the exporter (an ALTER TABLE, say): a cycle Postgres cannot see, which would stall
+                # the table for everyone until the read timeout. Give way at once instead (``_copy_error``).
+                self._command(f"SET LOCAL lock_timeout = {IMPORTED_LOCK_TIMEOUT_MS}", "start the copy")
         except psycopg.Error as exc:
             self.close()
             if exc.sqlstate in ("22023", "42704"):  # invalid parameter value / undefined object (18+)
@@ -516,6 +524,11 @@ def _copy_error(exc: psycopg.Error, config: PostgresConnection, doing: str) -> E
     message = f"{doing} on {config.describe()} failed: {detail}"
     if passes(exc):
         return TransientError(message, hint="the connection to the source was lost or refused; the copy is retried")
+    if sqlstate == LOCK_NOT_AVAILABLE:  # behind another session's lock request: see IMPORTED_LOCK_TIMEOUT_MS
+        return TransientError(
+            f"{message}: another session asks for a lock on the table that the copy's snapshot holds",
+            hint="the copy gives way to it (an ALTER TABLE, say) and is read again shortly",
+        )
     if sqlstate in ("42P01", "42703"):  # undefined table / column: the table changed under the copy
         return TableError(message, hint="the table changed while it was being copied; copy it again")
     if sqlstate == "42501" and "row-level security" in detail:  # row_security = off: see SESSION_SETTINGS
