@@ -192,7 +192,10 @@ class PipelineSection(Section):
     table_sync_workers: Integer = Field(
         4,
         ge=1,
-        description="Tables copied at the same time. Each needs a replication slot and a WAL sender while it copies.",
+        description=(
+            "Tables copied at the same time. Each snapshot copy needs a replication slot and a WAL sender while it"
+            " copies; an incremental copy's chunks are read on as many copy threads, one chunk per table at a time."
+        ),
     )
     invalidated_slot: Literal["stop", "recreate"] = Field(
         "stop",
