@@ -526,23 +526,20 @@ class ChunkedCopies:
     def _write(self, flight: Flight, got: ChunkRead) -> int:
         """Write the chunk at the flight's start among the stream's changes, durable; its row count."""
         copy = flight.copy
-        if got.rows_read is not None:
+        try:
             self.wait_written()  # the stream's changes so far are durable before a chunk's mark after them is recorded
             copy.mark = copy.mark.next(flight.start, got.rows)
-            batch = copy.chunk_batch(flight.schema, got.rows_read, copy.mark, datetime.now(UTC))
+            rows = got.rows_read
+            batch = None if rows is None else copy.chunk_batch(flight.schema, rows, copy.mark, datetime.now(UTC))
             copy.will_write(got.last)
             self._record(copy, finished=False)  # the mark and the chunk's last key, before the chunk (see ChunkMark)
+        except BaseException:  # before the chunk's write: what was staged goes
+            self._discard(got)
+            raise
+        if batch is not None:
             self.stream.submit(batch)
             self.wait_written()  # durable before the copy's position moves past it
             return got.rows
-        try:
-            self.wait_written()
-            copy.mark = copy.mark.next(flight.start, got.rows)
-            copy.will_write(got.last)
-            self._record(copy, finished=False)
-        except BaseException:  # before the commit: what was staged goes
-            self._discard(got)
-            raise
         if got.staged is None:  # no row in it
             return 0
         assert got.staged.watermark == (copy.mark.position, copy.mark.ordinal)
