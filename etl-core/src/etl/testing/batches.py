@@ -54,6 +54,8 @@ class BatchBuilder:
         self.ordinal = 0
         """The 0-based position of the transaction's next change, as the engine numbers them."""
         self._open = False
+        self._ended = 0
+        """The commit LSN of the last transaction ended."""
         self._changes: list[tuple[TableSchema, dict[str, Any] | None]] = []
         self._events: list[Event] = []
         self._relation: dict[int, TableSchema] = {}
@@ -73,6 +75,7 @@ class BatchBuilder:
             lsn = Lsn(self.lsn)
             self._events.append(CommitEvent(lsn, lsn, self.ordinal, Lsn(self.lsn + 1), commit_time(self.lsn)))
             self._open = False
+            self._ended = self.lsn
 
     def _position(self) -> dict[str, Any]:
         """The position of the transaction's next change (a schema version takes the position of the change it
@@ -148,7 +151,9 @@ class BatchBuilder:
         self._events.append(TruncateEvent(**position, table_ids=(schema.id,), cascade=False, restart_identity=False))
         return self
 
-    def build(self) -> EventBatch:
+    def build(self, ends_in_transaction: bool = False) -> EventBatch:
+        """The batch so far; ``ends_in_transaction``: the transaction under way goes on in the next one, as the
+        stream splits a transaction larger than a batch."""
         changes: dict[int, list[TableChanges]] = {}
         segments: list[tuple[TableSchema, list[dict[str, Any]]]] = []
         current: dict[int, tuple[TableSchema, list[dict[str, Any]]]] = {}
@@ -162,11 +167,18 @@ class BatchBuilder:
                 segment[1].append(change)
         for schema, items in segments:
             changes.setdefault(schema.id, []).append(TableChanges(schema, _change_table(schema, items)))
-        self._end()
+        if not ends_in_transaction:
+            self._end()
         events = list(self._events)
         stamps = {int(c["commit_lsn"]): commit_time(int(c["commit_lsn"])) for _, c in self._changes if c is not None}
         self._changes, self._events = [], []
-        return EventBatch(changes, lambda: iter(events), Lsn(self.lsn), commit_timestamps=stamps)
+        return EventBatch(
+            changes,
+            lambda: iter(events),
+            Lsn(self._ended if ends_in_transaction else self.lsn),
+            commit_timestamps=stamps,
+            ends_in_transaction=ends_in_transaction,
+        )
 
 
 def commit_time(lsn: int) -> dt.datetime:

@@ -30,6 +30,9 @@ class Lake:
     """Data files are closed at about this size."""
     options: LakeOptions
     """The lake's options, as read when the destination started."""
+    staging: Callable[[DataFileSpec, int | None], None] | None = None
+    """Told of each write job's files (its spec, the lake table's id) before they are written: an open
+    transaction's parts record them (``open_transaction``)."""
 
     @property
     def spark(self) -> SparkSession:
@@ -46,7 +49,10 @@ class Lake:
         """How to write data files of a table (``table_id`` ``None``: one its commit creates) into ``directory``:
         encoded as its options ask, closed at ``target_size_bytes`` (0: the lake's ``target_file_size_bytes``)."""
         parquet = ParquetOptions.of(self.options.of_table(schema_name, table_id))
-        return self.storage.spec(directory, columns, target_size_bytes or self.target_file_size_bytes, parquet)
+        spec = self.storage.spec(directory, columns, target_size_bytes or self.target_file_size_bytes, parquet)
+        if self.staging is not None:
+            self.staging(spec, table_id)
+        return spec
 
     def table_spec(self, table: LakeTable, columns: Sequence[LakeColumn], target_size_bytes: int) -> DataFileSpec:
         """``spec`` for files of a lake table as it stands, in its directory."""

@@ -100,6 +100,9 @@ class TablePlan:
     """Each file's data file id, path and row count, as the plan's commit registered them (set by ``apply``)."""
     registered_deletes: list[tuple[DeleteFile, pa.Table]] = field(default_factory=list)
     """The delete files the plan's commit registered, with their positions (set by ``apply``)."""
+    check_since: int | None = None
+    """For a plan that holds an open transaction's earlier parts (``open_transaction``): the lake's latest snapshot
+    before the first of them, after which no other writer may have changed the table but by inserting."""
 
     def apply(self, txn: Transaction, storage: LakeStorage, current: LakeTable | None) -> None:
         """Register the plan in ``txn``; ``current`` is its lake table as ``txn`` reads it (``None`` for a new one)."""
@@ -113,8 +116,12 @@ class TablePlan:
         ]
         if self.ended_inlined:  # first: it may find them changed, before any delete file is written
             txn.end_inlined_rows(table, self.ended_inlined)
+        ids = {path: data_file_id for data_file_id, path, _ in self.registered}
         for data_file, positions in self.deletes.values():
-            self._delete(txn, storage, table, data_file, positions)
+            target = data_file
+            if data_file.data_file_id < 0:  # a file of an open transaction's part, registered just above
+                target = replace(data_file, data_file_id=ids[data_file.path])
+            self._delete(txn, storage, table, target, positions)
         if self.inline is not None:
             txn.inline_rows(table, self.inline)
         if self.watermark is not None:
@@ -239,6 +246,13 @@ def _element(kind: LakeType, ids: ColumnIds, name: str = ELEMENT, nullable: bool
     if kind.element is not None and ids.element is not None:
         element = _element(kind.element, ids.element)
     return LakeColumn(ids.column_id, name, kind.name, nullable, element=element)
+
+
+def changes_table(schema: TableSchema, state: TableState) -> bool:
+    """Whether changes of ``schema`` would create the table, or change its name or columns."""
+    if state.handle is None:
+        return True
+    return bool(_target_columns(schema, state)[0]) or _renamed(state.handle.table, schema)
 
 
 def _renamed(table: LakeTable, schema: TableSchema) -> bool:

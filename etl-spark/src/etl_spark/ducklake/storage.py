@@ -177,9 +177,12 @@ class LakeStorage:
         self.remove(directory, [composed.file, *([composed.deletes] if composed.deletes else [])])
 
     # -- delete files ----------------------------------------------------------------------------
-    def write_delete(self, table: LakeTable, data_file_path: str, positions: pa.Table) -> NewFile:
-        """A positional delete file for one data file: ``pos`` and, when present, ``_ducklake_internal_snapshot_id``."""
-        name = f"ducklake-{uuid.uuid4()}-delete.parquet"
+    def write_delete(
+        self, table: LakeTable, data_file_path: str, positions: pa.Table, prefix: str | None = None
+    ) -> NewFile:
+        """A positional delete file for one data file: ``pos`` and, when present, ``_ducklake_internal_snapshot_id``;
+        its name starts with ``prefix`` (a ``job_prefix``) when given."""
+        name = f"{prefix or job_prefix()}{str(uuid.uuid4())[13:]}-delete.parquet"
         fields = [pa.field("file_path", pa.string()), pa.field("pos", pa.int64())]
         arrays: list[pa.Array] = [pa.array([data_file_path] * positions.num_rows, pa.string()), positions["pos"]]
         if SNAPSHOT.name in positions.column_names:

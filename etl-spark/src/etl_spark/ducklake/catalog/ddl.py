@@ -89,6 +89,9 @@ identity across renames; NULL when unknown), type OID and type modifier."""
 POSITION_TABLE: Final = "etl_ducklake_positions"
 """Per pipeline, the stream's position the lake stands at and the snapshot holding it (``positions``)."""
 
+STAGED_TABLE: Final = "etl_ducklake_staged"
+"""Per pipeline, the name prefixes of the files it writes for a transaction still open (``staging``)."""
+
 VERSION_TABLE: Final = "etl_ducklake_version"
 """The migrations of this writer's tables applied to the catalog (``migrations``)."""
 
@@ -100,6 +103,8 @@ OWN_COLUMNS: Final[dict[str, str]] = {
     " type_oid BIGINT NOT NULL, type_modifier BIGINT NOT NULL",
     VERSION_TABLE: "version BIGINT PRIMARY KEY, description VARCHAR NOT NULL, applied_at TIMESTAMPTZ NOT NULL",
     POSITION_TABLE: "pipeline_id BIGINT NOT NULL PRIMARY KEY, commit_lsn BIGINT NOT NULL, snapshot_id BIGINT NOT NULL",
+    STAGED_TABLE: "pipeline_id BIGINT NOT NULL, table_id BIGINT NOT NULL, directory VARCHAR NOT NULL,"
+    " prefix VARCHAR NOT NULL PRIMARY KEY",
 }
 
 _SQLITE_TYPES: Final = {"BOOLEAN": "BIGINT", "UUID": "VARCHAR", "TIMESTAMPTZ": "VARCHAR"}

@@ -26,6 +26,7 @@ from etl_spark.ducklake.catalog.ddl import (
     COLUMNS_TABLE,
     OWN_COLUMNS,
     POSITION_TABLE,
+    STAGED_TABLE,
     STATE_TABLE,
     TABLES,
     VERSION_TABLE,
@@ -79,11 +80,20 @@ def _create_positions(conn: Connection) -> None:
     conn.exec_driver_sql(create_statement(POSITION_TABLE, shape, conn.dialect.name, if_not_exists=True))
 
 
+def _create_staged(conn: Connection) -> None:
+    shape = (
+        "pipeline_id BIGINT NOT NULL, table_id BIGINT NOT NULL, directory VARCHAR NOT NULL,"
+        " prefix VARCHAR NOT NULL PRIMARY KEY"
+    )
+    conn.exec_driver_sql(create_statement(STAGED_TABLE, shape, conn.dialect.name, if_not_exists=True))
+
+
 MIGRATIONS: Final[tuple[Migration[Callable[[Connection], None]], ...]] = (
     Migration(1, "lake tables of source tables, with watermarks; source columns", _create_state_tables),
     Migration(2, "source columns recorded by attribute number only move to the source columns", _move_legacy_columns),
     Migration(3, "a lake table can be marked for replacement by the next copy", _add_replaced),
     Migration(4, "the stream's position each pipeline's batches brought the lake to", _create_positions),
+    Migration(5, "the files a pipeline writes for a transaction it has not committed yet", _create_staged),
 )
 
 

@@ -19,7 +19,7 @@ import structlog
 from sqlalchemy.engine import Connection, Engine
 
 from etl.api import DestinationError, Lsn
-from etl_spark.ducklake.catalog import positions, retention
+from etl_spark.ducklake.catalog import positions, retention, staging
 from etl_spark.ducklake.catalog.bootstrap import check_lake, create_lake
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES
 from etl_spark.ducklake.catalog.engine import engine_for, masked, one_of, redacted, writing
@@ -413,6 +413,20 @@ class Catalog(InlinedReads):
         """Record the end of a batch that changed no table as this pipeline's position (no snapshot)."""
         with self._lock, writing(self.engine) as conn:
             positions.record(conn, self.pipeline_id, lsn, None)
+
+    def record_staged(self, staged: staging.StagedPrefix) -> None:
+        """Record the name prefix of a write job for a transaction not committed yet (``staging``)."""
+        with writing(self.engine) as conn:
+            staging.record(conn, self.pipeline_id, staged)
+
+    def staged(self) -> list[staging.StagedPrefix]:
+        """The write jobs recorded for this pipeline's open transaction (after a crash: its leftovers)."""
+        with self.engine.connect() as conn:
+            return staging.recorded(conn, self.pipeline_id)
+
+    def forget_staged(self) -> None:
+        with writing(self.engine) as conn:
+            staging.forget(conn, self.pipeline_id)
 
     def kept_source_tables(self) -> set[int]:
         """The source tables this pipeline has recorded a lake table for (replaced ones too)."""

@@ -18,7 +18,7 @@ import structlog
 from sqlalchemy.engine import Connection
 
 from etl.api import Lsn
-from etl_spark.ducklake.catalog import positions
+from etl_spark.ducklake.catalog import positions, staging
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, STATE_TABLE, TABLES
 from etl_spark.ducklake.catalog.model import LakeTable, SourceColumn
 
@@ -141,6 +141,10 @@ class SnapshotCommit:
                     for c, (a, oid, mod) in sources.items()
                 ],
             )
+
+    def forget_staged(self) -> None:
+        """The pipeline's open transaction commits in this snapshot: its files are the lake's (``staging``)."""
+        staging.forget(self.conn, self.catalog.pipeline_id)
 
     def forget(self, source_table_id: int) -> None:
         self._run(

@@ -1,0 +1,274 @@
+"""A source transaction larger than a batch, written part by part and committed as one snapshot.
+
+The stream hands such a transaction over in several batches (each but the last ``ends_in_transaction``). Each
+part is planned as a batch is, against the lake as it would be with the earlier parts committed: their data
+files are candidates for its deletes and lookups, and the positions they delete are left out (``overlay``). Its
+data files are written into the table's directory, but no snapshot references them yet, and the positions it
+deletes are kept in memory, with a delete file of them (unregistered) for the Spark jobs that read the table.
+The part that commits the transaction registers all of it in one snapshot (``merged``).
+
+Nothing the parts write is visible before then. Each write job's file name prefix is recorded in the catalog
+first (``catalog.staging``); the commit forgets the records, and a start after a crash removes the files they
+name that no snapshot references. A part never inlines rows, and a table's inlined rows are flushed before its
+first part, so a part's deletes all land in files.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import structlog
+
+from etl.api import COMMIT_LSN_COLUMN, Lsn, TableChanges, TableSchema
+from etl_spark.collapse import Position
+from etl_spark.ducklake.catalog import Catalog, DataFile, DeleteFile, Handle, NewFile
+from etl_spark.ducklake.catalog.staging import StagedPrefix
+from etl_spark.ducklake.lake import Lake
+from etl_spark.ducklake.parquet_files import DataFileSpec, job_prefix
+from etl_spark.ducklake.plan import TablePlan
+from etl_spark.ducklake.storage import LakeStorage
+from etl_spark.ducklake.table_state import TableState
+
+log = structlog.get_logger(__name__)
+
+_IDS: Iterator[int] = itertools.count(-1, -1)
+"""Ids of the files an open transaction wrote, until its commit gives them theirs: negative, never reused (the key
+cache keeps files by id)."""
+
+
+@dataclass
+class _Parts:
+    """One table's parts so far."""
+
+    plan: TablePlan
+    """The latest part's plan: the table, its directory and source columns, as its commit will register them."""
+    base: int
+    """The lake's latest snapshot before the first part was planned: a later one that changed the table other
+    than by inserting is a conflict."""
+    truncate: bool = False
+    files: list[NewFile] = field(default_factory=list)
+    """Its data files since its last truncate, in order."""
+    staged: list[DataFile] = field(default_factory=list)
+    """The same files as planning reads them."""
+    deletes: dict[int, pa.Array] = field(default_factory=dict)
+    """Positions deleted so far, by data file id (the lake's files, and its own)."""
+    overlays: dict[int, DeleteFile] = field(default_factory=dict)
+    """By data file id: an unregistered delete file of the file's deleted positions, its own and the lake's."""
+    dropped: list[NewFile] = field(default_factory=list)
+    """Its files from before a truncate, and the delete files it replaced: removed once it ends."""
+    watermark: Position | None = None
+    rows: int = 0
+
+
+class OpenTransaction:
+    """The parts written so far of the one source transaction the stream has not finished handing over."""
+
+    def __init__(self, lake: Lake, commit_lsn: Lsn) -> None:
+        self._lake = lake
+        self.commit_lsn = commit_lsn
+        """The commit LSN of its changes: a batch whose last commit ends at or after it ends the transaction."""
+        self._tables: dict[int, _Parts] = {}
+        self._lake_files: dict[int, DataFile] = {}
+        """The lake's data files the parts delete from, as the lake holds them (their own delete file)."""
+        self.parts = 0
+        self._emptied: set[int] = set()
+        """The tables the last part truncates (``merged``)."""
+
+    @property
+    def lake(self) -> Lake:
+        """The lake a part is planned on: each write job's name prefix is recorded before it writes."""
+        return replace(self._lake, staging=self._record)
+
+    @property
+    def rows(self) -> int:
+        return sum(parts.rows for parts in self._tables.values())
+
+    def holds(self, source_table_id: int) -> bool:
+        return source_table_id in self._tables
+
+    def _record(self, spec: DataFileSpec, table_id: int | None) -> None:
+        if table_id is None:  # the caller commits a table's creation first: a part never creates one
+            raise AssertionError(f"a part of an open transaction writes files for a new table ({spec.directory})")
+        self._lake.catalog.record_staged(StagedPrefix(table_id, spec.directory, spec.prefix))
+
+    # -- planning --------------------------------------------------------------------------------
+    def overlay(self, schema: TableSchema, state: TableState) -> TableState:
+        """The table's state as planning reads it, with the parts so far as if committed."""
+        for data_file in state.data_files:  # the deletes of its parts land in them as they are now
+            self._lake_files.setdefault(data_file.data_file_id, data_file)
+        parts = self._tables.get(schema.id)
+        if parts is None or state.handle is None:
+            return state
+        lake_files = [] if parts.truncate else list(state.data_files)
+        files = [self._overlaid(f, parts) for f in [*lake_files, *parts.staged]]
+        watermark = parts.watermark if parts.watermark is not None else state.handle.watermark
+        return replace(state, handle=Handle(state.handle.table, watermark), data_files=files, inlined_tables=[])
+
+    @staticmethod
+    def _overlaid(data_file: DataFile, parts: _Parts) -> DataFile:
+        overlay = parts.overlays.get(data_file.data_file_id)
+        return data_file if overlay is None else replace(data_file, delete=overlay)
+
+    def add(self, plans: Sequence[TablePlan], bases: dict[int, int]) -> None:
+        """Hold one part's plans (planned on ``overlay``; ``bases``: the lake's latest snapshot before each table's
+        first part)."""
+        for plan in plans:
+            parts = self._tables.get(plan.schema.id)
+            if parts is None:
+                parts = self._tables[plan.schema.id] = _Parts(plan, bases[plan.schema.id])
+            self._add(parts, plan)
+        self.parts += 1
+
+    def _add(self, parts: _Parts, plan: TablePlan) -> None:
+        assert plan.inline is None and not plan.ended_inlined, "a part inlines no row and has none to end"
+        parts.plan = plan
+        if plan.truncate:
+            parts.dropped += parts.files
+            parts.dropped += [self._file_of(d) for d in parts.overlays.values()]
+            parts.truncate, parts.files, parts.staged, parts.deletes, parts.overlays = True, [], [], {}, {}
+        for data_file_id, (_, found) in plan.deletes.items():
+            positions = pc.cast(found, pa.int64())
+            held = parts.deletes.get(data_file_id)
+            parts.deletes[data_file_id] = positions if held is None else pc.unique(pa.concat_arrays([held, positions]))
+            self._write_overlay(parts, data_file_id)
+        for file in plan.files:
+            path = plan.directory + file.name
+            parts.staged.append(DataFile(next(_IDS), path, file.record_count, None, file.size_bytes, 0, None))
+        parts.files += plan.files
+        parts.rows += sum(f.record_count for f in plan.files)
+        parts.watermark = plan.watermark
+
+    def _write_overlay(self, parts: _Parts, data_file_id: int) -> None:
+        """Write the data file's deleted positions, the lake's and the parts', as a delete file no snapshot holds."""
+        assert parts.plan.handle is not None  # a part never creates its table
+        table = parts.plan.handle.table
+        target = self._lake_files.get(data_file_id) or next(f for f in parts.staged if f.data_file_id == data_file_id)
+        positions = parts.deletes[data_file_id]
+        storage = self._lake.storage
+        if target.delete is not None:
+            positions = pc.unique(pa.concat_arrays([storage.deleted(target.delete)["pos"].combine_chunks(), positions]))
+        prefix = job_prefix()
+        self._lake.catalog.record_staged(StagedPrefix(table.table_id, table.directory, prefix))
+        rows = pa.table({"pos": pc.cast(positions, pa.int64())}).sort_by("pos")
+        written = storage.write_delete(table, target.path, rows, prefix)
+        begin = target.delete.begin_snapshot if target.delete is not None else 0
+        previous = parts.overlays.get(data_file_id)
+        path = table.directory + written.name
+        parts.overlays[data_file_id] = DeleteFile(next(_IDS), path, begin, False, rows.num_rows)
+        if previous is not None:
+            parts.dropped.append(self._file_of(previous))
+
+    @staticmethod
+    def _file_of(delete: DeleteFile) -> NewFile:
+        name = delete.path.rsplit("/", 1)[-1]
+        return NewFile(name, delete.delete_count, 0, 0)
+
+    # -- the commit ------------------------------------------------------------------------------
+    def merged(self, plans: Sequence[TablePlan]) -> list[TablePlan]:
+        """What one snapshot commits: the plans of the part that ends the transaction (planned on ``overlay``), each
+        with its table's earlier parts, and the tables only earlier parts changed."""
+        merged = []
+        for plan in plans:
+            parts = self._tables.get(plan.schema.id)
+            merged.append(plan if parts is None else self._merge(parts, plan))
+        planned = {plan.schema.id for plan in plans}
+        for source_id, parts in self._tables.items():
+            if source_id not in planned:
+                merged.append(self._merge(parts, None))
+        return merged
+
+    def _merge(self, parts: _Parts, last: TablePlan | None) -> TablePlan:
+        if last is not None and last.truncate:
+            self._emptied.add(last.schema.id)
+            return last  # the table was emptied: its earlier parts' files go (``leftovers``)
+        deletes: dict[int, tuple[DataFile, pa.Array]] = {}
+        staged = {f.data_file_id: f for f in parts.staged}
+        for data_file_id, positions in parts.deletes.items():
+            deletes[data_file_id] = (self._target(data_file_id, staged), positions)
+        for data_file_id, (_, found) in (last.deletes if last is not None else {}).items():
+            positions = pc.cast(found, pa.int64())
+            held = parts.deletes.get(data_file_id)
+            union = positions if held is None else pc.unique(pa.concat_arrays([held, positions]))
+            deletes[data_file_id] = (self._target(data_file_id, staged), union)
+        base = last if last is not None else replace(parts.plan, inline=None, ended_inlined=[])
+        return replace(
+            base,
+            truncate=parts.truncate,
+            files=[*parts.files, *base.files] if last is not None else list(parts.files),
+            deletes=deletes,
+            written_keys=None,
+            check_since=parts.base,
+        )
+
+    def _target(self, data_file_id: int, staged: dict[int, DataFile]) -> DataFile:
+        """A data file a delete lands in: the lake's as the lake holds it, or a file of the parts (its id negative,
+        given its own by the commit)."""
+        return staged[data_file_id] if data_file_id < 0 else self._lake_files[data_file_id]
+
+    def leftovers(self) -> list[tuple[str, list[NewFile]]]:
+        """The files to remove once the transaction committed (``merged``): the overlays, the files of parts that a
+        truncate emptied, and every part's files of a table that the last part truncates."""
+        result = []
+        for source_id, parts in self._tables.items():
+            files = [*parts.dropped, *(self._file_of(d) for d in parts.overlays.values())]
+            if source_id in self._emptied:
+                files += parts.files
+            result.append((parts.plan.directory, files))
+        return result
+
+    def drop(self, source_table_id: int) -> None:
+        """Forget a table's parts (it errored: it is copied again); its files are removed."""
+        parts = self._tables.pop(source_table_id, None)
+        if parts is not None:
+            files = [*parts.dropped, *parts.files, *(self._file_of(d) for d in parts.overlays.values())]
+            self._lake.storage.remove(parts.plan.directory, files)
+
+
+def split_at(
+    changes: dict[int, list[TableChanges]], lsn: Lsn
+) -> tuple[dict[int, list[TableChanges]], dict[int, list[TableChanges]]]:
+    """A batch's changes cut where its last commit ends (``lsn``): those of the transactions it commits, and those of
+    the one it ends inside (a segment's changes are in stream order, so the cut is a slice)."""
+    closed: dict[int, list[TableChanges]] = {}
+    opened: dict[int, list[TableChanges]] = {}
+    for table_id, segments in changes.items():
+        for segment in segments:
+            rows = segment.table
+            if rows.num_rows == 0:  # a schema version alone: where the transaction that made it is
+                side = closed if segment.schema.snapshot_lsn <= lsn else opened
+                side.setdefault(table_id, []).append(segment)
+                continue
+            lsns = rows[COMMIT_LSN_COLUMN].to_numpy()
+            cut = int(np.searchsorted(lsns, lsns.dtype.type(int(lsn)), side="right"))
+            if cut:
+                closed.setdefault(table_id, []).append(TableChanges(segment.schema, rows.slice(0, cut)))
+            if cut < rows.num_rows:
+                opened.setdefault(table_id, []).append(TableChanges(segment.schema, rows.slice(cut)))
+    return closed, opened
+
+
+def commit_lsn_of(segments: Sequence[TableChanges]) -> Lsn:
+    """The commit LSN of the open transaction's changes (the last a segment holds)."""
+    return Lsn(max((int(s.table[COMMIT_LSN_COLUMN][-1].as_py()) for s in segments if s.table.num_rows), default=0))
+
+
+def remove_staged(catalog: Catalog, storage: LakeStorage) -> None:
+    """Remove the files of an open transaction's parts that no snapshot references, and forget the records of them:
+    at a start, those a run that died left; when a run gives its open transaction up, its own."""
+    staged = catalog.staged()
+    if not staged:
+        return
+    known = catalog.known_files(sorted({s.table_id for s in staged}))
+    leftovers = []
+    for directory in sorted({s.directory for s in staged}):
+        prefixes = tuple(directory + s.prefix for s in staged if s.directory == directory)
+        leftovers += [p for p in storage.files_in(directory) if p.startswith(prefixes) and p not in known]
+    removed = storage.delete(leftovers)
+    catalog.forget_staged()
+    if removed:
+        log.info("removed the files of a transaction that was not committed", files=removed)

@@ -1,0 +1,193 @@
+"""A transaction larger than a batch reaches the lake in one snapshot (issue 50): its parts are written where no
+snapshot sees them, planned as if the parts before were committed, and registered together by the batch that
+ends the transaction; a run that dies in between leaves nothing that its next start does not remove."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from etl.destination.memory import MemoryDestination, sort_rows
+from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
+from etl_spark.ducklake.catalog.ddl import STAGED_TABLE
+from etl_spark.ducklake.destination import DuckLakeDestination
+
+pytestmark = pytest.mark.slow
+
+NUMERIC_10_2 = ((10 << 16) | 2) + 4
+ORDERS = TableSchema(
+    16600,
+    TableName("public", "orders"),
+    (
+        ColumnSchema("id", 23, nullable=False, primary_key=True, attnum=1),
+        ColumnSchema("note", 25, attnum=2),
+        ColumnSchema("qty", 23, attnum=3),
+        ColumnSchema("amount", 1700, NUMERIC_10_2, attnum=4),
+    ),
+)
+LOG = TableSchema(
+    16601,
+    TableName("public", "log"),
+    (ColumnSchema("a", 25), ColumnSchema("b", 23)),
+    replica_identity=ReplicaIdentity.FULL,
+)
+
+
+def order(i: int, qty: int | None = None, note: str | None = None) -> dict[str, Any]:
+    return {"id": i, "note": note or f"note {i}", "qty": i if qty is None else qty, "amount": Decimal(f"{i}.50")}
+
+
+def lake_rows(lake: Any, schema: TableSchema, version: int | None = None) -> list[dict[str, Any]]:
+    at = f" AT (VERSION => {version})" if version is not None else ""
+    names = schema.column_names
+    rows = lake.query(f"SELECT {', '.join(names)} FROM lake.public.{schema.name.name}{at}")
+    return sort_rows(dict(zip(names, r, strict=True)) for r in rows)
+
+
+def snapshot(lake: Any) -> int:
+    return int(lake.query("SELECT max(snapshot_id) FROM lake.snapshots()")[0][0])
+
+
+def unregistered(lake: Any, destination: DuckLakeDestination) -> list[str]:
+    """Parquet files under the data path that no snapshot of the catalog references."""
+    tables = destination.catalog.pipeline_tables()
+    known = destination.catalog.known_files(tables)
+    return sorted(str(p) for p in Path(lake.data_path).rglob("*.parquet") if str(p) not in known)
+
+
+def staged_records(destination: DuckLakeDestination) -> int:
+    with destination.catalog.engine.connect() as conn:
+        return int(conn.execute(sa.text(f"SELECT count(*) FROM {STAGED_TABLE}")).scalar_one())
+
+
+def started(kit: Any, lake: Any, reference: MemoryDestination, **options: Any) -> DuckLakeDestination:
+    """A lake whose orders (1-5) and log were copied, its rows in files; the same in ``reference``."""
+    destination = kit.make_destination(lake, inline_row_limit=0, **options)
+    log = [{"a": "x", "b": 1}, {"a": "x", "b": 1}, {"a": "y", "b": 2}]
+    for target in (destination, reference):
+        target.write_table_rows(ORDERS, kit.rows_table(ORDERS, [order(i) for i in range(1, 6)]))
+        target.write_table_rows(LOG, kit.rows_table(LOG, log))
+    return destination
+
+
+def test_a_transaction_over_three_batches_is_one_snapshot(lake: Any, kit: Any) -> None:
+    """Each part's changes find the rows the parts before wrote (updates, deletes, unchanged TOAST values, a
+    keyless table's copies): the lake shows nothing of the transaction until its last batch, then all of it."""
+    reference = MemoryDestination()
+    destination = started(kit, lake, reference)
+    b = kit.BatchBuilder()
+    b.commit().update(ORDERS, order(1, qty=10))  # a whole transaction before the large one
+    b.commit().insert(ORDERS, order(6)).insert(ORDERS, order(7)).update(ORDERS, order(2, qty=20))
+    b.delete(ORDERS, {"id": 3}).insert(LOG, {"a": "z", "b": 3})
+    parts = [b.build(ends_in_transaction=True)]
+    b.update(ORDERS, order(6, qty=60, note="six")).delete(ORDERS, {"id": 7})
+    b.update(ORDERS, order(2, qty=21), missing=("note",))  # its note is the one the first part wrote
+    b.delete(LOG, {"a": "z", "b": 3}).delete(LOG, {"a": "x", "b": 1}).insert(ORDERS, order(9))
+    parts.append(b.build(ends_in_transaction=True))
+    b.update(ORDERS, order(9, qty=90)).insert(LOG, {"a": "w", "b": 4})
+    b.commit().update(ORDERS, order(4, qty=40))  # and one after it, in the same batch
+    parts.append(b.build())
+
+    before = snapshot(lake)
+    destination.write_events(parts[0])
+    reference.write_events(kit.BatchBuilder().commit().update(ORDERS, order(1, qty=10)).build())
+    first = snapshot(lake)
+    assert first == before + 1  # the transaction before, alone
+    assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+    destination.write_events(parts[1])
+    assert snapshot(lake) == first  # nothing of the large transaction is visible
+    assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+    assert staged_records(destination) > 0
+
+    destination.write_events(parts[2])
+    assert snapshot(lake) == first + 1
+    expected = sort_rows(
+        [order(1, qty=10), order(2, qty=21), order(4, qty=40), order(5), order(6, qty=60, note="six"), order(9, 90)]
+    )
+    assert lake_rows(lake, ORDERS) == expected
+    assert lake_rows(lake, LOG) == sort_rows([{"a": "x", "b": 1}, {"a": "y", "b": 2}, {"a": "w", "b": 4}])
+    assert lake_rows(lake, ORDERS, version=first) == sort_rows([order(1, qty=10), *map(order, range(2, 6))])
+    assert unregistered(lake, destination) == []  # the parts' own delete files went once they were committed
+    assert staged_records(destination) == 0
+
+    destination.write_events(parts[2])  # a replay of the last part changes nothing
+    assert snapshot(lake) == first + 1
+
+
+def test_a_run_that_dies_between_parts_leaves_nothing_after_the_next_start(lake: Any, kit: Any) -> None:
+    """The files of the parts written before a crash are visible nowhere, and the next start removes them; the
+    transaction, replayed from its start, lands whole."""
+    reference = MemoryDestination()
+    dead = started(kit, lake, reference)
+    b = kit.BatchBuilder()
+    b.commit().update(ORDERS, order(1, qty=10)).insert(ORDERS, order(6)).delete(LOG, {"a": "y", "b": 2})
+    first = b.build(ends_in_transaction=True)
+    b.update(ORDERS, order(6, qty=60)).delete(ORDERS, {"id": 2})
+    second = b.build(ends_in_transaction=True)
+    b.insert(ORDERS, order(7))
+    last = b.build()
+    before = snapshot(lake)
+    dead.write_events(first)
+    dead.write_events(second)
+    assert unregistered(lake, dead)  # the parts' files, in no snapshot
+    # The run dies here: nothing of it is tidied up (its shutdown comes after the test).
+
+    again = kit.make_destination(lake, inline_row_limit=0)
+    assert unregistered(lake, again) == []
+    assert staged_records(again) == 0
+    assert snapshot(lake) == before
+    assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+
+    for batch in (first, second, last):
+        again.write_events(batch)
+        reference.write_events(batch)
+    assert snapshot(lake) == before + 1
+    assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+    assert lake_rows(lake, LOG) == sort_rows(reference.rows("public.log"))
+    assert unregistered(lake, again) == []
+
+
+def test_a_truncate_inside_the_transaction_drops_the_parts_before_it(lake: Any, kit: Any) -> None:
+    reference = MemoryDestination()
+    destination = started(kit, lake, reference)
+    b = kit.BatchBuilder()
+    b.commit().insert(ORDERS, order(6)).update(ORDERS, order(1, qty=10))
+    batches = [b.build(ends_in_transaction=True)]
+    b.truncate(ORDERS).insert(ORDERS, order(7))
+    batches.append(b.build(ends_in_transaction=True))
+    b.update(ORDERS, order(7, qty=70)).insert(ORDERS, order(8))
+    batches.append(b.build())
+    before = snapshot(lake)
+    for batch in batches:
+        destination.write_events(batch)
+        reference.write_events(batch)
+    assert snapshot(lake) == before + 1
+    assert lake_rows(lake, ORDERS) == sort_rows([order(7, qty=70), order(8)])
+    assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+    assert unregistered(lake, destination) == []
+
+
+def test_a_part_that_changes_a_tables_columns_splits_the_transaction_there(lake: Any, kit: Any) -> None:
+    """DDL inside a transaction larger than a batch: the parts before it commit in a snapshot of their own, and the
+    lake still ends equal."""
+    reference = MemoryDestination()
+    destination = started(kit, lake, reference)
+    altered = TableSchema(ORDERS.id, ORDERS.name, (*ORDERS.columns, ColumnSchema("extra", 25, attnum=5)))
+    b = kit.BatchBuilder()
+    b.commit().insert(ORDERS, order(6)).update(ORDERS, order(1, qty=10))
+    batches = [b.build(ends_in_transaction=True)]
+    b.update(altered, {**order(6, qty=60), "extra": "e"})
+    batches.append(b.build(ends_in_transaction=True))
+    b.insert(altered, {**order(7), "extra": None})
+    batches.append(b.build())
+    before = snapshot(lake)
+    for batch in batches:
+        destination.write_events(batch)
+        reference.write_events(batch)
+    assert snapshot(lake) > before + 1
+    assert lake_rows(lake, altered) == reference.rows("public.orders")
+    assert unregistered(lake, destination) == []
