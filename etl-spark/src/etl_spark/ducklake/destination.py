@@ -217,7 +217,10 @@ class DuckLakeDestination:
     def shutdown(self) -> None:
         if self._open is not None:  # replayed from its start by the next run
             self._open = None
-            remove_staged(self.catalog, self.storage)
+            try:
+                remove_staged(self.catalog, self.storage)
+            except Exception:  # the next start removes them
+                log.warning("could not remove the files of a transaction that was not committed", exc_info=True)
         if self._warm_up is not None:  # it reads the catalog: done before the catalog closes
             self._warm_up.stop(self._spark)
             self._warm_up = None
