@@ -99,6 +99,7 @@ def test_a_transaction_over_three_batches_is_one_snapshot(lake: Any, kit: Any) -
     assert first == before + 1  # the transaction before, alone
     assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
     destination.write_events(parts[1])
+    assert destination.metrics.open_transaction_rows._value.get() == 7  # 6, 7, 2 and z; then 6, 2, 9
     assert snapshot(lake) == first  # nothing of the large transaction is visible
     assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
     assert staged_records(destination) > 0
@@ -113,6 +114,8 @@ def test_a_transaction_over_three_batches_is_one_snapshot(lake: Any, kit: Any) -
     assert lake_rows(lake, ORDERS, version=first) == sort_rows([order(1, qty=10), *map(order, range(2, 6))])
     assert unregistered(lake, destination) == []  # the parts' own delete files went once they were committed
     assert staged_records(destination) == 0
+    assert destination.metrics.large_transactions.labels("whole")._value.get() == 1
+    assert destination.metrics.open_transaction_rows._value.get() == 0
 
     destination.write_events(parts[2])  # a replay of the last part changes nothing
     assert snapshot(lake) == first + 1
@@ -189,5 +192,6 @@ def test_a_part_that_changes_a_tables_columns_splits_the_transaction_there(lake:
         destination.write_events(batch)
         reference.write_events(batch)
     assert snapshot(lake) > before + 1
+    assert destination.metrics.large_transactions.labels("split")._value.get() == 1
     assert lake_rows(lake, altered) == reference.rows("public.orders")
     assert unregistered(lake, destination) == []

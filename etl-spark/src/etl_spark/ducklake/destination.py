@@ -217,6 +217,7 @@ class DuckLakeDestination:
     def shutdown(self) -> None:
         if self._open is not None:  # replayed from its start by the next run
             self._open = None
+            self.metrics.open_transaction_rows.set(0)
             try:
                 remove_staged(self.catalog, self.storage)
             except Exception:  # the next start removes them
@@ -476,6 +477,7 @@ class DuckLakeDestination:
             states = read_states(self.catalog, [s.schema for s in segments])
         plans = [plan for plan in self._plan_all(segments, open_, states, part=True) if plan is not None]
         open_.add(plans, {s.schema.id: base for s in segments})
+        self.metrics.open_transaction_rows.set(open_.rows)
 
     def _changes_open_tables(
         self,
@@ -505,6 +507,7 @@ class DuckLakeDestination:
             rows=open_.rows,
             hint="each snapshot holds whole transactions but at such a schema change",
         )
+        open_.split = True
         self._commit_plans(list, None, False, open_)
 
     def _after_commit(self, plans: list[TablePlan]) -> None:
@@ -673,7 +676,11 @@ class DuckLakeDestination:
                 self.storage.remove(directory, files)
         except OSError:  # committed all the same; the orphan sweep of maintenance finds them
             log.warning("could not remove the files an open transaction's parts left", exc_info=True)
-        if open_.parts:
+        self.metrics.open_transaction_rows.set(0)
+        if not open_.parts:
+            return
+        self.metrics.large_transactions.labels("split" if open_.split else "whole").inc()
+        if not open_.split:
             log.info("a transaction larger than a batch committed in one snapshot", parts=open_.parts, rows=open_.rows)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from etl.api import LATENCY_BUCKETS, MetricsHolder
 
@@ -19,6 +19,8 @@ FILE_KINDS: Final = ("data", "delete")
 COPIED_ON: Final = ("driver", "spark")
 """The ``on`` label of ``etl_ducklake_copies`` and ``etl_ducklake_chunks``: where a table's copy, or a chunk of an
 incremental copy, read and wrote its rows."""
+TRANSACTION_OUTCOMES: Final = ("whole", "split")
+"""The ``outcome`` label of ``etl_ducklake_large_transactions``: one snapshot, or split at a schema change."""
 MAINTENANCE_STEPS: Final = ("merge", "rewrite", "expire", "cleanup", "orphans")
 """The ``step`` label of the maintenance series (``[destination.maintenance]``)."""
 
@@ -71,6 +73,17 @@ class DuckLakeMetrics(MetricsHolder):
             buckets=(10, 100, 1_000, 10_000, 100_000, 1_000_000),
             registry=registry,
         )
+        self.large_transactions = Counter(
+            "etl_ducklake_large_transactions",
+            "Transactions larger than a batch committed, by outcome: in one snapshot, or split at a schema change",
+            ["outcome"],
+            registry=registry,
+        )
+        self.open_transaction_rows = Gauge(
+            "etl_ducklake_open_transaction_rows",
+            "Rows written into files for the parts of a transaction larger than a batch, not committed yet",
+            registry=registry,
+        )
         self.maintenance = Counter(
             "etl_ducklake_maintenance",
             "What maintenance did, per step: files merged and rewritten, snapshots expired, files deleted"
@@ -89,6 +102,8 @@ class DuckLakeMetrics(MetricsHolder):
             self.maintenance.labels(step)
         for on in COPIED_ON:
             self.copies.labels(on)
+        for outcome in TRANSACTION_OUTCOMES:
+            self.large_transactions.labels(outcome)
         for kind in FILE_KINDS:  # exported from the start, at 0
             self.files_written.labels(kind)
             self.bytes_written.labels(kind)

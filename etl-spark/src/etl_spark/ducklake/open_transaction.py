@@ -76,6 +76,8 @@ class OpenTransaction:
         self._lake_files: dict[int, DataFile] = {}
         """The lake's data files the parts delete from, as the lake holds them (their own delete file)."""
         self.parts = 0
+        self.split = False
+        """Its parts so far commit before its end (a schema change inside it)."""
         self._emptied: set[int] = set()
         """The tables the last part truncates (``merged``)."""
 
