@@ -18,12 +18,19 @@ With ``--tables N`` the workload spreads over N tables of the same shape (``--ba
 them), transaction ``i`` going to table ``i % N``: each batch then touches up to N tables, planned side
 by side. Compare its rates with a run of one table: the issue asks for 0.8x of it at 20 tables.
 
+With ``--large`` the workload is one transaction of ``--rows`` inserts instead, drained by the null destination and
+the lake of engine defaults only: the stream hands it over in many batches, which the lake must commit as one
+snapshot (issue 50). The run prints the snapshots the transaction made and this process's peak RSS during the
+lake's run (``VmHWM``, reset before it through ``/proc/self/clear_refs``; Spark's JVM not counted) beside the null
+destination's.
+
 Afterwards DuckDB 1.5.5 reads every lake's row counts back; they must equal the source tables'.
 
 Data files are snappy, as DuckDB writes them, unless ``--compression`` sets the lakes' ``parquet_compression``
 (runs before 2026-11-27 wrote zstd).
 
     .tox/tests/bin/python bench/ducklake_streaming.py [--rows 500000] [--base 200000] [--tables 1] [--compression zstd]
+        [--large]
 """
 
 from __future__ import annotations
@@ -38,7 +45,10 @@ from typing import Any
 import benchlib
 from benchlib import TABLE, Engine, Line
 from ducklake_copy import lake, lake_count, pipeline_config, run_ducklake, show, start_spark
+from run_engine import peak_rss_mb
 
+from etl_spark.ducklake.config import DuckLakeConfig
+from etl_spark.ducklake.reader import open_lake
 from etl_store_sqlite.store import SqliteStore
 
 CHANGES_PER_TRANSACTION = 10
@@ -70,6 +80,16 @@ LAKES: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+def snapshots(config: DuckLakeConfig) -> int:
+    """The snapshots in the lake."""
+    con = open_lake(config.catalog.get_secret_value())
+    try:
+        row = con.execute("SELECT count(*) FROM ducklake_snapshots('lake')").fetchone()
+        return int(row[0]) if row else 0
+    finally:
+        con.close()
+
+
 def null_run(src: benchlib.Source, mode: str, pipeline_id: int, store: Path, rows: int = 0) -> Line | None:
     child = Engine(src, mode, "--rows", str(rows), "--pipeline-id", str(pipeline_id), "--store", str(store))
     try:
@@ -97,10 +117,12 @@ def main() -> int:
     parser.add_argument(
         "--compression", help="the lakes' parquet_compression option (default: none set, so DuckLake's snappy)"
     )
+    parser.add_argument("--large", action="store_true", help="one transaction of --rows inserts")
     args = parser.parse_args()
     transactions = args.rows // CHANGES_PER_TRANSACTION
     per_table = args.base // args.tables
-    if args.rows % CHANGES_PER_TRANSACTION or per_table < 2 * (transactions // args.tables + 1) + 2:
+    fits = args.rows % CHANGES_PER_TRANSACTION == 0 and per_table >= 2 * (transactions // args.tables + 1) + 2
+    if not (args.large or fits):
         parser.error("--rows must be a multiple of 10, and --base at least --rows / 5 + 2 (deletes hit copied rows)")
     tables = [TABLE, *(f"{TABLE}_{k}" for k in range(2, args.tables + 1))]
     with (
@@ -118,10 +140,11 @@ def main() -> int:
             src.execute(f"VACUUM (FREEZE, ANALYZE) {name}")
         print(f"tables:  {len(tables)}, {per_table:,} rows each before the workload")
         print(f"spark:   session started and warmed up in {start_spark():.1f} s (once per process; not timed below)")
-        stores = [Path(workdir) / f"store-{i}.sqlite" for i in range(1 + len(LAKES))]
+        kinds = LAKES[:1] if args.large else LAKES
+        stores = [Path(workdir) / f"store-{i}.sqlite" for i in range(1 + len(kinds))]
         null_run(src, "ready", 1, stores[0])
         configs = []
-        for index, (_, batch) in enumerate(LAKES, start=2):
+        for index, (_, batch) in enumerate(kinds, start=2):
             lake_config = lakes.enter_context(lake(src, "sqlite", f"bench_lake_{index}", compression=args.compression))
             config = pipeline_config(src, index, **batch)
             started = time.perf_counter()
@@ -131,9 +154,17 @@ def main() -> int:
 
         started = time.perf_counter()
         with src.connect() as conn:
-            conn.execute(WORKLOAD)
-            array = "ARRAY[" + ", ".join(f"'{name}'" for name in tables) + "]"
-            conn.execute(f"CALL bench_ducklake({transactions}, {10 * args.base}, {per_table}, {array})")
+            if args.large:
+                first = 10 * args.base
+                conn.execute(
+                    f"INSERT INTO {TABLE} SELECT {benchlib.row_values('g')}"
+                    f" FROM generate_series({first}, {first + args.rows - 1}) g"
+                )
+                transactions = 1
+            else:
+                conn.execute(WORKLOAD)
+                array = "ARRAY[" + ", ".join(f"'{name}'" for name in tables) + "]"
+                conn.execute(f"CALL bench_ducklake({transactions}, {10 * args.base}, {per_table}, {array})")
         expected = [src.scalar(f"SELECT count(*) FROM {name}") for name in tables]
         print(
             f"workload: {args.rows:,} changes in {transactions:,} transactions, {time.perf_counter() - started:.1f} s"
@@ -142,20 +173,30 @@ def main() -> int:
         baseline = null_run(src, "stream", 1, stores[0], args.rows)
         assert baseline is not None
         lines = []
-        for (name, _), (config, lake_config) in zip(LAKES, configs, strict=True):
+        for (name, _), (config, lake_config) in zip(kinds, configs, strict=True):
             pipeline_id = config.pipeline.id
             store = SqliteStore(stores[pipeline_id - 1], pipeline_id)
+            before = snapshots(lake_config)
+            Path("/proc/self/clear_refs").write_text("5")  # VmHWM from here on
+            at_start = peak_rss_mb()
             seconds, stats = run_ducklake(config, lake_config, args.rows, store, "changed")
+            peak = peak_rss_mb()
             counted = [lake_count(lake_config, name)[0] for name in tables]
             if counted != expected:
                 raise RuntimeError(f"DuckDB reads {counted} rows in lake {pipeline_id}, the tables have {expected}")
             writes = max(stats.writes, 1)
             size, each = stats.changed_rows / writes, stats.write_seconds / writes
             note = f"{stats.writes} writes of {size:,.0f} rows, {each:.2f} s each"
+            if args.large:
+                made = snapshots(lake_config) - before
+                note += f"; {made} snapshot(s); peak RSS {peak:.0f} MB ({at_start:.0f} at start)"
             lines.append(Line(f"engine -> DuckLake, {name}", stats.changed_rows, seconds, note=note))
             print(f"  {name}: {seconds:.1f} s; DuckDB reads {sum(counted):,} rows", flush=True)
         spread = f", over {len(tables)} tables" if len(tables) > 1 else ""
-        show(f"streaming {args.rows:,} changes (transactions of 10{spread}) into DuckLake", baseline, *lines)
+        shape = "one transaction" if args.large else f"transactions of 10{spread}"
+        show(f"streaming {args.rows:,} changes ({shape}) into DuckLake", baseline, *lines)
+        if args.large:
+            print(f"  peak RSS of the null destination's process: {baseline.peak_rss_mb:.0f} MB")
     return 0
 
 

@@ -5,6 +5,7 @@ ends the transaction; a run that dies in between leaves nothing that its next st
 from __future__ import annotations
 
 from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +99,12 @@ def test_a_transaction_over_three_batches_is_one_snapshot(lake: Any, kit: Any) -
     first = snapshot(lake)
     assert first == before + 1  # the transaction before, alone
     assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+    ran: list[str] = []
+    step = partial(destination._unless_open, partial(ran.append, "step"))  # an upkeep step found due before the part
     destination.write_events(parts[1])
+    assert destination.upkeep() == []  # upkeep waits for the transaction's commit
+    step()
+    assert ran == []  # and so does a step found due before it began
     assert destination.metrics.open_transaction_rows._value.get() == 7  # 6, 7, 2 and z; then 6, 2, 9
     assert snapshot(lake) == first  # nothing of the large transaction is visible
     assert lake_rows(lake, ORDERS) == reference.rows("public.orders")

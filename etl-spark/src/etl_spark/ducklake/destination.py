@@ -235,13 +235,19 @@ class DuckLakeDestination:
 
     def upkeep(self) -> list[Step]:
         """The work due between batches: flush the inlined rows that have waited ``inline_flush_seconds``, and
-        a round of maintenance when one is due (``maintenance``)."""
-        if self._open is not None:  # its parts were planned on the lake as it is: it waits for their commit
+        a round of maintenance when one is due (``maintenance``). None runs while a transaction larger than a
+        batch is open: its parts were planned on the lake as it is, and wait for their commit."""
+        if self._open is not None:
             return []
         steps: list[Step] = [partial(self._flush_due, table_id) for table_id in self._flush_timer.due()]
         if self._maintenance is not None:
             steps += self._maintenance.due(self.lake, lambda: self._copies > 0)
-        return steps
+        return [partial(self._unless_open, step) for step in steps]
+
+    def _unless_open(self, step: Step) -> None:
+        """Run an upkeep step in its turn, unless a batch opened a transaction since the step was found due."""
+        if self._open is None:
+            step()
 
     def _flush_due(self, table_id: int) -> None:
         table = self.catalog.table(table_id)
