@@ -24,7 +24,7 @@ from etl.schema import ColumnSchema, TableName, TableSchema
 from etl.testing.pipelines import all_ready, pipeline_config, wait_until
 from etl.testing.pytest_plugin import TestDatabase
 from etl_spark.bigquery.names import table_id
-from etl_spark.ducklake import destination as destination_module
+from etl_spark.ducklake import batch_commits
 from etl_spark.ducklake.plan import plan_changes
 from etl_spark.ducklake.reader import open_lake
 from etl_spark.testing import comparable_source_rows, lake_rows
@@ -134,7 +134,7 @@ def test_ducklake_counts_a_conflict_and_records_on_a_private_registry_until_regi
             con.close()
         return plan
 
-    monkeypatch.setattr(destination_module, "plan_changes", plan_then_compact)
+    monkeypatch.setattr(batch_commits, "plan_changes", plan_then_compact)
     batch = kit.BatchBuilder().commit().update(ITEMS, {"id": 7, "label": "x"}).delete(ITEMS, {"id": 1}).build()
     destination.write_events(batch)
     reference = MemoryDestination()

@@ -19,7 +19,7 @@ from etl.destination.memory import MemoryDestination, sort_rows
 from etl.errors import TableError, TableErrors
 from etl.lsn import Lsn
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
-from etl_spark.ducklake import destination as destination_module
+from etl_spark.ducklake import batch_commits
 from etl_spark.ducklake import plan as plan_module
 from etl_spark.ducklake.catalog import engine_for
 from etl_spark.ducklake.catalog.ddl import COLUMNS_TABLE, VERSION_TABLE
@@ -245,13 +245,13 @@ def test_the_tables_of_a_batch_are_planned_at_the_same_time(
         target.write_table_rows(ORDERS, kit.rows_table(ORDERS, [{"id": 1, "note": "n", "qty": 1, "amount": None}]))
         target.write_table_rows(LOG, kit.rows_table(LOG, [{"a": "x", "b": 1}]))
     together = threading.Barrier(2, timeout=60)  # each plan waits for the other: one at a time would time out
-    real_plan = destination_module.plan_changes
+    real_plan = batch_commits.plan_changes
 
     def plan_beside_the_other(lake_: Any, segment: Any, inline_limit: int, state: Any) -> Any:
         together.wait()
         return real_plan(lake_, segment, inline_limit, state)
 
-    monkeypatch.setattr(destination_module, "plan_changes", plan_beside_the_other)
+    monkeypatch.setattr(batch_commits, "plan_changes", plan_beside_the_other)
     b = kit.BatchBuilder()
     batch = (
         b.commit().update(ORDERS, {"id": 1, "note": "m", "qty": 2, "amount": None}).delete(LOG, {"a": "x", "b": 1})

@@ -13,7 +13,7 @@ import pytest
 from etl.destination.memory import MemoryDestination, sort_rows
 from etl.errors import DestinationError
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
-from etl_spark.ducklake import destination as destination_module
+from etl_spark.ducklake import batch_commits
 
 ITEMS = TableSchema(
     16600,
@@ -77,7 +77,7 @@ def test_conflicting_compaction_is_detected_and_the_batch_retried(
     reference = MemoryDestination()
     reference.write_table_rows(ITEMS, kit.rows_table(ITEMS, contents(lake)))
 
-    real_plan = destination_module.plan_changes
+    real_plan = batch_commits.plan_changes
     plans = []
 
     def plan_then_compact(dest: Any, segment: Any, inline_limit: int, state: Any) -> Any:
@@ -89,7 +89,7 @@ def test_conflicting_compaction_is_detected_and_the_batch_retried(
             con.close()
         return plan
 
-    monkeypatch.setattr(destination_module, "plan_changes", plan_then_compact)
+    monkeypatch.setattr(batch_commits, "plan_changes", plan_then_compact)
     batch = kit.BatchBuilder().commit().update(ITEMS, {"id": 7, "label": "x"}).delete(ITEMS, {"id": 1}).build()
     for target in (destination, reference):
         target.write_events(batch)

@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from etl.destination.memory import MemoryDestination, sort_rows
+from etl.errors import DestinationError
 from etl.schema import ColumnSchema, ReplicaIdentity, TableName, TableSchema
 from etl_spark.ducklake.catalog.ddl import STAGED_TABLE
 from etl_spark.ducklake.destination import DuckLakeDestination
@@ -201,3 +202,38 @@ def test_a_part_that_changes_a_tables_columns_splits_the_transaction_there(lake:
     assert destination.metrics.large_transactions.labels("split")._value.get() == 1
     assert lake_rows(lake, altered) == reference.rows("public.orders")
     assert unregistered(lake, destination) == []
+
+
+def test_another_writer_changing_a_table_under_the_parts_stops_the_pipeline(lake: Any, kit: Any) -> None:
+    """DuckDB compacts the table between two parts: the parts' deletes were found in the files it replaced, so the
+    commit refuses (no retry could mend them), shows nothing of the transaction, and a replay lands it whole."""
+    reference = MemoryDestination()
+    destination = started(kit, lake, reference)
+    more = [order(i) for i in range(10, 13)]
+    for target in (destination, reference):
+        target.write_table_rows(ORDERS, kit.rows_table(ORDERS, more))  # a second small file to merge with
+    b = kit.BatchBuilder()
+    b.commit().update(ORDERS, order(1, qty=10)).insert(ORDERS, order(6))
+    first = b.build(ends_in_transaction=True)
+    b.update(ORDERS, order(11, qty=110)).delete(ORDERS, {"id": 2})
+    last = b.build()
+    destination.write_events(first)
+    con = lake.duckdb()
+    try:
+        con.execute("CALL ducklake_merge_adjacent_files('lake')")
+    finally:
+        con.close()
+    before = snapshot(lake)
+    with pytest.raises(DestinationError, match="changed by another writer") as raised:
+        destination.write_events(last)
+    assert not raised.value.transient
+    assert snapshot(lake) == before
+    assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+
+    destination.shutdown()  # the pipeline stops; the next run replays the transaction
+    again = kit.make_destination(lake, inline_row_limit=0)
+    for batch in (first, last):
+        again.write_events(batch)
+        reference.write_events(batch)
+    assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+    assert unregistered(lake, again) == []

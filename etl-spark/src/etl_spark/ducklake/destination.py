@@ -7,7 +7,8 @@ while the stream goes on, and ``commit_chunk`` registers the files in a snapshot
 watermark to the chunk's place in the stream. A batch of changes is collapsed per table
 (``etl_spark.collapse``): upserted rows become new data files, and the stored rows they replace or that were
 deleted become positional delete files, found by a Spark scan of the table's live rows
-(``_metadata.row_index``). A truncate ends the table's data files. Data files are written by pyarrow, in the
+(``_metadata.row_index``); ``batch_commits`` plans and commits the batches, the parts of a transaction larger than
+a batch included. A truncate ends the table's data files. Data files are written by pyarrow, in the
 types DuckDB writes. Schema changes become DuckLake schema versions in the same snapshot. Each table's
 replication watermark ``(commit_lsn, tx_ordinal)`` is committed with the snapshot, so a replayed change is
 skipped exactly. See docs/destinations/ducklake.md.
@@ -16,8 +17,8 @@ skipped exactly. See docs/destinations/ducklake.md.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -38,9 +39,6 @@ from etl.api import (
     Lsn,
     StagedChunk,
     Store,
-    TableChanges,
-    TableError,
-    TableErrors,
     TableName,
     TablePreview,
     TableSchema,
@@ -49,13 +47,13 @@ from etl.api import (
     read_ranges,
     validate,
 )
+from etl_spark.ducklake.batch_commits import BatchCommits, apply_all
 from etl_spark.ducklake.catalog import (
     Catalog,
     CommitConflict,
     LakeOptions,
     LakeTable,
     NewFile,
-    Transaction,
     redacted,
 )
 from etl_spark.ducklake.catalog.positions import read_position
@@ -65,13 +63,12 @@ from etl_spark.ducklake.inline_flush import FlushTimer, flush_inlined
 from etl_spark.ducklake.lake import Lake
 from etl_spark.ducklake.maintenance import Maintenance
 from etl_spark.ducklake.metrics import DuckLakeMetrics
-from etl_spark.ducklake.open_transaction import OpenTransaction, commit_lsn_of, remove_staged, split_at
+from etl_spark.ducklake.open_transaction import remove_staged
 from etl_spark.ducklake.parquet_files import DataFileSpec, ParquetOptions, write_data_files
-from etl_spark.ducklake.plan import FlushFirst, TablePlan, changes_table, inline_limits, plan_changes, plan_copy
+from etl_spark.ducklake.plan import FlushFirst, TablePlan, plan_copy
 from etl_spark.ducklake.preflight import deep_preflight, preflight
 from etl_spark.ducklake.reader import open_lake
 from etl_spark.ducklake.storage import LakeStorage
-from etl_spark.ducklake.table_state import TableState, read_states
 from etl_spark.ducklake.upkeep_thread import UPKEEP_SECONDS, Step, Turns, Upkeep
 from etl_spark.ducklake.warm_up import WarmUp
 from etl_spark.session import get_spark, require_java, start_in_background
@@ -118,8 +115,14 @@ class DuckLakeDestination:
         """A start's read-ahead and warm-up (``warm_up``)."""
         self._pool = threading.local()
         """The fair scheduler pool a planning thread set (``spark``)."""
-        self._open: OpenTransaction | None = None
-        """The parts written so far of a transaction larger than a batch (``open_transaction``)."""
+        self._batches = BatchCommits(
+            lambda: self.lake,
+            config,
+            self.metrics,
+            planner=lambda: self.planner,
+            flush_inlined=self.flush_inlined,
+            committed=self._after_commit,
+        )
 
     @classmethod
     def from_config(cls, config: Any, context: DestinationContext) -> DuckLakeDestination:
@@ -215,13 +218,7 @@ class DuckLakeDestination:
             )
 
     def shutdown(self) -> None:
-        if self._open is not None:  # replayed from its start by the next run
-            self._open = None
-            self.metrics.open_transaction_rows.set(0)
-            try:
-                remove_staged(self.catalog, self.storage)
-            except Exception:  # the next start removes them
-                log.warning("could not remove the files of a transaction that was not committed", exc_info=True)
+        self._batches.abandon()  # the next run replays an open transaction from its start
         if self._warm_up is not None:  # it reads the catalog: done before the catalog closes
             self._warm_up.stop(self._spark)
             self._warm_up = None
@@ -237,7 +234,7 @@ class DuckLakeDestination:
         """The work due between batches: flush the inlined rows that have waited ``inline_flush_seconds``, and
         a round of maintenance when one is due (``maintenance``). None runs while a transaction larger than a
         batch is open: its parts were planned on the lake as it is, and wait for their commit."""
-        if self._open is not None:
+        if self._batches.open is not None:
             return []
         steps: list[Step] = [partial(self._flush_due, table_id) for table_id in self._flush_timer.due()]
         if self._maintenance is not None:
@@ -246,7 +243,7 @@ class DuckLakeDestination:
 
     def _unless_open(self, step: Step) -> None:
         """Run an upkeep step in its turn, unless a batch opened a transaction since the step was found due."""
-        if self._open is None:
+        if self._batches.open is None:
             step()
 
     def _flush_due(self, table_id: int) -> None:
@@ -340,7 +337,7 @@ class DuckLakeDestination:
         with chunk.copying, naming_table(plan.schema.id), self._writing.batch():
             tables = [] if plan.handle is None else [plan.handle.table.table_id]
             try:
-                self.catalog.commit(partial(_apply_all, [plan], self.storage), base_snapshot=chunk.base, tables=tables)
+                self.catalog.commit(partial(apply_all, [plan], self.storage), base_snapshot=chunk.base, tables=tables)
             except CommitConflict as conflict:
                 plan.discard(self.storage)
                 raise DestinationError(
@@ -399,122 +396,16 @@ class DuckLakeDestination:
 
     def _commit_copy(self, plan: TablePlan) -> None:
         try:
-            self.catalog.commit(partial(_apply_all, [plan], self.storage))
+            self.catalog.commit(partial(apply_all, [plan], self.storage))
         except BaseException:
             plan.discard(self.storage)
             raise
 
     def write_events(self, batch: EventBatch) -> WriteResult:
-        """The batch's tables in one snapshot (one per schema version of a table the batch changes), the last of
-        which records the batch's end as the lake's position (``catalog.positions``): alone when it changes none.
-
-        The changes of a transaction that the batch ends inside are written as a part of it, in no snapshot yet;
-        the batch that ends the transaction commits all of its parts with its own changes (``open_transaction``).
-        """
-        try:
-            with self._writing.batch():
-                self._write(batch)
-        except (TableError, TableErrors) as exc:
-            if self._open is not None:  # an errored table is copied again: its parts go
-                for error in exc.errors if isinstance(exc, TableErrors) else (exc,):
-                    if error.table_id is not None:
-                        self._open.drop(error.table_id)
-            raise
+        """The batch's whole transactions in one snapshot (``batch_commits``), in its turn with upkeep."""
+        with self._writing.batch():
+            self._batches.write(batch)
         return WriteResult.DURABLE
-
-    def _write(self, batch: EventBatch) -> None:
-        changes, opening = batch.changes, dict[int, list[TableChanges]]()
-        if batch.ends_in_transaction:
-            changes, opening = split_at(batch.changes, batch.last_commit_lsn)
-        ends = self._open is not None and (
-            not batch.ends_in_transaction or batch.last_commit_lsn >= self._open.commit_lsn
-        )
-        self._commit_closed(changes, batch.last_commit_lsn or None, batch.all_tables_ready, ends)
-        if opening:
-            self._stage(opening)
-
-    def _commit_closed(
-        self, changes: dict[int, list[TableChanges]], position: Lsn | None, consistent: bool, ends: bool
-    ) -> None:
-        """Commit whole transactions (with the open one's parts when they end it: ``ends``), the last snapshot at
-        ``position``."""
-        rounds = max((len(segments) for segments in changes.values()), default=0)
-        open_ = self._open if ends else None
-        if open_ is not None and (rounds > 1 or self._changes_open_tables(open_, changes)):
-            self._split_open("its last part changes a table's columns")
-            open_ = None
-        recorded = False
-        for index in range(rounds):
-            segments = [segs[index] for segs in changes.values() if index < len(segs)]
-            at = position if index == rounds - 1 else None  # with rounds > 1 nothing is open any more
-            plans = self._commit_plans(partial(self._plan_all, segments, open_), at, consistent, open_)
-            recorded = bool(plans) and at is not None
-            self._after_commit(plans)
-        if open_ is not None and not rounds:
-            recorded = bool(self._commit_plans(list, position, consistent, open_)) and position is not None
-        if position is not None and not recorded:
-            self.catalog.record_position(position)
-
-    def _stage(self, changes: dict[int, list[TableChanges]]) -> None:
-        """Write a part of the open transaction: planned on the lake with its earlier parts, committed with its
-        last. A part that changes a table's columns (or creates one) commits the parts so far, and itself, in
-        snapshots of their own, as any batch: the transaction is split there."""
-        segments = [segment for segs in changes.values() for segment in segs]
-        if self._open is None:
-            self._open = OpenTransaction(self.lake, commit_lsn_of(segments))
-        open_ = self._open
-        base = self.catalog.latest_snapshot()
-        states = read_states(self.catalog, [s.schema for s in segments])
-        if any(len(segs) > 1 for segs in changes.values()) or self._changes_open_tables(open_, changes, states, True):
-            self._split_open("a part changes a table's columns")
-            self._commit_closed(changes, None, False, ends=False)
-            return
-        flush = [
-            handle.table
-            for s in segments
-            if not open_.holds(s.schema.id)
-            and states[s.schema.id].inlined_tables
-            and (handle := states[s.schema.id].handle) is not None
-        ]
-        if flush:  # a part ends no inlined row: they go to files first (a snapshot that changes no row)
-            for table in flush:
-                self.flush_inlined(table)
-            base = self.catalog.latest_snapshot()
-            states = read_states(self.catalog, [s.schema for s in segments])
-        plans = [plan for plan in self._plan_all(segments, open_, states, part=True) if plan is not None]
-        open_.add(plans, {s.schema.id: base for s in segments})
-        self.metrics.open_transaction_rows.set(open_.rows)
-
-    def _changes_open_tables(
-        self,
-        open_: OpenTransaction,
-        changes: dict[int, list[TableChanges]],
-        states: dict[int, TableState] | None = None,
-        every: bool = False,
-    ) -> bool:
-        """Whether the changes would create a table, or change the name or columns of one: of a table the open
-        transaction holds, or (``every``) of any."""
-        segments = [s for segs in changes.values() for s in segs if every or open_.holds(s.schema.id)]
-        if not segments:
-            return False
-        if states is None:
-            states = read_states(self.catalog, [s.schema for s in segments])
-        return any(s.table.num_rows == 0 or changes_table(s.schema, states[s.schema.id]) for s in segments)
-
-    def _split_open(self, why: str) -> None:
-        """Commit the open transaction's parts so far in a snapshot of their own (a state the source never had)."""
-        open_ = self._open
-        if open_ is None or not open_.parts:
-            self._open = None
-            return
-        log.warning(
-            "a transaction larger than a batch is split over snapshots: " + why,
-            parts=open_.parts,
-            rows=open_.rows,
-            hint="each snapshot holds whole transactions but at such a schema change",
-        )
-        open_.split = True
-        self._commit_plans(list, None, False, open_)
 
     def _after_commit(self, plans: list[TablePlan]) -> None:
         """Count inlined rows; flush a table's inlined rows once it holds ``inline_flush_rows``."""
@@ -538,54 +429,6 @@ class DuckLakeDestination:
         if rows:
             self.metrics.inline_flush_rows.observe(rows)
 
-    def _plan_all(
-        self,
-        segments: list[TableChanges],
-        open_: OpenTransaction | None = None,
-        states: dict[int, TableState] | None = None,
-        part: bool = False,
-    ) -> list[TablePlan | None]:
-        """Plan each table's changes on a thread of its own; when one fails, the files of the others are removed.
-        With ``open_``, the tables are planned as they would be with its parts committed; a ``part`` of it inlines
-        no row, and records its write jobs."""
-        limits = inline_limits([s.table.num_rows for s in segments], 0 if part else self.config.inline_row_limit)
-        if states is None:
-            states = read_states(self.catalog, [s.schema for s in segments])
-        if open_ is not None:
-            states = {s.schema.id: open_.overlay(s.schema, states[s.schema.id]) for s in segments}
-        lake = open_.lake if part and open_ is not None else self.lake
-        if len(segments) == 1:
-            return [self._plan_changes(lake, segments[0], limits[0], states[segments[0].schema.id])]
-        futures = [
-            self.planner.submit(self._plan_changes, lake, segment, limit, states[segment.schema.id])
-            for segment, limit in zip(segments, limits, strict=True)
-        ]
-        wait(futures)
-        failed = [error for f in futures if (error := f.exception()) is not None]
-        plans = [f.result() for f in futures if f.exception() is None]
-        if failed:
-            for plan in plans:
-                if plan is not None:
-                    plan.discard(self.storage)
-            raise _first_or_all(failed)
-        return plans
-
-    def _plan_changes(
-        self, lake: Lake, segment: TableChanges, inline_limit: int, state: TableState
-    ) -> TablePlan | None:
-        with naming_table(segment.schema.id):
-            plan = plan_changes(lake, segment, inline_limit, state)
-        if plan is not None:
-            log.debug(
-                "ducklake table planned",
-                table=str(segment.schema.name),
-                files=len(plan.files),
-                inlined=plan.inline.num_rows if plan.inline is not None else 0,
-                file_deletes=sum(len(positions) for _, positions in plan.deletes.values()),
-                inlined_ended=len(plan.ended_inlined),
-            )
-        return plan
-
     # -- reading back ----------------------------------------------------------------------------
     def preview(self, table: TableName, limit: int) -> TablePreview:
         """The table as DuckDB reads it (``pip install 'etl-spark[duckdb]'``): row count and first rows."""
@@ -605,89 +448,6 @@ class DuckLakeDestination:
         return TablePreview(int(total[0]) if total else 0, rows, f"DuckDB {duckdb.__version__}")
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _commit_plans(
-        self,
-        make: Callable[[], Iterable[TablePlan | None]],
-        position: Lsn | None = None,
-        consistent: bool = False,
-        open_: OpenTransaction | None = None,
-    ) -> list[TablePlan]:
-        """Make the plans (Spark work, data files written) and commit them as one snapshot (standing at the stream's
-        ``position``, if any, and marked ``consistent`` when it then holds a state the source had), with the parts
-        of ``open_``, which they end; recompute on conflict, and after flushing a table's inlined rows before its
-        schema changes. Return the committed plans.
-
-        Data files of plans that do not get committed, a failure half-way through making them included, are
-        removed (an open transaction's parts stay, for the write to be tried again).
-        """
-        attempt, flushed = 0, set()
-        while attempt < self.config.commit_attempts:
-            base = self.catalog.latest_snapshot()
-            plans: list[TablePlan] = []
-            try:
-                plans.extend(plan for plan in make() if plan is not None)
-                committing = plans if open_ is None else open_.merged(plans)
-                if not committing:
-                    return []
-                self.catalog.commit(
-                    partial(
-                        _apply_all,
-                        committing,
-                        self.storage,
-                        position=position,
-                        consistent=consistent,
-                        ends_open=open_ is not None,
-                    ),
-                    base_snapshot=base,
-                    tables=[p.handle.table.table_id for p in plans if p.handle is not None],
-                )
-            except FlushFirst as first:  # not an attempt: the plans are made again once the rows are flushed
-                for plan in plans:
-                    plan.discard(self.storage)
-                for table in first.tables:
-                    if table.table_id in flushed:
-                        raise DestinationError(
-                            f"the inlined rows of DuckLake table {table.schema_name}.{table.name} are still there"
-                            " after a flush",
-                            hint="check the pipeline's log for why the flush failed",
-                        ) from None
-                    flushed.add(table.table_id)
-                    self.flush_inlined(table)
-            except CommitConflict as conflict:
-                attempt += 1
-                self.metrics.commit_conflicts.inc()
-                log.info("ducklake commit conflict; recomputing", reason=str(conflict), attempt=attempt)
-                for plan in plans:
-                    plan.discard(self.storage)
-            except BaseException:
-                for plan in plans:
-                    plan.discard(self.storage)
-                raise
-            else:  # committed: its files are the lake's now, never discarded
-                for plan in committing:
-                    plan.remember_files(self.storage)
-                if open_ is not None:
-                    self._ended(open_)
-                return committing
-        raise DestinationError(
-            f"DuckLake commit kept conflicting with other writers ({self.config.commit_attempts} attempts)",
-            hint="pause maintenance jobs on the lake while the pipeline runs, or raise commit_attempts",
-        )
-
-    def _ended(self, open_: OpenTransaction) -> None:
-        """The open transaction committed: remove what its parts wrote that the snapshot does not hold."""
-        self._open = None
-        try:
-            for directory, files in open_.leftovers():
-                self.storage.remove(directory, files)
-        except OSError:  # committed all the same; the orphan sweep of maintenance finds them
-            log.warning("could not remove the files an open transaction's parts left", exc_info=True)
-        self.metrics.open_transaction_rows.set(0)
-        if not open_.parts:
-            return
-        self.metrics.large_transactions.labels("split" if open_.split else "whole").inc()
-        if not open_.split:
-            log.info("a transaction larger than a batch committed in one snapshot", parts=open_.parts, rows=open_.rows)
 
 
 @dataclass
@@ -707,56 +467,3 @@ def _staged_files(staged: StagedChunk) -> _StagedFiles:
     if not isinstance(staged, _StagedFiles):
         raise TypeError(f"not a chunk this destination staged: {staged!r}")
     return staged
-
-
-def _apply_all(
-    plans: list[TablePlan],
-    storage: LakeStorage,
-    txn: Transaction,
-    *,
-    position: Lsn | None = None,
-    consistent: bool = False,
-    ends_open: bool = False,
-) -> None:
-    """Apply the plans in one transaction, each to its lake table as read at the start of it, standing at the
-    stream's ``position`` (``consistent``: a state the source had), and ending the open transaction whose parts they
-    hold (``ends_open``: its records of files go). So a table that an earlier plan parked (another
-    source table of the batch took its name) is not renamed back by its own plan, which would park the other in
-    turn: both held the name during the batch, and its next change names it."""
-    txn.position, txn.consistent = position, consistent
-    current = txn.tables([plan.handle.table.table_id for plan in plans if plan.handle is not None])
-    for plan in plans:
-        if plan.check_since is not None and plan.handle is not None:
-            _check_parts(txn, plan.check_since, plan.handle.table)
-    if ends_open:
-        txn.forget_staged()
-    for plan in plans:
-        with naming_table(plan.schema.id):
-            plan.apply(txn, storage, None if plan.handle is None else current[plan.handle.table.table_id])
-
-
-def _check_parts(txn: Transaction, since: int, table: LakeTable) -> None:
-    """Stop when another writer changed a table since an open transaction's first part was planned on it: the
-    parts' deletes may miss rows or hit the wrong ones, and only a replay of the whole transaction can tell."""
-    try:
-        txn.check_conflicts(since, {table.table_id})
-    except CommitConflict as conflict:
-        raise DestinationError(
-            f"DuckLake table {table.schema_name}.{table.name} was changed by another writer while the pipeline"
-            f" wrote a transaction larger than a batch into it ({conflict})",
-            hint="pause maintenance jobs on the lake while the pipeline runs; a restart replays the transaction",
-            transient=False,
-        ) from None
-
-
-def _first_or_all(failed: list[BaseException]) -> BaseException:
-    """What a batch whose tables failed to plan raises: every table's own error at once when each failure is one
-    table's (``TableErrors``: each table is errored, the rest of the batch goes on), the tables whose inlined rows
-    must be flushed first when that is all, else the first other failure."""
-    others = [error for error in failed if not isinstance(error, FlushFirst)]
-    if not others:
-        return FlushFirst(*(t for e in failed if isinstance(e, FlushFirst) for t in e.tables))
-    tables = [error for error in others if isinstance(error, TableError) and error.table_id is not None]
-    if len(tables) == len(others) > 1:
-        return TableErrors(tables)
-    return others[0]
