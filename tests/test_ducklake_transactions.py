@@ -105,16 +105,7 @@ def test_every_snapshot_while_streaming_holds_whole_transactions(pg_database: Te
         latest = latest_consistent(con, 1)
         snapshots = [s for (s,) in con.execute("SELECT snapshot_id FROM ducklake_snapshots('lake')").fetchall()]
         streamed = [s for s in snapshots if s > copied]
-        broken = []
-        for s in streamed:
-            at = f"AT (VERSION => {int(s)})"
-            ((total, moved, ledger),) = con.execute(
-                f"SELECT (SELECT sum(balance) FROM lake.public.accounts {at}),"
-                f" (SELECT moved FROM lake.public.branches {at}),"
-                f" (SELECT coalesce(sum(amount), 0) FROM lake.public.ledger {at})"
-            ).fetchall()
-            if (total, moved) != (ACCOUNTS * OPENING, ledger):
-                broken.append((s, total, moved, ledger))
+        broken = _broken(con, streamed)
     finally:
         con.close()
     assert len(streamed) >= 10, f"only {len(streamed)} snapshots: too few batches to tell"

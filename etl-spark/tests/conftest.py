@@ -12,6 +12,8 @@ import duckdb
 import pytest
 
 from etl.destination.base import DestinationContext
+from etl.destination.memory import sort_rows
+from etl.schema import TableSchema
 from etl.store.memory import MemoryStore
 from etl.testing.batches import BatchBuilder, commit_time, rows_table
 from etl.testing.pytest_plugin import first_major_only
@@ -47,6 +49,18 @@ class Lake:
             return con.execute(sql, params or []).fetchall()
         finally:
             con.close()
+
+    def rows(self, schema: TableSchema, version: int | None = None) -> list[dict[str, Any]]:
+        """The lake table of ``schema`` as DuckDB reads it (at snapshot ``version``, or the latest), sorted."""
+        at = f" AT (VERSION => {version})" if version is not None else ""
+        names = schema.column_names
+        quoted = ", ".join(f'"{n}"' for n in names)
+        rows = self.query(f"SELECT {quoted} FROM lake.{schema.name.quoted()}{at}")
+        return sort_rows(dict(zip(names, r, strict=True)) for r in rows)
+
+    def snapshot(self) -> int:
+        """The lake's latest snapshot."""
+        return int(self.query("SELECT max(snapshot_id) FROM lake.snapshots()")[0][0])
 
 
 SPARK = SparkSettings(master="local[2]", conf={"spark.sql.shuffle.partitions": "2"})

@@ -46,17 +46,6 @@ LOG = TableSchema(
 )
 
 
-def lake_rows(lake: Any, schema: TableSchema, version: int | None = None) -> list[dict[str, Any]]:
-    at = f" AT (VERSION => {version})" if version is not None else ""
-    names = schema.column_names
-    rows = lake.query(f"SELECT {', '.join(names)} FROM lake.public.{schema.name.name}{at}")
-    return sort_rows(dict(zip(names, r, strict=True)) for r in rows)
-
-
-def snapshot(lake: Any) -> int:
-    return int(lake.query("SELECT max(snapshot_id) FROM lake.snapshots()")[0][0])
-
-
 @pytest.mark.slow
 def test_mixed_workload_matches_source(lake: Any, kit: Any) -> None:
     destination = kit.make_destination(lake)
@@ -66,7 +55,7 @@ def test_mixed_workload_matches_source(lake: Any, kit: Any) -> None:
     for target in (destination, reference):
         target.write_table_rows(ORDERS, kit.rows_table(ORDERS, orders))
         target.write_table_rows(LOG, kit.rows_table(LOG, log))
-    before = {r["id"]: r for r in lake_rows(lake, ORDERS)}
+    before = {r["id"]: r for r in lake.rows(ORDERS)}
 
     b = kit.BatchBuilder()
     b.commit().insert(ORDERS, {"id": 6, "note": "six", "qty": 6, "amount": Decimal("6.00")})
@@ -82,16 +71,16 @@ def test_mixed_workload_matches_source(lake: Any, kit: Any) -> None:
     batch = b.build()
     for target in (destination, reference):
         target.write_events(batch)
-    first = snapshot(lake)
+    first = lake.snapshot()
     after_first = {s.name.name: reference.rows(str(s.name)) for s in (ORDERS, LOG)}
-    assert lake_rows(lake, ORDERS) == after_first["orders"]
-    assert lake_rows(lake, LOG) == after_first["log"]
-    assert [r["note"] for r in lake_rows(lake, ORDERS) if r["id"] == 5] == ["note 5"]  # unchanged TOAST kept
+    assert lake.rows(ORDERS) == after_first["orders"]
+    assert lake.rows(LOG) == after_first["log"]
+    assert [r["note"] for r in lake.rows(ORDERS) if r["id"] == 5] == ["note 5"]  # unchanged TOAST kept
 
     # A replay (after a crash the engine sends the batch again) is skipped exactly: no new snapshot.
     destination.write_events(batch)
-    assert snapshot(lake) == first
-    assert lake_rows(lake, ORDERS) == after_first["orders"]
+    assert lake.snapshot() == first
+    assert lake.rows(ORDERS) == after_first["orders"]
 
     # Schema change mid-stream: rename note -> comment (same attribute), drop qty, add extra; then truncate the log.
     altered = TableSchema(
@@ -114,8 +103,8 @@ def test_mixed_workload_matches_source(lake: Any, kit: Any) -> None:
     expected[2] = {"id": 2, "comment": "renamed", "amount": Decimal("2.50"), "extra": "e"}
     expected[8] = {"id": 8, "comment": "eight", "amount": Decimal("8.00"), "extra": None}
     del expected[1]
-    assert lake_rows(lake, altered) == sort_rows(expected.values())
-    assert lake_rows(lake, LOG) == reference.rows("public.log")
+    assert lake.rows(altered) == sort_rows(expected.values())
+    assert lake.rows(LOG) == reference.rows("public.log")
     columns = lake.query(
         "SELECT column_name, column_id FROM __ducklake_metadata_lake.ducklake_column"
         " WHERE end_snapshot IS NULL AND table_id = (SELECT table_id FROM __ducklake_metadata_lake.ducklake_table"
@@ -124,8 +113,8 @@ def test_mixed_workload_matches_source(lake: Any, kit: Any) -> None:
     assert columns == [("id", 1), ("comment", 2), ("amount", 4), ("extra", 5)]  # ids kept, never reused
 
     # Time travel to the first batch's snapshot shows the old schema and the old rows.
-    assert lake_rows(lake, ORDERS, version=first) == after_first["orders"]
-    assert lake_rows(lake, LOG, version=first) == after_first["log"]
+    assert lake.rows(ORDERS, version=first) == after_first["orders"]
+    assert lake.rows(LOG, version=first) == after_first["log"]
 
     # Filtered queries on columns with statistics.
     assert lake.query("SELECT id FROM lake.public.orders WHERE id = 30") == [(30,)]
@@ -206,7 +195,7 @@ def test_attribute_numbers_an_earlier_writer_version_recorded_still_follow_renam
     destination.write_events(
         kit.BatchBuilder().commit().insert(altered, {"id": 2, "comment": "new", "amount": None}).build()
     )
-    assert lake_rows(lake, altered) == [
+    assert lake.rows(altered) == [
         {"id": 1, "comment": "kept", "amount": None},
         {"id": 2, "comment": "new", "amount": None},
     ]
@@ -258,8 +247,8 @@ def test_the_tables_of_a_batch_are_planned_at_the_same_time(
     ).build()
     for target in (destination, reference):
         target.write_events(batch)
-    assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
-    assert lake_rows(lake, LOG) == reference.rows("public.log") == []
+    assert lake.rows(ORDERS) == reference.rows("public.orders")
+    assert lake.rows(LOG) == reference.rows("public.log") == []
     destination.shutdown()
 
 
@@ -268,7 +257,7 @@ def test_table_renames_and_schema_moves_are_followed(lake: Any, kit: Any) -> Non
     rows = [{"id": i, "note": f"n{i}", "qty": i, "amount": None} for i in (1, 2, 3)]
     destination.write_table_rows(ORDERS, kit.rows_table(ORDERS, rows))
     destination.write_table_rows(LOG, kit.rows_table(LOG, [{"a": "x", "b": 1}]))
-    before = snapshot(lake)
+    before = lake.snapshot()
 
     renamed = replace(ORDERS, name=TableName("public", "orders_v2"))
     b = kit.BatchBuilder()
@@ -357,11 +346,11 @@ def test_a_schema_version_with_no_change_of_its_own_reaches_the_lake(lake: Any, 
         (1, "n", 1, None, None),
         (2, "m", 2, None, None),
     ]
-    applied = snapshot(lake)
+    applied = lake.snapshot()
     destination.write_events(ddl)  # a replay: nothing new
     older = kit.BatchBuilder()
     destination.write_events(older.commit().relation(ORDERS.with_snapshot(Lsn(older.lsn))).build())
-    assert snapshot(lake) == applied  # an older version replayed cannot roll the lake back
+    assert lake.snapshot() == applied  # an older version replayed cannot roll the lake back
 
     # The DDL's transaction goes on in the next batch: its changes are not taken for replays.
     destination.write_events(b.insert(altered, {"id": 3, "note": "o", "qty": 3, "amount": None, "extra": "e"}).build())
@@ -411,8 +400,8 @@ def test_array_keys_are_compared_as_lists(lake: Any, kit: Any) -> None:
     for batch in batches:
         for target in (destination, reference):
             target.write_events(batch)
-        assert lake_rows(lake, TAGGED) == reference.rows("public.tagged")
-        assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+        assert lake.rows(TAGGED) == reference.rows("public.tagged")
+        assert lake.rows(ORDERS) == reference.rows("public.orders")
     assert {r["note"] for r in reference.rows("public.tagged")} == {"one again", "moved", "null element", "four"}
 
 
@@ -426,7 +415,7 @@ def test_deletes_of_a_keyless_table_that_find_fewer_stored_rows_say_so(lake: Any
     with structlog.testing.capture_logs() as logs:
         destination.write_events(b.commit().delete(LOG, {"a": "kept", "b": 2}).build())
         destination.write_events(b.commit().delete(LOG, {"a": "dup", "b": 1}).delete(LOG, {"a": "dup", "b": 1}).build())
-    assert lake_rows(lake, LOG) == []
+    assert lake.rows(LOG) == []
     (warning,) = [e for e in logs if e["log_level"] == "warning" and e.get("table") == "public.log"]
     assert (warning["removes"], warning["found"]) == (2, 1)
     assert "etl resync" in warning["hint"] and "lacked rows" in warning["event"]
@@ -459,8 +448,8 @@ def test_inserts_into_a_keyless_table_are_written_on_the_driver(
     for batch in batches:
         for target in (destination, reference):
             target.write_events(batch)
-        assert lake_rows(lake, LOG) == reference.rows("public.log")
-    assert len(lake_rows(lake, LOG)) == 7
+        assert lake.rows(LOG) == reference.rows("public.log")
+    assert len(lake.rows(LOG)) == 7
     inlined = lake.query("SELECT count(*) FROM ducklake_list_files('lake', 'log', schema => 'public')")[0][0]
     assert (inlined > 1) == (inline_row_limit == 0)  # the copy's file, and one per batch when not inlined
 
@@ -536,7 +525,7 @@ def test_unchanged_toast_values_come_from_the_row_they_stem_from(
     def by_id(rows: list[dict[str, Any]]) -> dict[str, tuple[str, str, list[int]]]:
         return {str(r["id"]): (r["note"], r["body"], r["tags"]) for r in rows}
 
-    assert by_id(lake_rows(lake, schema)) == by_id(reference.rows(str(schema.name)))
-    bodies = {i: body for i, (_, body, _) in by_id(lake_rows(lake, schema)).items()}
+    assert by_id(lake.rows(schema)) == by_id(reference.rows(str(schema.name)))
+    bodies = {i: body for i, (_, body, _) in by_id(lake.rows(schema)).items()}
     expected = {1: "body 1", 2: "body 2", 3: "body 3", 40: "body 4", 7: "body 7", 80: "body 8", 50: "body 5"}
     assert bodies == {str(key(i)): body for i, body in (expected | {6: "body 6b"}).items()}

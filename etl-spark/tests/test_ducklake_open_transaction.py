@@ -43,17 +43,6 @@ def order(i: int, qty: int | None = None, note: str | None = None) -> dict[str, 
     return {"id": i, "note": note or f"note {i}", "qty": i if qty is None else qty, "amount": Decimal(f"{i}.50")}
 
 
-def lake_rows(lake: Any, schema: TableSchema, version: int | None = None) -> list[dict[str, Any]]:
-    at = f" AT (VERSION => {version})" if version is not None else ""
-    names = schema.column_names
-    rows = lake.query(f"SELECT {', '.join(names)} FROM lake.public.{schema.name.name}{at}")
-    return sort_rows(dict(zip(names, r, strict=True)) for r in rows)
-
-
-def snapshot(lake: Any) -> int:
-    return int(lake.query("SELECT max(snapshot_id) FROM lake.snapshots()")[0][0])
-
-
 def unregistered(lake: Any, destination: DuckLakeDestination) -> list[str]:
     """Parquet files under the data path that no snapshot of the catalog references."""
     tables = destination.catalog.pipeline_tables()
@@ -94,12 +83,12 @@ def test_a_transaction_over_three_batches_is_one_snapshot(lake: Any, kit: Any) -
     b.commit().update(ORDERS, order(4, qty=40))  # and one after it, in the same batch
     parts.append(b.build())
 
-    before = snapshot(lake)
+    before = lake.snapshot()
     destination.write_events(parts[0])
     reference.write_events(kit.BatchBuilder().commit().update(ORDERS, order(1, qty=10)).build())
-    first = snapshot(lake)
+    first = lake.snapshot()
     assert first == before + 1  # the transaction before, alone
-    assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+    assert lake.rows(ORDERS) == reference.rows("public.orders")
     ran: list[str] = []
     step = partial(destination._unless_open, partial(ran.append, "step"))  # an upkeep step found due before the part
     destination.write_events(parts[1])
@@ -107,25 +96,25 @@ def test_a_transaction_over_three_batches_is_one_snapshot(lake: Any, kit: Any) -
     step()
     assert ran == []  # and so does a step found due before it began
     assert destination.metrics.open_transaction_rows._value.get() == 7  # 6, 7, 2 and z; then 6, 2, 9
-    assert snapshot(lake) == first  # nothing of the large transaction is visible
-    assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+    assert lake.snapshot() == first  # nothing of the large transaction is visible
+    assert lake.rows(ORDERS) == reference.rows("public.orders")
     assert staged_records(destination) > 0
 
     destination.write_events(parts[2])
-    assert snapshot(lake) == first + 1
+    assert lake.snapshot() == first + 1
     expected = sort_rows(
         [order(1, qty=10), order(2, qty=21), order(4, qty=40), order(5), order(6, qty=60, note="six"), order(9, 90)]
     )
-    assert lake_rows(lake, ORDERS) == expected
-    assert lake_rows(lake, LOG) == sort_rows([{"a": "x", "b": 1}, {"a": "y", "b": 2}, {"a": "w", "b": 4}])
-    assert lake_rows(lake, ORDERS, version=first) == sort_rows([order(1, qty=10), *map(order, range(2, 6))])
+    assert lake.rows(ORDERS) == expected
+    assert lake.rows(LOG) == sort_rows([{"a": "x", "b": 1}, {"a": "y", "b": 2}, {"a": "w", "b": 4}])
+    assert lake.rows(ORDERS, version=first) == sort_rows([order(1, qty=10), *map(order, range(2, 6))])
     assert unregistered(lake, destination) == []  # the parts' own delete files went once they were committed
     assert staged_records(destination) == 0
     assert destination.metrics.large_transactions.labels("whole")._value.get() == 1
     assert destination.metrics.open_transaction_rows._value.get() == 0
 
     destination.write_events(parts[2])  # a replay of the last part changes nothing
-    assert snapshot(lake) == first + 1
+    assert lake.snapshot() == first + 1
 
 
 def test_a_run_that_dies_between_parts_leaves_nothing_after_the_next_start(lake: Any, kit: Any) -> None:
@@ -140,7 +129,7 @@ def test_a_run_that_dies_between_parts_leaves_nothing_after_the_next_start(lake:
     second = b.build(ends_in_transaction=True)
     b.insert(ORDERS, order(7))
     last = b.build()
-    before = snapshot(lake)
+    before = lake.snapshot()
     dead.write_events(first)
     dead.write_events(second)
     assert unregistered(lake, dead)  # the parts' files, in no snapshot
@@ -149,15 +138,15 @@ def test_a_run_that_dies_between_parts_leaves_nothing_after_the_next_start(lake:
     again = kit.make_destination(lake, inline_row_limit=0)
     assert unregistered(lake, again) == []
     assert staged_records(again) == 0
-    assert snapshot(lake) == before
-    assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+    assert lake.snapshot() == before
+    assert lake.rows(ORDERS) == reference.rows("public.orders")
 
     for batch in (first, second, last):
         again.write_events(batch)
         reference.write_events(batch)
-    assert snapshot(lake) == before + 1
-    assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
-    assert lake_rows(lake, LOG) == sort_rows(reference.rows("public.log"))
+    assert lake.snapshot() == before + 1
+    assert lake.rows(ORDERS) == reference.rows("public.orders")
+    assert lake.rows(LOG) == sort_rows(reference.rows("public.log"))
     assert unregistered(lake, again) == []
 
 
@@ -171,13 +160,13 @@ def test_a_truncate_inside_the_transaction_drops_the_parts_before_it(lake: Any, 
     batches.append(b.build(ends_in_transaction=True))
     b.update(ORDERS, order(7, qty=70)).insert(ORDERS, order(8))
     batches.append(b.build())
-    before = snapshot(lake)
+    before = lake.snapshot()
     for batch in batches:
         destination.write_events(batch)
         reference.write_events(batch)
-    assert snapshot(lake) == before + 1
-    assert lake_rows(lake, ORDERS) == sort_rows([order(7, qty=70), order(8)])
-    assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+    assert lake.snapshot() == before + 1
+    assert lake.rows(ORDERS) == sort_rows([order(7, qty=70), order(8)])
+    assert lake.rows(ORDERS) == reference.rows("public.orders")
     assert unregistered(lake, destination) == []
 
 
@@ -194,13 +183,13 @@ def test_a_part_that_changes_a_tables_columns_splits_the_transaction_there(lake:
     batches.append(b.build(ends_in_transaction=True))
     b.insert(altered, {**order(7), "extra": None})
     batches.append(b.build())
-    before = snapshot(lake)
+    before = lake.snapshot()
     for batch in batches:
         destination.write_events(batch)
         reference.write_events(batch)
-    assert snapshot(lake) > before + 1
+    assert lake.snapshot() > before + 1
     assert destination.metrics.large_transactions.labels("split")._value.get() == 1
-    assert lake_rows(lake, altered) == reference.rows("public.orders")
+    assert lake.rows(altered) == reference.rows("public.orders")
     assert unregistered(lake, destination) == []
 
 
@@ -223,17 +212,17 @@ def test_another_writer_changing_a_table_under_the_parts_stops_the_pipeline(lake
         con.execute("CALL ducklake_merge_adjacent_files('lake')")
     finally:
         con.close()
-    before = snapshot(lake)
+    before = lake.snapshot()
     with pytest.raises(DestinationError, match="changed by another writer") as raised:
         destination.write_events(last)
     assert not raised.value.transient
-    assert snapshot(lake) == before
-    assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+    assert lake.snapshot() == before
+    assert lake.rows(ORDERS) == reference.rows("public.orders")
 
     destination.shutdown()  # the pipeline stops; the next run replays the transaction
     again = kit.make_destination(lake, inline_row_limit=0)
     for batch in (first, last):
         again.write_events(batch)
         reference.write_events(batch)
-    assert lake_rows(lake, ORDERS) == reference.rows("public.orders")
+    assert lake.rows(ORDERS) == reference.rows("public.orders")
     assert unregistered(lake, again) == []
