@@ -4,6 +4,7 @@ ends the transaction; a run that dies in between leaves nothing that its next st
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import Decimal
 from functools import partial
 from pathlib import Path
@@ -45,7 +46,8 @@ def order(i: int, qty: int | None = None, note: str | None = None) -> dict[str, 
 
 def unregistered(lake: Any, destination: DuckLakeDestination) -> list[str]:
     """Parquet files under the data path that no snapshot of the catalog references."""
-    tables = destination.catalog.pipeline_tables()
+    with destination.catalog.engine.connect() as conn:  # every lake table, those a resync replaced too
+        tables = [int(t) for (t,) in conn.execute(sa.text("SELECT DISTINCT table_id FROM ducklake_table"))]
     known = destination.catalog.known_files(tables)
     return sorted(str(p) for p in Path(lake.data_path).rglob("*.parquet") if str(p) not in known)
 
@@ -72,7 +74,8 @@ def test_a_transaction_over_three_batches_is_one_snapshot(lake: Any, kit: Any) -
     destination = started(kit, lake, reference)
     b = kit.BatchBuilder()
     b.commit().update(ORDERS, order(1, qty=10))  # a whole transaction before the large one
-    b.commit().insert(ORDERS, order(6)).insert(ORDERS, order(7)).update(ORDERS, order(2, qty=20))
+    b.commit(at=b.lsn + 1)  # the large one: its commit record starts where the one before ends
+    b.insert(ORDERS, order(6)).insert(ORDERS, order(7)).update(ORDERS, order(2, qty=20))
     b.delete(ORDERS, {"id": 3}).insert(LOG, {"a": "z", "b": 3})
     parts = [b.build(ends_in_transaction=True)]
     b.update(ORDERS, order(6, qty=60, note="six")).delete(ORDERS, {"id": 7})
@@ -226,3 +229,55 @@ def test_another_writer_changing_a_table_under_the_parts_stops_the_pipeline(lake
         reference.write_events(batch)
     assert lake.rows(ORDERS) == reference.rows("public.orders")
     assert unregistered(lake, again) == []
+
+
+def test_a_table_copied_again_while_the_transaction_is_open_drops_its_parts(lake: Any, kit: Any) -> None:
+    """A resync replaces the lake table between two parts: the copy brings its rows, the parts planned on the old
+    table are left out, and a transaction left with no table ends (the next one is held as any)."""
+    reference = MemoryDestination()
+    destination = started(kit, lake, reference)
+    b = kit.BatchBuilder()
+    b.commit().update(ORDERS, order(1, qty=10)).insert(ORDERS, order(6))
+    first = b.build(ends_in_transaction=True)
+    b.delete(ORDERS, {"id": 2})
+    last = b.build()
+    destination.write_events(first)
+    copied = [order(1, qty=10), order(6), *map(order, range(3, 6))]
+    destination.drop_table_for_copy(ORDERS)
+    destination.write_table_rows(ORDERS, kit.rows_table(ORDERS, copied))  # the copy, past the transaction
+    destination.write_events(last)
+    assert lake.rows(ORDERS) == sort_rows(copied)
+    assert destination.metrics.open_transaction_rows._value.get() == 0
+    assert unregistered(lake, destination) == []
+
+    b.commit().insert(ORDERS, order(7))  # the next large transaction is held, not committed by its first part
+    before = lake.snapshot()
+    destination.write_events(b.build(ends_in_transaction=True))
+    destination.write_events(b.build(ends_in_transaction=True))
+    assert lake.snapshot() == before
+    destination.write_events(b.insert(ORDERS, order(8)).build())
+    assert lake.snapshot() == before + 1
+    assert lake.rows(ORDERS) == sort_rows([*copied, order(7), order(8)])
+
+
+def test_a_schema_change_after_the_transaction_in_its_last_batch_does_not_split_it(lake: Any, kit: Any) -> None:
+    """The batch that ends the transaction also holds later ones, one of which adds a column: the transaction still
+    commits whole, in a snapshot before theirs."""
+    reference = MemoryDestination()
+    destination = started(kit, lake, reference)
+    altered = replace(LOG, columns=(*LOG.columns, ColumnSchema("c", 25)))
+    b = kit.BatchBuilder()
+    b.commit().update(ORDERS, order(1, qty=10)).insert(LOG, {"a": "t", "b": 5})
+    batches = [b.build(ends_in_transaction=True)]
+    b.insert(ORDERS, order(6))
+    b.commit().insert(LOG, {"a": "u", "b": 6})
+    b.commit().insert(altered, {"a": "v", "b": 7, "c": "new"})
+    batches.append(b.build())
+    for batch in batches:
+        destination.write_events(batch)
+        reference.write_events(batch)
+    assert destination.metrics.large_transactions.labels("whole")._value.get() == 1
+    assert destination.metrics.large_transactions.labels("split")._value.get() == 0
+    assert lake.rows(ORDERS) == reference.rows("public.orders")
+    assert lake.rows(altered) == reference.rows("public.log")
+    assert unregistered(lake, destination) == []

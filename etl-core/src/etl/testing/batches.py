@@ -60,10 +60,11 @@ class BatchBuilder:
         self._events: list[Event] = []
         self._relation: dict[int, TableSchema] = {}
 
-    def commit(self) -> BatchBuilder:
-        """Start the next transaction (its ``BeginEvent``), ending the one before (its ``CommitEvent``)."""
+    def commit(self, at: int | None = None) -> BatchBuilder:
+        """Start the next transaction (its ``BeginEvent``), ending the one before (its ``CommitEvent``); ``at``: its
+        commit record's LSN (by default 0x100 past the one before; the end of the one before is the least)."""
         self._end()
-        self.lsn += 0x100
+        self.lsn = self.lsn + 0x100 if at is None else at
         self.ordinal = 0
         self._open = True
         lsn = Lsn(self.lsn)
@@ -175,7 +176,8 @@ class BatchBuilder:
         return EventBatch(
             changes,
             lambda: iter(events),
-            Lsn(self._ended if ends_in_transaction else self.lsn),
+            # as the stream gives it: where the last commit ends
+            Lsn((self._ended + 1 if self._ended else 0) if ends_in_transaction else self.lsn),
             commit_timestamps=stamps,
             ends_in_transaction=ends_in_transaction,
         )

@@ -80,34 +80,51 @@ class BatchCommits:
         changes, opening = batch.changes, dict[int, list[TableChanges]]()
         if batch.ends_in_transaction:
             changes, opening = split_at(batch.changes, batch.last_commit_lsn)
-        ends = self.open is not None and (
-            not batch.ends_in_transaction or batch.last_commit_lsn >= self.open.commit_lsn
-        )
-        self._commit_closed(changes, batch.last_commit_lsn or None, batch.all_tables_ready, ends)
+        position, consistent, recorded = batch.last_commit_lsn or None, batch.all_tables_ready, False
+        open_ = self.open
+        # ``last_commit_lsn`` is the end of a commit record; the open transaction's may start right there
+        if open_ is not None and (not batch.ends_in_transaction or batch.last_commit_lsn > open_.commit_lsn):
+            simple = max((len(s) for s in changes.values()), default=0) <= 1
+            if simple and not self._changes_open_tables(open_, changes):
+                recorded, changes = self._end_open(open_, changes, position, consistent), {}
+            else:  # a later transaction of the batch changes a schema: the open one commits in a snapshot first
+                mine, changes = split_at(changes, Lsn(open_.commit_lsn + 1))
+                recorded = self._end_open(open_, mine, None if changes else position, consistent)
+        self._commit_closed(changes, position, consistent, recorded)
         if opening:
             self._stage(opening)
 
-    def _commit_closed(
-        self, changes: dict[int, list[TableChanges]], position: Lsn | None, consistent: bool, ends: bool
-    ) -> None:
-        """Commit whole transactions (with the open one's parts when they end it: ``ends``), the last snapshot at
-        ``position``."""
-        rounds = max((len(segments) for segments in changes.values()), default=0)
-        open_ = self.open if ends else None
-        if open_ is not None and (rounds > 1 or self._changes_open_tables(open_, changes)):
+    def _end_open(
+        self, open_: OpenTransaction, changes: dict[int, list[TableChanges]], position: Lsn | None, consistent: bool
+    ) -> bool:
+        """Commit the open transaction's last changes with its parts, in one snapshot (at ``position``, if any);
+        whether that recorded the position. Its last changes alone decide: a schema change among them splits it."""
+        if max((len(segments) for segments in changes.values()), default=0) > 1 or self._changes_open_tables(
+            open_, changes
+        ):
             self._split_open("its last part changes a table's columns")
-            open_ = None
-        recorded = False
+            return self._commit_closed(changes, position, consistent)
+        segments = [segs[0] for segs in changes.values()]
+        make = partial(self.plan_all, segments, open_) if segments else list
+        plans = self.commit_plans(make, position, consistent, open_)
+        self._committed(plans)
+        return bool(plans) and position is not None
+
+    def _commit_closed(
+        self, changes: dict[int, list[TableChanges]], position: Lsn | None, consistent: bool, recorded: bool = False
+    ) -> bool:
+        """Commit whole transactions, one snapshot per schema version of a table, the last at ``position`` (recorded
+        alone when no snapshot holds it and it was not ``recorded`` yet); whether it is recorded."""
+        rounds = max((len(segments) for segments in changes.values()), default=0)
         for index in range(rounds):
             segments = [segs[index] for segs in changes.values() if index < len(segs)]
-            at = position if index == rounds - 1 else None  # with rounds > 1 nothing is open any more
-            plans = self.commit_plans(partial(self.plan_all, segments, open_), at, consistent, open_)
-            recorded = bool(plans) and at is not None
+            at = position if index == rounds - 1 else None
+            plans = self.commit_plans(partial(self.plan_all, segments), at, consistent)
+            recorded = recorded or (bool(plans) and at is not None)
             self._committed(plans)
-        if open_ is not None and not rounds:
-            recorded = bool(self.commit_plans(list, position, consistent, open_)) and position is not None
         if position is not None and not recorded:
             self._lake().catalog.record_position(position)
+        return position is not None
 
     def _stage(self, changes: dict[int, list[TableChanges]]) -> None:
         """Write a part of the open transaction: planned on the lake with its earlier parts, committed with its
@@ -121,7 +138,7 @@ class BatchCommits:
         states = read_states(self._lake().catalog, [s.schema for s in segments])
         if any(len(segs) > 1 for segs in changes.values()) or self._changes_open_tables(open_, changes, states, True):
             self._split_open("a part changes a table's columns")
-            self._commit_closed(changes, None, False, ends=False)
+            self._commit_closed(changes, None, False)
             return
         flush = [
             handle.table
@@ -136,7 +153,7 @@ class BatchCommits:
             base = self._lake().catalog.latest_snapshot()
             states = read_states(self._lake().catalog, [s.schema for s in segments])
         plans = [plan for plan in self.plan_all(segments, open_, states, part=True) if plan is not None]
-        open_.add(plans, {s.schema.id: base for s in segments})
+        open_.add(plans, {s.schema.id: base for s in segments}, commit_lsn_of(segments))
         self._metrics.open_transaction_rows.set(open_.rows)
 
     def _changes_open_tables(
@@ -234,26 +251,39 @@ class BatchCommits:
         removed (an open transaction's parts stay, for the write to be tried again).
         """
         attempt, flushed = 0, set()
+        catalog, storage = self._lake().catalog, self._lake().storage
         while attempt < self._config.commit_attempts:
-            base = self._lake().catalog.latest_snapshot()
+            base = catalog.latest_snapshot()
             plans: list[TablePlan] = []
+            built: list[bool] = []  # set once the commit's catalog work is done: a failure after may have landed
             try:
+                if open_ is not None:
+                    open_.prune(read_states(catalog, open_.schemas))
                 plans.extend(plan for plan in make() if plan is not None)
                 committing = plans if open_ is None else open_.merged(plans)
                 if not committing:
+                    if open_ is not None:
+                        self._ended(open_)
                     return []
-                self._lake().catalog.commit(
+                catalog.commit(
                     partial(
                         apply_all,
                         committing,
-                        self._lake().storage,
+                        storage,
                         position=position,
                         consistent=consistent,
-                        ends_open=open_ is not None,
+                        open_marker=None if open_ is None else open_.marker,
+                        built=built,
                     ),
                     base_snapshot=base,
                     tables=[p.handle.table.table_id for p in plans if p.handle is not None],
                 )
+            except AlreadyCommitted:  # an earlier attempt landed, and only its answer was lost
+                assert open_ is not None
+                for plan in plans:
+                    plan.discard(storage)
+                self._ended(open_)
+                return []
             except FlushFirst as first:  # not an attempt: the plans are made again once the rows are flushed
                 for plan in plans:
                     plan.discard(self._lake().storage)
@@ -273,8 +303,9 @@ class BatchCommits:
                 for plan in plans:
                     plan.discard(self._lake().storage)
             except BaseException:
-                for plan in plans:
-                    plan.discard(self._lake().storage)
+                if not built:  # else the commit may have landed: its files stay (the orphan sweep finds them if not)
+                    for plan in plans:
+                        plan.discard(storage)
                 raise
             else:  # committed: its files are the lake's now, never discarded
                 for plan in committing:
@@ -291,9 +322,8 @@ class BatchCommits:
         """The open transaction committed: remove what its parts wrote that the snapshot does not hold."""
         self.open = None
         try:
-            for directory, files in open_.leftovers():
-                self._lake().storage.remove(directory, files)
-        except OSError:  # committed all the same; the orphan sweep of maintenance finds them
+            open_.tidy()
+        except Exception:  # committed all the same; the next start removes what the records name
             log.warning("could not remove the files an open transaction's parts left", exc_info=True)
         self._metrics.open_transaction_rows.set(0)
         if not open_.parts:
@@ -310,11 +340,13 @@ def apply_all(
     *,
     position: Lsn | None = None,
     consistent: bool = False,
-    ends_open: bool = False,
+    open_marker: str | None = None,
+    built: list[bool] | None = None,
 ) -> None:
     """Apply the plans in one transaction, each to its lake table as read at the start of it, standing at the
     stream's ``position`` (``consistent``: a state the source had), and ending the open transaction whose parts they
-    hold (``ends_open``: its records of files go). So a table that an earlier plan parked (another
+    hold (``open_marker``: its marker goes; ``AlreadyCommitted`` when it is gone), and telling ``built`` once the
+    catalog work is done. So a table that an earlier plan parked (another
     source table of the batch took its name) is not renamed back by its own plan, which would park the other in
     turn: both held the name during the batch, and its next change names it."""
     txn.position, txn.consistent = position, consistent
@@ -322,11 +354,17 @@ def apply_all(
     for plan in plans:
         if plan.check_since is not None and plan.handle is not None:
             _check_parts(txn, plan.check_since, plan.handle.table)
-    if ends_open:
-        txn.forget_staged()
+    if open_marker is not None and not txn.end_open(open_marker):
+        raise AlreadyCommitted
     for plan in plans:
         with naming_table(plan.schema.id):
             plan.apply(txn, storage, None if plan.handle is None else current[plan.handle.table.table_id])
+    if built is not None:
+        built.append(True)
+
+
+class AlreadyCommitted(Exception):
+    """The open transaction's marker is gone: a commit of it landed before (its answer lost on the way)."""
 
 
 def _check_parts(txn: Transaction, since: int, table: LakeTable) -> None:

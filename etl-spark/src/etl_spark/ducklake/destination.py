@@ -167,7 +167,10 @@ class DuckLakeDestination:
             self.catalog.close()
             raise
         self._storage = LakeStorage(self.catalog.data_path, self.metrics, self.config.key_cache_bytes)
-        remove_staged(self.catalog, self._storage)  # what a transaction's parts left when the last run died
+        try:  # what a transaction's parts left when the last run died
+            remove_staged(self.catalog, self._storage)
+        except Exception:  # the next start tries again; they are in no snapshot meanwhile
+            log.warning("could not remove the files of a transaction that was not committed", exc_info=True)
         if self._store is not None:
             self._warm_up = WarmUp(self.catalog, self._storage, self._store, lambda: self.spark).start()
         for table_id in self.catalog.tables_with_inlined_rows():

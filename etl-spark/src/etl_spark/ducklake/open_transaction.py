@@ -15,6 +15,7 @@ first part, so a part's deletes all land in files.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -56,9 +57,10 @@ class _Parts:
     staged: list[DataFile] = field(default_factory=list)
     """The same files as planning reads them."""
     deletes: dict[int, pa.Array] = field(default_factory=dict)
-    """Positions deleted so far, by data file id (the lake's files, and its own)."""
+    """The positions the parts deleted, by data file id (of the lake's files and of the parts' own); those the
+    lake's own delete file holds are not among them."""
     overlays: dict[int, DeleteFile] = field(default_factory=dict)
-    """By data file id: an unregistered delete file of the file's deleted positions, its own and the lake's."""
+    """By data file id: an unregistered delete file of every position deleted in it, the parts' and the lake's."""
     dropped: list[NewFile] = field(default_factory=list)
     """Its files from before a truncate, and the delete files it replaced: removed once it ends."""
     watermark: Position | None = None
@@ -71,7 +73,11 @@ class OpenTransaction:
     def __init__(self, lake: Lake, commit_lsn: Lsn) -> None:
         self._lake = lake
         self.commit_lsn = commit_lsn
-        """The commit LSN of its changes: a batch whose last commit ends at or after it ends the transaction."""
+        """The commit LSN of its changes (the start of its commit record): a batch whose last commit ends past it
+        ends the transaction."""
+        self.marker: str | None = None
+        """A record of its own in ``catalog.staging``, written before its first file: its commit removes it, so a
+        commit tried again after one whose outcome was lost finds it gone (``AlreadyCommitted``)."""
         self._tables: dict[int, _Parts] = {}
         self._lake_files: dict[int, DataFile] = {}
         """The lake's data files the parts delete from, as the lake holds them (their own delete file)."""
@@ -102,13 +108,13 @@ class OpenTransaction:
     def overlay(self, schema: TableSchema, state: TableState) -> TableState:
         """The table's state as planning reads it, with the parts so far as if committed."""
         for data_file in state.data_files:  # the deletes of its parts land in them as they are now
-            self._lake_files.setdefault(data_file.data_file_id, data_file)
+            self._lake_files[data_file.data_file_id] = data_file
         parts = self._tables.get(schema.id)
         if parts is None or state.handle is None:
             return state
         lake_files = [] if parts.truncate else list(state.data_files)
         files = [self._overlaid(f, parts) for f in [*lake_files, *parts.staged]]
-        watermark = parts.watermark if parts.watermark is not None else state.handle.watermark
+        watermark = max(parts.watermark or state.handle.watermark, state.handle.watermark)
         return replace(state, handle=Handle(state.handle.table, watermark), data_files=files, inlined_tables=[])
 
     @staticmethod
@@ -116,36 +122,58 @@ class OpenTransaction:
         overlay = parts.overlays.get(data_file.data_file_id)
         return data_file if overlay is None else replace(data_file, delete=overlay)
 
-    def add(self, plans: Sequence[TablePlan], bases: dict[int, int]) -> None:
+    def add(self, plans: Sequence[TablePlan], bases: dict[int, int], commit_lsn: Lsn) -> None:
         """Hold one part's plans (planned on ``overlay``; ``bases``: the lake's latest snapshot before each table's
-        first part)."""
-        for plan in plans:
-            parts = self._tables.get(plan.schema.id)
-            if parts is None:
-                parts = self._tables[plan.schema.id] = _Parts(plan, bases[plan.schema.id])
-            self._add(parts, plan)
+        first part), all or none: a part that fails here (a delete file not written) leaves the parts as they were,
+        and its files are removed, for the batch to be written again."""
+        if not plans:
+            return
+        if self.marker is None:
+            first = plans[0].handle
+            assert first is not None  # a part never creates its table
+            self.marker = "open-" + job_prefix()
+            self._lake.catalog.record_staged(StagedPrefix(first.table.table_id, first.table.directory, self.marker))
+        updated: dict[int, _Parts] = {}
+        written: list[tuple[str, NewFile]] = []
+        try:
+            for plan in plans:
+                held = self._tables.get(plan.schema.id)
+                parts = _Parts(plan, bases[plan.schema.id]) if held is None else copy.copy(held)
+                if held is not None:  # its collections are replaced, never changed in place
+                    parts.deletes, parts.overlays = dict(held.deletes), dict(held.overlays)
+                    parts.files, parts.staged, parts.dropped = list(held.files), list(held.staged), list(held.dropped)
+                self._add(parts, plan, written)
+                updated[plan.schema.id] = parts
+        except BaseException:
+            for directory, file in written:
+                _remove(self._lake.storage, directory, [file])
+            for plan in plans:
+                plan.discard(self._lake.storage)
+            raise
+        self._tables.update(updated)
+        self.commit_lsn = max(self.commit_lsn, commit_lsn)
         self.parts += 1
 
-    def _add(self, parts: _Parts, plan: TablePlan) -> None:
+    def _add(self, parts: _Parts, plan: TablePlan, written: list[tuple[str, NewFile]]) -> None:
         assert plan.inline is None and not plan.ended_inlined, "a part inlines no row and has none to end"
         parts.plan = plan
         if plan.truncate:
             parts.dropped += parts.files
             parts.dropped += [self._file_of(d) for d in parts.overlays.values()]
             parts.truncate, parts.files, parts.staged, parts.deletes, parts.overlays = True, [], [], {}, {}
+        for file in plan.files:
+            path = plan.directory + file.name
+            parts.staged.append(DataFile(next(_IDS), path, file.record_count, None, file.size_bytes, 0, None))
         for data_file_id, (_, found) in plan.deletes.items():
             positions = pc.cast(found, pa.int64())
             held = parts.deletes.get(data_file_id)
             parts.deletes[data_file_id] = positions if held is None else pc.unique(pa.concat_arrays([held, positions]))
-            self._write_overlay(parts, data_file_id)
-        for file in plan.files:
-            path = plan.directory + file.name
-            parts.staged.append(DataFile(next(_IDS), path, file.record_count, None, file.size_bytes, 0, None))
+            written.append(self._write_overlay(parts, data_file_id))
         parts.files += plan.files
         parts.rows += sum(f.record_count for f in plan.files)
         parts.watermark = plan.watermark
 
-    def _write_overlay(self, parts: _Parts, data_file_id: int) -> None:
+    def _write_overlay(self, parts: _Parts, data_file_id: int) -> tuple[str, NewFile]:
         """Write the data file's deleted positions, the lake's and the parts', as a delete file no snapshot holds."""
         assert parts.plan.handle is not None  # a part never creates its table
         table = parts.plan.handle.table
@@ -164,6 +192,7 @@ class OpenTransaction:
         parts.overlays[data_file_id] = DeleteFile(next(_IDS), path, begin, False, rows.num_rows)
         if previous is not None:
             parts.dropped.append(self._file_of(previous))
+        return table.directory, written
 
     @staticmethod
     def _file_of(delete: DeleteFile) -> NewFile:
@@ -212,41 +241,57 @@ class OpenTransaction:
         given its own by the commit)."""
         return staged[data_file_id] if data_file_id < 0 else self._lake_files[data_file_id]
 
-    def leftovers(self) -> list[tuple[str, list[NewFile]]]:
-        """The files to remove once the transaction committed (``merged``): the overlays, the files of parts that a
-        truncate emptied, and every part's files of a table that the last part truncates."""
-        result = []
+    def tidy(self) -> None:
+        """Once the transaction committed (``merged``): remove the overlays, the files of parts that a truncate
+        emptied, and every part's files of a table that the last part truncates; then forget the records of them."""
         for source_id, parts in self._tables.items():
             files = [*parts.dropped, *(self._file_of(d) for d in parts.overlays.values())]
             if source_id in self._emptied:
                 files += parts.files
-            result.append((parts.plan.directory, files))
-        return result
+            _remove(self._lake.storage, parts.plan.directory, files)
+        self._lake.catalog.forget_staged()
 
     def drop(self, source_table_id: int) -> None:
-        """Forget a table's parts (it errored: it is copied again); its files are removed."""
+        """Forget a table's parts (it errored, or was replaced: it is copied again); its files are removed as far as
+        they can be (a start removes the rest)."""
         parts = self._tables.pop(source_table_id, None)
         if parts is not None:
             files = [*parts.dropped, *parts.files, *(self._file_of(d) for d in parts.overlays.values())]
-            self._lake.storage.remove(parts.plan.directory, files)
+            _remove(self._lake.storage, parts.plan.directory, files)
+
+    def prune(self, states: dict[int, TableState]) -> None:
+        """Drop the parts of tables whose lake table is no longer the one they were planned on (a resync replaced
+        it: its copy brings the rows)."""
+        for source_id, parts in list(self._tables.items()):
+            state, planned = states.get(source_id), parts.plan.handle
+            if state is None or planned is None:
+                continue
+            if state.handle is None or state.handle.table.table_id != planned.table.table_id:
+                self.drop(source_id)
+
+    @property
+    def schemas(self) -> list[TableSchema]:
+        """The schemas of the tables it holds parts of."""
+        return [parts.plan.schema for parts in self._tables.values()]
 
 
 def split_at(
     changes: dict[int, list[TableChanges]], lsn: Lsn
 ) -> tuple[dict[int, list[TableChanges]], dict[int, list[TableChanges]]]:
-    """A batch's changes cut where its last commit ends (``lsn``): those of the transactions it commits, and those of
-    the one it ends inside (a segment's changes are in stream order, so the cut is a slice)."""
+    """A batch's changes cut at ``lsn``, where its last commit ends: those of the transactions committed before (their
+    commit records start before it), and those of the one it ends inside, whose commit record may start right there
+    (a segment's changes are in stream order, so the cut is a slice)."""
     closed: dict[int, list[TableChanges]] = {}
     opened: dict[int, list[TableChanges]] = {}
     for table_id, segments in changes.items():
         for segment in segments:
             rows = segment.table
             if rows.num_rows == 0:  # a schema version alone: where the transaction that made it is
-                side = closed if segment.schema.snapshot_lsn <= lsn else opened
+                side = closed if segment.schema.snapshot_lsn < lsn else opened
                 side.setdefault(table_id, []).append(segment)
                 continue
             lsns = rows[COMMIT_LSN_COLUMN].to_numpy()
-            cut = int(np.searchsorted(lsns, lsns.dtype.type(int(lsn)), side="right"))
+            cut = int(np.searchsorted(lsns, lsns.dtype.type(int(lsn)), side="left"))  # a commit starts before it ends
             if cut:
                 closed.setdefault(table_id, []).append(TableChanges(segment.schema, rows.slice(0, cut)))
             if cut < rows.num_rows:
@@ -271,6 +316,15 @@ def remove_staged(catalog: Catalog, storage: LakeStorage) -> None:
         prefixes = tuple(directory + s.prefix for s in staged if s.directory == directory)
         leftovers += [p for p in storage.files_in(directory) if p.startswith(prefixes) and p not in known]
     removed = storage.delete(leftovers)
-    catalog.forget_staged()
+    catalog.forget_staged()  # the records of a transaction that committed after its files' removal went too
     if removed:
         log.info("removed the files of a transaction that was not committed", files=removed)
+
+
+def _remove(storage: LakeStorage, directory: str, files: Sequence[NewFile]) -> None:
+    """Remove files no snapshot references, those already gone skipped; a failure is logged (a start removes what
+    its records name)."""
+    try:
+        storage.delete(directory + file.name for file in files)
+    except OSError:
+        log.warning("could not remove files of a transaction's parts", directory=directory, exc_info=True)

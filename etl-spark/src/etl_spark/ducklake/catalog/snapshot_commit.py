@@ -142,9 +142,10 @@ class SnapshotCommit:
                 ],
             )
 
-    def forget_staged(self) -> None:
-        """The pipeline's open transaction commits in this snapshot: its files are the lake's (``staging``)."""
-        staging.forget(self.conn, self.catalog.pipeline_id)
+    def end_open(self, marker: str) -> bool:
+        """The pipeline's open transaction commits in this snapshot: remove its marker (``staging``); whether it was
+        still there (else an earlier commit of it landed)."""
+        return staging.forget(self.conn, self.catalog.pipeline_id, marker) > 0
 
     def forget(self, source_table_id: int) -> None:
         self._run(

@@ -2,9 +2,10 @@
 
 A transaction larger than a batch is written part by part into files that no snapshot references
 (``open_transaction``), and registered all at once when it commits. Before each write job its file name prefix
-is recorded here, in a catalog transaction of its own; the commit that registers the files forgets the records.
+is recorded here, in a catalog transaction of its own, and so is a marker of the transaction before its first file.
+The commit that registers the files removes the marker; the records go once the files no snapshot took are removed.
 A pipeline that dies in between leaves files that only these records name, and its next start removes the ones
-no snapshot references (``DuckLakeDestination.startup``).
+no snapshot references (``remove_staged``).
 """
 
 from __future__ import annotations
@@ -39,5 +40,9 @@ def recorded(conn: Connection, pipeline_id: int) -> list[StagedPrefix]:
     return [StagedPrefix(int(r.table_id), str(r.directory), str(r.prefix)) for r in rows]
 
 
-def forget(conn: Connection, pipeline_id: int) -> None:
-    conn.execute(sa.text(f"DELETE FROM {STAGED_TABLE} WHERE pipeline_id = :p"), {"p": int(pipeline_id)})
+def forget(conn: Connection, pipeline_id: int, prefix: str | None = None) -> int:
+    """Forget the pipeline's records (``prefix``: that one only); how many there were."""
+    where, params = "pipeline_id = :p", dict[str, object](p=int(pipeline_id))
+    if prefix is not None:
+        where, params["prefix"] = f"{where} AND prefix = :prefix", prefix
+    return int(conn.execute(sa.text(f"DELETE FROM {STAGED_TABLE} WHERE {where}"), params).rowcount)
