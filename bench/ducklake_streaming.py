@@ -23,6 +23,7 @@ the lake of engine defaults only: the stream hands it over in many batches, whic
 snapshot (issue 50). The run prints the snapshots the transaction made and this process's peak RSS during the
 lake's run (``VmHWM``, reset before it through ``/proc/self/clear_refs``; Spark's JVM not counted) beside the null
 destination's.
+``--large-updates`` makes that transaction update every row of ``--base`` first (old rows anywhere in the lake).
 
 Afterwards DuckDB 1.5.5 reads every lake's row counts back; they must equal the source tables'.
 
@@ -30,7 +31,7 @@ Data files are snappy, as DuckDB writes them, unless ``--compression`` sets the 
 (runs before 2026-11-27 wrote zstd).
 
     .tox/tests/bin/python bench/ducklake_streaming.py [--rows 500000] [--base 200000] [--tables 1] [--compression zstd]
-        [--large]
+        [--large [--large-updates]]
 """
 
 from __future__ import annotations
@@ -118,6 +119,9 @@ def main() -> int:
         "--compression", help="the lakes' parquet_compression option (default: none set, so DuckLake's snappy)"
     )
     parser.add_argument("--large", action="store_true", help="one transaction of --rows inserts")
+    parser.add_argument(
+        "--large-updates", action="store_true", help="with --large: the transaction updates every row of --base too"
+    )
     args = parser.parse_args()
     transactions = args.rows // CHANGES_PER_TRANSACTION
     per_table = args.base // args.tables
@@ -156,10 +160,13 @@ def main() -> int:
         with src.connect() as conn:
             if args.large:
                 first = 10 * args.base
-                conn.execute(
-                    f"INSERT INTO {TABLE} SELECT {benchlib.row_values('g')}"
-                    f" FROM generate_series({first}, {first + args.rows - 1}) g"
-                )
+                with conn.transaction():
+                    if args.large_updates:  # old rows anywhere: each part's deletes land in the lake's files
+                        conn.execute(f"UPDATE {TABLE} SET score = score + 1")
+                    conn.execute(
+                        f"INSERT INTO {TABLE} SELECT {benchlib.row_values('g')}"
+                        f" FROM generate_series({first}, {first + args.rows - 1}) g"
+                    )
                 transactions = 1
             else:
                 conn.execute(WORKLOAD)
@@ -170,7 +177,8 @@ def main() -> int:
             f"workload: {args.rows:,} changes in {transactions:,} transactions, {time.perf_counter() - started:.1f} s"
         )
 
-        baseline = null_run(src, "stream", 1, stores[0], args.rows)
+        changes = args.rows + (args.base if args.large and args.large_updates else 0)
+        baseline = null_run(src, "stream", 1, stores[0], changes)
         assert baseline is not None
         lines = []
         for (name, _), (config, lake_config) in zip(kinds, configs, strict=True):
@@ -179,7 +187,7 @@ def main() -> int:
             before = snapshots(lake_config)
             Path("/proc/self/clear_refs").write_text("5")  # VmHWM from here on
             at_start = peak_rss_mb()
-            seconds, stats = run_ducklake(config, lake_config, args.rows, store, "changed")
+            seconds, stats = run_ducklake(config, lake_config, changes, store, "changed")
             peak = peak_rss_mb()
             counted = [lake_count(lake_config, name)[0] for name in tables]
             if counted != expected:
@@ -194,7 +202,7 @@ def main() -> int:
             print(f"  {name}: {seconds:.1f} s; DuckDB reads {sum(counted):,} rows", flush=True)
         spread = f", over {len(tables)} tables" if len(tables) > 1 else ""
         shape = "one transaction" if args.large else f"transactions of 10{spread}"
-        show(f"streaming {args.rows:,} changes ({shape}) into DuckLake", baseline, *lines)
+        show(f"streaming {changes:,} changes ({shape}) into DuckLake", baseline, *lines)
         if args.large:
             print(f"  peak RSS of the null destination's process: {baseline.peak_rss_mb:.0f} MB")
     return 0
