@@ -281,3 +281,26 @@ def test_a_schema_change_after_the_transaction_in_its_last_batch_does_not_split_
     assert lake.rows(ORDERS) == reference.rows("public.orders")
     assert lake.rows(altered) == reference.rows("public.log")
     assert unregistered(lake, destination) == []
+
+
+def test_the_records_of_an_open_transaction_removed_behind_its_back_stop_the_pipeline(lake: Any, kit: Any) -> None:
+    """Something else removes the pipeline's records of its open transaction (another process of the pipeline
+    starting, a hand): the commit that ends the transaction cannot tell its parts from files a crash left, so it
+    stops, shows nothing of the transaction, and does not move the lake's position past it."""
+    reference = MemoryDestination()
+    destination = started(kit, lake, reference)
+    b = kit.BatchBuilder()
+    b.commit().update(ORDERS, order(1, qty=10)).insert(ORDERS, order(6))
+    first = b.build(ends_in_transaction=True)
+    b.delete(ORDERS, {"id": 2})
+    last = b.build()
+    destination.write_events(first)
+    with destination.catalog.engine.begin() as conn:
+        conn.execute(sa.text(f"DELETE FROM {STAGED_TABLE}"))
+    before, position = lake.snapshot(), destination.catalog.position()
+    with pytest.raises(DestinationError, match="etl_ducklake_staged") as raised:
+        destination.write_events(last)
+    assert not raised.value.transient
+    assert lake.snapshot() == before
+    assert destination.catalog.position() == position
+    assert lake.rows(ORDERS) == reference.rows("public.orders")

@@ -258,7 +258,10 @@ class BatchCommits:
             built: list[bool] = []  # set once the commit's catalog work is done: a failure after may have landed
             try:
                 if open_ is not None:
-                    open_.prune(read_states(catalog, open_.schemas))
+                    held = read_states(catalog, open_.schemas)
+                    if open_.marker is not None and open_.marker not in {s.prefix for s in catalog.staged()}:
+                        raise AlreadyCommitted
+                    open_.prune(held)
                 plans.extend(plan for plan in make() if plan is not None)
                 committing = plans if open_ is None else open_.merged(plans)
                 if not committing:
@@ -282,6 +285,14 @@ class BatchCommits:
                 assert open_ is not None
                 for plan in plans:
                     plan.discard(storage)
+                if not open_.landed(read_states(catalog, open_.schemas)):
+                    raise DestinationError(
+                        "the catalog's record of a transaction larger than a batch that the pipeline is writing is"
+                        " gone, and the lake does not hold it: another process of this pipeline, or a hand, removed"
+                        " it from etl_ducklake_staged",
+                        hint="run one process per pipeline; a restart replays the transaction",
+                        transient=False,
+                    ) from None
                 self._ended(open_)
                 return []
             except FlushFirst as first:  # not an attempt: the plans are made again once the rows are flushed
@@ -349,13 +360,15 @@ def apply_all(
     catalog work is done. So a table that an earlier plan parked (another
     source table of the batch took its name) is not renamed back by its own plan, which would park the other in
     turn: both held the name during the batch, and its next change names it."""
+    if built is not None:
+        built.clear()  # a commit that lost the race for its snapshot id builds again
+    if open_marker is not None and not txn.end_open(open_marker):
+        raise AlreadyCommitted
     txn.position, txn.consistent = position, consistent
     current = txn.tables([plan.handle.table.table_id for plan in plans if plan.handle is not None])
     for plan in plans:
         if plan.check_since is not None and plan.handle is not None:
             _check_parts(txn, plan.check_since, plan.handle.table)
-    if open_marker is not None and not txn.end_open(open_marker):
-        raise AlreadyCommitted
     for plan in plans:
         with naming_table(plan.schema.id):
             plan.apply(txn, storage, None if plan.handle is None else current[plan.handle.table.table_id])

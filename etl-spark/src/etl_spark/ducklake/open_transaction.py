@@ -128,14 +128,15 @@ class OpenTransaction:
         and its files are removed, for the batch to be written again."""
         if not plans:
             return
-        if self.marker is None:
-            first = plans[0].handle
-            assert first is not None  # a part never creates its table
-            self.marker = "open-" + job_prefix()
-            self._lake.catalog.record_staged(StagedPrefix(first.table.table_id, first.table.directory, self.marker))
         updated: dict[int, _Parts] = {}
         written: list[tuple[str, NewFile]] = []
         try:
+            if self.marker is None:
+                first = plans[0].handle
+                assert first is not None  # a part never creates its table
+                marker = "open-" + job_prefix()
+                self._lake.catalog.record_staged(StagedPrefix(first.table.table_id, first.table.directory, marker))
+                self.marker = marker
             for plan in plans:
                 held = self._tables.get(plan.schema.id)
                 parts = _Parts(plan, bases[plan.schema.id]) if held is None else copy.copy(held)
@@ -244,12 +245,14 @@ class OpenTransaction:
     def tidy(self) -> None:
         """Once the transaction committed (``merged``): remove the overlays, the files of parts that a truncate
         emptied, and every part's files of a table that the last part truncates; then forget the records of them."""
+        removed = True
         for source_id, parts in self._tables.items():
             files = [*parts.dropped, *(self._file_of(d) for d in parts.overlays.values())]
             if source_id in self._emptied:
                 files += parts.files
-            _remove(self._lake.storage, parts.plan.directory, files)
-        self._lake.catalog.forget_staged()
+            removed = _remove(self._lake.storage, parts.plan.directory, files) and removed
+        if removed:  # else the next start removes what the records name
+            self._lake.catalog.forget_staged()
 
     def drop(self, source_table_id: int) -> None:
         """Forget a table's parts (it errored, or was replaced: it is copied again); its files are removed as far as
@@ -258,6 +261,17 @@ class OpenTransaction:
         if parts is not None:
             files = [*parts.dropped, *parts.files, *(self._file_of(d) for d in parts.overlays.values())]
             _remove(self._lake.storage, parts.plan.directory, files)
+
+    def landed(self, states: dict[int, TableState]) -> bool:
+        """Whether the lake holds every part already (``states``: its tables as they are now): each table's
+        watermark at or past its last part's."""
+        return all(
+            (state := states.get(source_id)) is not None
+            and state.handle is not None
+            and parts.watermark is not None
+            and state.handle.watermark >= parts.watermark
+            for source_id, parts in self._tables.items()
+        )
 
     def prune(self, states: dict[int, TableState]) -> None:
         """Drop the parts of tables whose lake table is no longer the one they were planned on (a resync replaced
@@ -321,10 +335,12 @@ def remove_staged(catalog: Catalog, storage: LakeStorage) -> None:
         log.info("removed the files of a transaction that was not committed", files=removed)
 
 
-def _remove(storage: LakeStorage, directory: str, files: Sequence[NewFile]) -> None:
-    """Remove files no snapshot references, those already gone skipped; a failure is logged (a start removes what
-    its records name)."""
+def _remove(storage: LakeStorage, directory: str, files: Sequence[NewFile]) -> bool:
+    """Remove files no snapshot references, those already gone skipped; whether that worked (a failure is logged:
+    a start removes what the records name)."""
     try:
         storage.delete(directory + file.name for file in files)
     except OSError:
         log.warning("could not remove files of a transaction's parts", directory=directory, exc_info=True)
+        return False
+    return True
