@@ -95,13 +95,7 @@ def test_every_snapshot_while_streaming_holds_whole_transactions(pg_database: Te
 
     con = open_lake(catalog)
     try:
-        marks = {
-            int(s): json.loads(info)["consistent"]
-            for s, info in con.execute(
-                "SELECT snapshot_id, commit_extra_info FROM ducklake_snapshots('lake')"
-            ).fetchall()
-            if info is not None
-        }
+        marks = {s: info["consistent"] for s, info in _positioned(con).items()}
         latest = latest_consistent(con, 1)
         snapshots = [s for (s,) in con.execute("SELECT snapshot_id FROM ducklake_snapshots('lake')").fetchall()]
         streamed = [s for s in snapshots if s > copied]
@@ -231,13 +225,7 @@ def test_a_million_change_transaction_is_one_snapshot_across_kills(pg_database: 
     assert not leftovers, f"files in no snapshot are left in the lake: {leftovers[:5]}"
     con = open_lake(catalog)
     try:
-        positions = {
-            int(s): json.loads(info)["lsn_int"]
-            for s, info in con.execute(
-                "SELECT snapshot_id, commit_extra_info FROM ducklake_snapshots('lake')"
-            ).fetchall()
-            if info is not None and int(s) > copied
-        }
+        positions = {s: info["lsn_int"] for s, info in _positioned(con).items() if s > copied}
         assert len(positions) >= 10, f"only {len(positions)} snapshots: too few batches to tell"
         assert not _broken(con, positions), "snapshots hold part of a transaction"
         for snapshot, lsn in positions.items():
@@ -251,6 +239,12 @@ def test_a_million_change_transaction_is_one_snapshot_across_kills(pg_database: 
         assert any(n == LARGE for n in rows_of.values())
     finally:
         con.close()
+
+
+def _positioned(con: duckdb.DuckDBPyConnection) -> dict[int, dict[str, Any]]:
+    """The pipeline's record of each snapshot that stands at a position of the stream (``commit_extra_info``)."""
+    rows = con.execute("SELECT snapshot_id, commit_extra_info FROM ducklake_snapshots('lake')").fetchall()
+    return {int(s): json.loads(info) for s, info in rows if info is not None}
 
 
 def _latest(catalog: str) -> int:

@@ -84,9 +84,8 @@ class BatchCommits:
         open_ = self.open
         # ``last_commit_lsn`` is the end of a commit record; the open transaction's may start right there
         if open_ is not None and (not batch.ends_in_transaction or batch.last_commit_lsn > open_.commit_lsn):
-            simple = max((len(s) for s in changes.values()), default=0) <= 1
-            if simple and not self._changes_open_tables(open_, changes):
-                recorded, changes = self._end_open(open_, changes, position, consistent), {}
+            if not self._splits(open_, changes):
+                recorded, changes = self._end_open(open_, changes, position, consistent, checked=True), {}
             else:  # a later transaction of the batch changes a schema: the open one commits in a snapshot first
                 mine, changes = split_at(changes, Lsn(open_.commit_lsn + 1))
                 recorded = self._end_open(open_, mine, None if changes else position, consistent)
@@ -94,14 +93,23 @@ class BatchCommits:
         if opening:
             self._stage(opening)
 
+    def _splits(self, open_: OpenTransaction, changes: dict[int, list[TableChanges]]) -> bool:
+        """Whether the changes cannot join the open transaction's snapshot: two schema versions of a table, or a
+        change of a held table's columns."""
+        return _rounds(changes) > 1 or self._changes_open_tables(open_, changes)
+
     def _end_open(
-        self, open_: OpenTransaction, changes: dict[int, list[TableChanges]], position: Lsn | None, consistent: bool
+        self,
+        open_: OpenTransaction,
+        changes: dict[int, list[TableChanges]],
+        position: Lsn | None,
+        consistent: bool,
+        checked: bool = False,
     ) -> bool:
         """Commit the open transaction's last changes with its parts, in one snapshot (at ``position``, if any);
-        whether that recorded the position. Its last changes alone decide: a schema change among them splits it."""
-        if max((len(segments) for segments in changes.values()), default=0) > 1 or self._changes_open_tables(
-            open_, changes
-        ):
+        whether that recorded the position. Its last changes alone decide (unless ``checked`` already): a schema
+        change among them splits it."""
+        if not checked and self._splits(open_, changes):
             self._split_open("its last part changes a table's columns")
             return self._commit_closed(changes, position, consistent)
         segments = [segs[0] for segs in changes.values()]
@@ -115,7 +123,7 @@ class BatchCommits:
     ) -> bool:
         """Commit whole transactions, one snapshot per schema version of a table, the last at ``position`` (recorded
         alone when no snapshot holds it and it was not ``recorded`` yet); whether it is recorded."""
-        rounds = max((len(segments) for segments in changes.values()), default=0)
+        rounds = _rounds(changes)
         for index in range(rounds):
             segments = [segs[index] for segs in changes.values() if index < len(segs)]
             at = position if index == rounds - 1 else None
@@ -374,6 +382,11 @@ def apply_all(
             plan.apply(txn, storage, None if plan.handle is None else current[plan.handle.table.table_id])
     if built is not None:
         built.append(True)
+
+
+def _rounds(changes: dict[int, list[TableChanges]]) -> int:
+    """The snapshots the changes need: one per schema version of the table with the most."""
+    return max((len(segments) for segments in changes.values()), default=0)
 
 
 class AlreadyCommitted(Exception):
